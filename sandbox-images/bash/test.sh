@@ -1,0 +1,3 @@
+set -eu
+x=$(echo OK | tr -d "\n")
+echo "$x"

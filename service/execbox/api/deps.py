@@ -1,0 +1,31 @@
+"""What routes depend on, as Annotated aliases over the services built once in create_app."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from rq import Queue
+
+from execbox.languages import Languages
+from execbox.policies import PolicySet
+from execbox.settings import Settings
+from execbox.store import ExecutionStore
+
+
+@dataclass(frozen=True)
+class Services:
+    settings: Settings
+    store: ExecutionStore
+    queue: Queue
+    policies: PolicySet
+    languages: Languages
+
+
+def _services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+ServicesDep = Annotated[Services, Depends(_services)]

@@ -1,0 +1,242 @@
+"""Wire models (pydantic) and the two stable enums: lifecycle status and error category."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+EXECUTION_ID_PATTERN = r"^exe_[a-z0-9]{26}$"
+
+
+class ExecutionStatus(enum.StrEnum):
+    """Lifecycle: queued → running → succeeded | failed | cancelled | expired. Values never change."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+    @property
+    def terminal(self) -> bool:
+        return self not in (ExecutionStatus.QUEUED, ExecutionStatus.RUNNING)
+
+
+class ErrorCategory(enum.StrEnum):
+    """Why an execution did not succeed. A fixed, documented enum: never rename or reuse a value."""
+
+    CODE_EXIT_NONZERO = "code.exit_nonzero"
+    CODE_EXCEPTION = "code.exception"
+    CODE_SYNTAX = "code.syntax"
+    LIMIT_TIMEOUT = "limit.timeout"
+    LIMIT_CPU = "limit.cpu"
+    LIMIT_MEMORY = "limit.memory"
+    LIMIT_PIDS = "limit.pids"
+    LIMIT_OUTPUT = "limit.output"
+    LIMIT_DISK = "limit.disk"
+    LIMIT_ARTIFACTS = "limit.artifacts"
+    POLICY_NETWORK_DENIED = "policy.network_denied"
+    CHECK_FAILED = "check.failed"
+    OUTPUT_INVALID = "output.invalid"
+    SANDBOX_ERROR = "sandbox.error"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+_STRICT = ConfigDict(extra="forbid")
+
+
+class PolicyRequest(BaseModel):
+    """Limits asked for by the client; each is checked against the named policy's ceiling."""
+
+    model_config = _STRICT
+
+    name: str | None = Field(
+        None, max_length=64, description="Named server policy (policies/<name>.yaml); default: `default`."
+    )
+    timeout_s: float | None = Field(None, gt=0, le=86400, description="Wall-clock limit of the run, seconds.")
+    cpu: float | None = Field(None, gt=0, le=256, description="CPU quota in cores (fractions allowed).")
+    cpu_time_s: int | None = Field(None, gt=0, le=86400, description="CPU-time limit per process, seconds.")
+    memory_mb: int | None = Field(None, ge=16, le=1 << 20, description="Memory limit (swap included), MiB.")
+    pids: int | None = Field(None, ge=8, le=1 << 16, description="Largest number of processes and threads.")
+    disk_mb: int | None = Field(
+        None,
+        ge=1,
+        le=1 << 20,
+        description="Writable space (/workspace and /tmp each), MiB; also the largest file the program may write.",
+    )
+    output_bytes: int | None = Field(
+        None,
+        ge=1024,
+        le=1 << 30,
+        description="Cap of stdout and of stderr, bytes each; the program is stopped when one passes it.",
+    )
+    queue_timeout_s: float | None = Field(
+        None, gt=0, le=86400, description="How long the execution may wait in the queue before it becomes `expired`."
+    )
+    network: Literal["none"] | None = Field(
+        None, description="Network access. Only `none` (no interface but loopback) exists so far."
+    )
+
+
+class AppliedPolicy(BaseModel):
+    """The limits an execution actually ran with."""
+
+    name: str = Field(description="Named policy the limits came from.")
+    timeout_s: float = Field(description="Wall-clock limit, seconds.")
+    cpu: float = Field(description="CPU quota, cores.")
+    cpu_time_s: int = Field(description="CPU-time limit per process, seconds.")
+    memory_mb: int = Field(description="Memory limit (swap included), MiB.")
+    pids: int = Field(description="Process/thread limit.")
+    disk_mb: int = Field(description="Writable space per scratch mount and largest file, MiB.")
+    output_bytes: int = Field(description="Cap of each output stream, bytes.")
+    queue_timeout_s: float = Field(description="Queue deadline, seconds after submission.")
+    network: Literal["none"] = Field(description="Network mode.")
+    code_bytes: int = Field(description="Largest code accepted, bytes.")
+
+
+class ExecutionCreate(BaseModel):
+    """A request to run code once in a fresh sandbox."""
+
+    model_config = _STRICT
+
+    language: str = Field(min_length=1, max_length=64, description="Language name or alias (GET /v1/languages).")
+    code: str = Field(
+        min_length=1, description="Program source, UTF-8. Its size is capped by the policy's `code_bytes`."
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Extra environment variables for the program (names: letters, digits, underscore; values ≤ 4 KiB).",
+    )
+    policy: PolicyRequest = Field(
+        default_factory=PolicyRequest, description="Resource limits; omitted ones take the named policy's defaults."
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Free-form labels stored with the execution (keys ≤ 64 chars, values ≤ 256).",
+    )
+
+    @field_validator("code")
+    @classmethod
+    def _code_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("code is blank; send the program to run")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        import re
+
+        for name, val in value.items():
+            if not re.match(ENV_NAME_PATTERN, name):
+                raise ValueError(f"env name {name!r} must match {ENV_NAME_PATTERN}")
+            if name.upper().startswith("EXECBOX_"):
+                raise ValueError(f"env name {name!r}: the EXECBOX_ prefix is reserved")
+            if len(val) > 4096 or "\x00" in val:
+                raise ValueError(f"env {name}: values are at most 4096 characters, without NUL")
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _label_sizes(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, val in value.items():
+            if not 0 < len(key) <= 64 or len(val) > 256:
+                raise ValueError("label keys are 1-64 characters and values at most 256")
+        return value
+
+
+class ExecutionError(BaseModel):
+    """Why an execution did not succeed."""
+
+    category: ErrorCategory = Field(description="Stable category (see docs/api.md).")
+    message: str = Field(description="Human-readable explanation, saying what to do next where possible.")
+    retryable: bool = Field(description="True when running the same request again may succeed.")
+    details: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Category-specific details, e.g. the exception type, message and traceback for code.exception.",
+    )
+
+
+class Timing(BaseModel):
+    queue_wait_ms: float | None = Field(None, description="From acceptance to a worker taking it.")
+    sandbox_start_ms: float | None = Field(None, description="Creating and starting the container.")
+    run_ms: float | None = Field(None, description="From container start to the program's end.")
+    total_ms: float | None = Field(None, description="From acceptance to the result being stored.")
+
+
+class Resources(BaseModel):
+    peak_memory_bytes: int | None = Field(None, description="Highest memory use the engine reported, if any.")
+    oom_killed: bool = Field(False, description="The engine reported an out-of-memory kill.")
+
+
+class Transition(BaseModel):
+    status: ExecutionStatus = Field(description="Status entered.")
+    at: float = Field(description="Unix time, seconds.")
+    by: str = Field(description="Who made the transition: api, a worker name, or the reaper.")
+
+
+class ExecutionPublic(BaseModel):
+    """An execution as clients see it."""
+
+    id: str = Field(description="Execution id, `exe_` followed by 26 characters.")
+    status: ExecutionStatus = Field(description="Lifecycle status.")
+    language: str = Field(description="Canonical language name.")
+    trace_id: str = Field(description="W3C trace id (32 hex characters).")
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels from the request.")
+    created_at: float = Field(description="Unix time the execution was accepted.")
+    started_at: float | None = Field(None, description="Unix time a worker took it.")
+    finished_at: float | None = Field(None, description="Unix time it reached a terminal status.")
+    exit_code: int | None = Field(None, description="Program exit code, when it exited.")
+    signal: str | None = Field(None, description="Signal that ended the program (e.g. SIGKILL), if any.")
+    stdout: str = Field("", description="Standard output, UTF-8 (invalid bytes replaced), up to the cap.")
+    stderr: str = Field("", description="Standard error, likewise.")
+    stdout_truncated: bool = Field(False, description="stdout passed its cap; only the first bytes are kept.")
+    stderr_truncated: bool = Field(False, description="stderr passed its cap.")
+    stdout_bytes: int = Field(0, description="Bytes of stdout seen in all (kept or not).")
+    stderr_bytes: int = Field(0, description="Bytes of stderr seen in all.")
+    artifacts: list[dict[str, Any]] = Field(
+        default_factory=list, description="Files produced (not yet collected by this version)."
+    )
+    outputs: dict[str, Any] = Field(
+        default_factory=dict, description="Declared output values (not yet supported by this version)."
+    )
+    error: ExecutionError | None = Field(None, description="Null on success, else the categorized error.")
+    timing: Timing = Field(default_factory=Timing, description="Durations of each phase.")
+    resources: Resources = Field(default_factory=Resources, description="Resource use reported by the engine.")
+    policy: AppliedPolicy = Field(description="The policy actually applied.")
+    image: str | None = Field(None, description="Digest (image id) of the sandbox image that ran the code.")
+    worker: str | None = Field(None, description="Name of the worker that ran it.")
+    attempt: int = Field(0, description="How many times a worker started it (0 while queued).")
+
+
+class ExecutionRecord(ExecutionPublic):
+    """What Redis stores: the public view plus what only the service needs."""
+
+    code: str = Field(description="Program source.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment.")
+    request_sha256: str = Field(description="SHA-256 of the canonical request.")
+    queue_deadline: float = Field(description="Unix time after which a queued execution expires.")
+    transitions: list[Transition] = Field(default_factory=list, description="Every status change.")
+    cancel_requested: bool = Field(False, description="A client asked to cancel it.")
+
+    def public(self) -> ExecutionPublic:
+        return ExecutionPublic.model_validate(self.model_dump(include=set(ExecutionPublic.model_fields)))
+
+
+class LanguagePublic(BaseModel):
+    name: str = Field(description="Canonical language name to send as `language`.")
+    version: str = Field(description="Language version in the image.")
+    aliases: list[str] = Field(description="Other names accepted for it.")
+    image: str = Field(description="Sandbox image tag.")
+    file: str = Field(description="File name the code is saved as in /workspace.")
+
+
+class LanguagesPublic(BaseModel):
+    languages: list[LanguagePublic] = Field(description="Every language this service runs.")

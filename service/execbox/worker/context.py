@@ -1,0 +1,48 @@
+"""What a worker process builds once and every job reuses: settings, store, runtime, languages."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from execbox import store as store_mod
+from execbox.languages import Languages
+from execbox.sandbox.base import Runtime
+from execbox.sandbox.docker import DockerRuntime
+from execbox.settings import Settings
+
+
+@dataclass
+class WorkerContext:
+    settings: Settings
+    store: store_mod.ExecutionStore
+    runtime: Runtime
+    languages: Languages
+    name: str
+
+    @classmethod
+    def build(cls, settings: Settings, name: str | None = None) -> WorkerContext:
+        return cls(
+            settings=settings,
+            store=store_mod.ExecutionStore(store_mod.connect(settings), settings),
+            runtime=DockerRuntime(settings.docker),
+            languages=Languages.load(settings.images_dir),
+            name=name or f"{socket.gethostname()}.{os.getpid()}",
+        )
+
+
+_current: WorkerContext | None = None
+
+
+def install(context: WorkerContext) -> None:
+    global _current
+    _current = context
+
+
+def current() -> WorkerContext:
+    """The worker's context; built from the environment when a plain `rq worker` runs the job."""
+    global _current
+    if _current is None:
+        _current = WorkerContext.build(Settings())
+    return _current

@@ -1,0 +1,47 @@
+"""`execbox worker`: one RQ worker process that runs executions one at a time.
+
+It uses RQ's SimpleWorker (no fork per job): the Docker client, image ids and language table are
+built once per process, and a worker killed outright takes its job with it, which the lease and
+the reaper then settle. Run several processes (or containers) for parallelism.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from rq import SimpleWorker
+from rq.serializers import JSONSerializer
+
+from execbox import logs
+from execbox.errors import ServiceError
+from execbox.queue import make_queue
+from execbox.settings import Settings
+from execbox.worker import reaper
+from execbox.worker.context import WorkerContext, install
+
+log = logging.getLogger(__name__)
+
+
+def run_worker(settings: Settings, burst: bool = False, name: str | None = None) -> None:
+    logs.configure(settings.log_level, "worker")
+    ctx = WorkerContext.build(settings, name)
+    install(ctx)
+    try:
+        ctx.runtime.ping()
+    except ServiceError as exc:
+        # Keep serving: each job then fails fast as sandbox.error instead of waiting in the queue.
+        log.error("Docker engine unreachable at start-up: %s", exc.message)
+    stop = threading.Event()
+    reaper.start(ctx, stop)
+    worker = SimpleWorker(
+        [make_queue(ctx.store.redis, settings)],
+        connection=ctx.store.redis,
+        serializer=JSONSerializer,
+        name=ctx.name,
+    )
+    log.info("worker %s listening on queue %s", ctx.name, settings.queue.name)
+    try:
+        worker.work(burst=burst, logging_level=settings.log_level.upper(), with_scheduler=False)
+    finally:
+        stop.set()
