@@ -1,16 +1,15 @@
 """execbox sandbox launcher: unpack the job's files from stdin, then exec the program.
 
-Runs as the sandbox's unprivileged user before any user code, and replaces itself with the
+Uses only what python3-minimal ships (no json), so every image can carry it. Runs as the sandbox's unprivileged user before any user code, and replaces itself with the
 program (exec), so nothing of the service runs after user code starts.
 
 stdin carries, in order:
   10 ASCII digits      length N of the header
-  N bytes              JSON header: {"files": [{"path": str, "size": int, "mode": int}, ...]}
+  N bytes              header, one line per file: "<size> <octal mode> <path>\n" (UTF-8)
   the files' bytes     concatenated in header order
   the rest             the program's own stdin (the launcher never reads past the files)
 """
 
-import json
 import os
 import sys
 
@@ -54,10 +53,11 @@ def main():
         sys.stderr.write("execbox launcher: no program given\n")
         return 120
     try:
-        header = json.loads(_read_exact(int(_read_exact(10))))
-        for entry in header["files"]:
-            _write_file(_safe_path(entry["path"]), int(entry["size"]), int(entry.get("mode", 0o644)))
-    except (OSError, ValueError, EOFError, KeyError) as exc:
+        header = _read_exact(int(_read_exact(10))).decode("utf-8")
+        for line in header.splitlines():
+            size, mode, path = line.split(" ", 2)
+            _write_file(_safe_path(path), int(size), int(mode, 8))
+    except (OSError, ValueError, EOFError) as exc:
         sys.stderr.write("execbox launcher: %s\n" % exc)
         return 120
     os.chdir(WORKDIR)

@@ -19,8 +19,17 @@ _SIGNAL_BASE = 128  # the init process reports death by signal N as exit code 12
 _PY_EXC = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
 _JS_EXC = re.compile(r"^(?:Uncaught )?(?P<type>[A-Z][\w$]*(?:Error|Exception))(?: \[[\w$]+\])?:\s?(?P<msg>.*)$")
 _PY_SYNTAX = {"SyntaxError", "IndentationError", "TabError"}
-_PIDS_HINTS = ("Resource temporarily unavailable", "EAGAIN", "can't start new thread", "fork: retry")
-_DISK_HINTS = ("No space left on device", "File too large", "ENOSPC", "EFBIG", "Disk quota exceeded")
+_PIDS_PATTERNS = (
+    re.compile(r"^BlockingIOError: \[Errno 11\] Resource temporarily unavailable", re.M),  # python fork
+    re.compile(r"^RuntimeError: can't start new thread", re.M),  # python thread
+    re.compile(r"fork: (retry: )?Resource temporarily unavailable"),  # bash
+    re.compile(r"\b(spawn|fork)\b.*\bEAGAIN\b"),  # node child_process
+)
+_DISK_PATTERNS = (
+    re.compile(r"^OSError: \[Errno 2[78]\] (No space left on device|File too large)", re.M),  # python
+    re.compile(r"\bE(NOSPC|FBIG)\b"),  # node
+    re.compile(r": (No space left on device|File too large)$", re.M),  # coreutils, bash
+)
 
 
 @dataclass(frozen=True)
@@ -134,41 +143,28 @@ def _program_error(outcome: RunOutcome, language: str, limits: Limits, sig: str 
     stderr = outcome.stderr.decode("utf-8", "replace")
     parsed = _parse_exception(stderr, language)
     tail = stderr[-2000:]
+    if parsed is not None and parsed[2]:
+        return _error(ErrorCategory.CODE_SYNTAX, f"the code does not compile: {parsed[0]}: {parsed[1]}",
+                      type=parsed[0], message=parsed[1], traceback=tail)
+    if language == "bash" and outcome.exit_code == 2 and "syntax error" in stderr:
+        return _error(ErrorCategory.CODE_SYNTAX, "the script does not parse: " + stderr.strip()[-500:],
+                      message=stderr.strip()[-500:])
+    # A failed fork/thread start or a full disk usually surfaces as an ordinary error report;
+    # the interpreters' wording is the only signal the engine does not give us.
+    if _mentions(stderr, _PIDS_PATTERNS):
+        return _pids_error(limits)
+    if _mentions(stderr, _DISK_PATTERNS):
+        return _disk_error(limits)
     if parsed is not None:
-        exc_type, exc_msg, syntax = parsed
-        if syntax:
-            return _error(
-                ErrorCategory.CODE_SYNTAX,
-                f"the code does not compile: {exc_type}: {exc_msg}",
-                type=exc_type,
-                message=exc_msg,
-                traceback=tail,
-            )
-        text = f"{exc_type}: {exc_msg}"
-        if any(h in text for h in _PIDS_HINTS) and exc_type in ("BlockingIOError", "RuntimeError", "OSError", "Error"):
-            return _pids_error(limits)
-        if any(h in text for h in _DISK_HINTS):
-            return _disk_error(limits)
-        return _error(
-            ErrorCategory.CODE_EXCEPTION,
-            f"uncaught {exc_type}: {exc_msg}",
-            type=exc_type,
-            message=exc_msg,
-            traceback=tail,
-        )
-    if language == "bash":
-        if outcome.exit_code == 2 and "syntax error" in stderr:
-            return _error(
-                ErrorCategory.CODE_SYNTAX,
-                "the script does not parse: " + stderr.strip()[-500:],
-                message=stderr.strip()[-500:],
-            )
-        if "fork: " in stderr and any(h in stderr for h in _PIDS_HINTS):
-            return _pids_error(limits)
-        if any(h in stderr for h in _DISK_HINTS):
-            return _disk_error(limits)
+        exc_type, exc_msg, _ = parsed
+        return _error(ErrorCategory.CODE_EXCEPTION, f"uncaught {exc_type}: {exc_msg}", type=exc_type,
+                      message=exc_msg, traceback=tail)
     what = f"killed by {sig}" if sig else f"exited with code {outcome.exit_code}"
     return _error(ErrorCategory.CODE_EXIT_NONZERO, f"the program {what}", exit_code=outcome.exit_code, signal=sig)
+
+
+def _mentions(stderr: str, patterns: tuple[re.Pattern[str], ...]) -> bool:
+    return any(p.search(stderr) for p in patterns)
 
 
 def _parse_exception(stderr: str, language: str) -> tuple[str, str, bool] | None:

@@ -7,7 +7,6 @@ framed stream that the launcher unpacks into /workspace before it execs the prog
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import threading
@@ -58,8 +57,7 @@ def _docker_errors() -> Iterator[None]:
 
 def frame_files(files: tuple[tuple[str, bytes], ...]) -> bytes:
     """The launcher's stdin frame: header length, JSON header, then the files' bytes."""
-    header = json.dumps({"files": [{"path": path, "size": len(data), "mode": 0o644} for path, data in files]})
-    encoded = header.encode()
+    encoded = "".join(f"{len(data)} 644 {path}\n" for path, data in files).encode()
     return b"%010d" % len(encoded) + encoded + b"".join(data for _, data in files)
 
 
@@ -198,7 +196,12 @@ class DockerRuntime:
             killed_for.add(reason)
             self._kill(cid)
 
-        capture = _Capture(spec.limits.output_bytes, lambda: kill("output"))
+        # The reader must never block on the kill: the engine only finishes stopping a container
+        # once its output is drained, which is the reader's job.
+        capture = _Capture(
+            spec.limits.output_bytes,
+            lambda: threading.Thread(target=kill, args=("output",), daemon=True).start(),
+        )
         sock = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
         raw = getattr(sock, "_sock", sock)
         reader = threading.Thread(target=capture.pump, args=(sock,), name=f"capture-{spec.execution_id}", daemon=True)

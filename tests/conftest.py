@@ -1,0 +1,217 @@
+"""Test fixtures: a real redis-server per session, a real API and real workers as processes.
+
+Docker and Redis tests never skip: when the engine or redis-server is missing the session fails
+with a message that says how to get them (`make test` installs and starts both).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXECBOX = str(Path(sys.executable).with_name("execbox"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The leftover-container check must see the end state of the whole session.
+    items.sort(key=lambda item: item.name == "test_no_sandbox_container_left_after_suite")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, step_s: float = 0.1) -> object:
+    """Poll a condition the system offers no notification for (a process becoming ready)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+@dataclass
+class Redis:
+    url: str
+    port: int
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Redis]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not installed: run `scripts/install` (apt-get install redis-server)")
+    port = free_port()
+    workdir = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def answers() -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    wait_until(answers, 10, "redis-server to answer")
+    yield Redis(f"redis://127.0.0.1:{port}/0", port)
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[docker.DockerClient]:
+    try:
+        client = docker.from_env(timeout=30)
+        client.ping()
+    except docker.errors.DockerException as exc:
+        pytest.fail(f"no Docker engine answers ({exc}): run `scripts/engine` (starts dockerd) or `make test`")
+    yield client
+    client.close()
+
+
+@dataclass
+class Stack:
+    """The system under test: settings shared by every process of this session."""
+
+    env: dict[str, str]
+    base_url: str
+    prefix: str
+    logs: Path
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=120)
+
+
+class Processes:
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        with open(self.logs / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
+            proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+
+
+@pytest.fixture(scope="session")
+def processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
+    procs = Processes(tmp_path_factory.mktemp("logs"))
+    yield procs
+    procs.stop_all()
+
+
+@pytest.fixture(scope="session")
+def stack(redis_server: Redis, docker_client: docker.DockerClient, processes: Processes) -> Stack:
+    prefix = f"exbt{secrets.token_hex(3)}"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("EXECBOX_")},
+        "EXECBOX_REDIS__URL": redis_server.url,
+        "EXECBOX_REDIS__KEY_PREFIX": prefix,
+        "EXECBOX_QUEUE__NAME": f"{prefix}-main",
+        "EXECBOX_WORKER__LEASE_S": "3",
+        "EXECBOX_WORKER__REAPER_INTERVAL_S": "1",
+        "EXECBOX_WORKER__ORPHAN_GRACE_S": "1",
+        "EXECBOX_LOG_LEVEL": "INFO",
+    }
+    port = free_port()
+    processes.spawn("api", [EXECBOX, "api", "--port", str(port)], env)
+    for i in (1, 2):
+        processes.spawn(f"worker-{i}", [EXECBOX, "worker", "--name", f"{prefix}-worker-{i}"], env)
+    base_url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"{base_url}/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(ready, 30, "the API's /readyz (Redis + a worker reaching Docker)")
+    return Stack(env=env, base_url=base_url, prefix=prefix, logs=processes.logs)
+
+
+@pytest.fixture
+def api(stack: Stack) -> Iterator[httpx.Client]:
+    with stack.client() as client:
+        yield client
+
+
+def run_code(client: httpx.Client, code: str, language: str = "python", wait: float = 60, **policy: object) -> dict:
+    """Submit code and wait for its result through the API (a bounded server-side wait)."""
+    response = client.post(f"/v1/executions?wait={wait}", json={"language": language, "code": code, "policy": policy})
+    assert response.status_code == 200, response.text
+    body: dict = response.json()
+    return body
+
+
+@dataclass
+class Side:
+    """An extra API (and optionally workers) on a queue of its own, for one test's conditions."""
+
+    env: dict[str, str]
+    base_url: str
+    processes: Processes
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=120)
+
+    def worker(self, name: str, **env: str) -> subprocess.Popen[bytes]:
+        full = f"{self.env['EXECBOX_QUEUE__NAME']}-{name}"  # starts with the session prefix
+        return self.processes.spawn(full, [EXECBOX, "worker", "--name", full], {**self.env, **env})
+
+
+@pytest.fixture
+def side_stack(stack: Stack, processes: Processes) -> Callable[..., Side]:
+    """Factory: an API on a fresh queue (no worker listens until the test starts one)."""
+
+    def make(**env: str) -> Side:
+        queue = f"{stack.prefix}-{secrets.token_hex(3)}"
+        side_env = {**stack.env, "EXECBOX_QUEUE__NAME": queue, **env}
+        port = free_port()
+        processes.spawn(f"api-{queue}", [EXECBOX, "api", "--port", str(port)], side_env)
+        base_url = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            try:
+                return httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(up, 20, "the side API to answer")
+        return Side(side_env, base_url, processes)
+
+    return make

@@ -1,0 +1,154 @@
+"""Every outcome category against a real engine, real Redis, the real API and real workers."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+
+from tests.conftest import run_code
+
+pytestmark = [pytest.mark.docker, pytest.mark.redis]
+
+
+def assert_failed(body: dict, category: str) -> dict:
+    assert body["status"] == "failed", body
+    assert body["error"]["category"] == category, body["error"]
+    error: dict = body["error"]
+    return error
+
+
+def test_print_succeeds_with_output_timing_and_image(api: httpx.Client) -> None:
+    body = run_code(api, "print(1)")
+    assert body["status"] == "succeeded"
+    assert body["stdout"] == "1\n"
+    assert body["stderr"] == ""
+    assert body["exit_code"] == 0 and body["error"] is None and body["signal"] is None
+    assert re.fullmatch(r"exe_[a-z0-9]{26}", body["id"])
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", body["image"])
+    assert body["attempt"] == 1
+    timing = body["timing"]
+    for field in ("queue_wait_ms", "sandbox_start_ms", "run_ms", "total_ms"):
+        assert timing[field] is not None and timing[field] >= 0, timing
+    assert timing["total_ms"] >= timing["run_ms"]
+    assert body["policy"]["name"] == "default" and body["policy"]["network"] == "none"
+
+
+def test_exit_code_nonzero(api: httpx.Client) -> None:
+    error = assert_failed(run_code(api, "import sys\nprint('partial')\nsys.exit(3)"), "code.exit_nonzero")
+    assert error["retryable"] is False
+    assert error["details"]["exit_code"] == 3
+
+
+def test_python_exception_type_and_message_parsed(api: httpx.Client) -> None:
+    body = run_code(api, "def f():\n    raise ValueError('bad input: 42')\nf()\n")
+    error = assert_failed(body, "code.exception")
+    assert error["details"]["type"] == "ValueError"
+    assert error["details"]["message"] == "bad input: 42"
+    assert "line 2, in f" in error["details"]["traceback"]
+    assert body["exit_code"] == 1
+
+
+def test_python_syntax_error(api: httpx.Client) -> None:
+    error = assert_failed(run_code(api, "def broken(:\n    pass\n"), "code.syntax")
+    assert error["details"]["type"] == "SyntaxError"
+
+
+def test_wall_clock_timeout_kills(api: httpx.Client) -> None:
+    body = run_code(api, "import time\nprint('start', flush=True)\ntime.sleep(60)", timeout_s=1)
+    error = assert_failed(body, "limit.timeout")
+    assert body["stdout"] == "start\n"
+    assert body["signal"] == "SIGKILL"
+    assert 900 <= body["timing"]["run_ms"] < 5000
+
+
+def test_cpu_time_limit(api: httpx.Client) -> None:
+    body = run_code(api, "while True:\n    pass\n", cpu_time_s=1, timeout_s=20)
+    assert_failed(body, "limit.cpu")
+    assert body["timing"]["run_ms"] < 10000
+
+
+def test_memory_limit_is_oom(api: httpx.Client) -> None:
+    body = run_code(api, "blob = b'x' * (300 * 1024 * 1024)\nprint(len(blob))", memory_mb=64)
+    assert_failed(body, "limit.memory")
+    assert body["resources"]["oom_killed"] is True
+    assert body["stdout"] == ""
+
+
+def test_pids_limit_stops_fork_bomb(api: httpx.Client) -> None:
+    # Children sleep instead of forking further so the run ends deterministically: the parent
+    # hits the pids limit, its fork() raises, and the container (with every child) goes away.
+    code = "import os, time\nfor _ in range(10000):\n    if os.fork() == 0:\n        time.sleep(60)\n        os._exit(0)\n"
+    body = run_code(api, code, pids=16)
+    assert_failed(body, "limit.pids")
+
+
+def test_output_flood_is_stopped_and_truncated(api: httpx.Client) -> None:
+    body = run_code(api, "while True:\n    print('x' * 999)\n", output_bytes=10000)
+    assert_failed(body, "limit.output")
+    assert body["stdout_truncated"] is True and body["stderr_truncated"] is False
+    assert len(body["stdout"]) == 10000
+    assert body["stdout_bytes"] > 10000
+
+
+def test_filling_tmp_is_disk_limit(api: httpx.Client) -> None:
+    code = "i = 0\nwhile True:\n    with open(f'/tmp/f{i}', 'wb') as f:\n        f.write(b'x' * (1 << 20))\n    i += 1\n"
+    body = run_code(api, code, disk_mb=8)
+    assert_failed(body, "limit.disk")
+
+
+def test_writing_one_huge_file_is_disk_limit(api: httpx.Client) -> None:
+    code = "with open('big', 'wb') as f:\n    for _ in range(64):\n        f.write(b'x' * (1 << 20))\n"
+    assert_failed(run_code(api, code, disk_mb=8), "limit.disk")
+
+
+def test_javascript_success_exception_and_syntax(api: httpx.Client) -> None:
+    ok = run_code(api, "console.log(6 * 7)", language="javascript")
+    assert ok["status"] == "succeeded" and ok["stdout"] == "42\n"
+    exc = assert_failed(run_code(api, "throw new TypeError('nope')", language="js"), "code.exception")
+    assert exc["details"]["type"] == "TypeError" and exc["details"]["message"] == "nope"
+    assert_failed(run_code(api, "function (", language="javascript"), "code.syntax")
+
+
+def test_bash_success_exit_and_syntax(api: httpx.Client) -> None:
+    ok = run_code(api, "echo hello | tr a-z A-Z", language="bash")
+    assert ok["status"] == "succeeded" and ok["stdout"] == "HELLO\n"
+    error = assert_failed(run_code(api, "echo oops >&2\nexit 4", language="bash"), "code.exit_nonzero")
+    assert error["details"]["exit_code"] == 4
+    assert_failed(run_code(api, "if then fi (", language="bash"), "code.syntax")
+
+
+def test_sandbox_is_locked_down_from_inside(api: httpx.Client) -> None:
+    code = """
+import os, socket
+print("uid", os.getuid(), os.getgid())
+for path in ("/etc/x", "/usr/x", "/workspace/ok", "/tmp/ok"):
+    try:
+        open(path, "w").close(); print("write", path, "ok")
+    except OSError as exc:
+        print("write", path, "denied", exc.errno)
+try:
+    socket.create_connection(("1.1.1.1", 53), timeout=2); print("net ok")
+except OSError:
+    print("net denied")
+print("ifaces", sorted(name for _, name in socket.if_nameindex()))
+print("caps", open("/proc/self/status").read().split("CapEff:")[1].split()[0])
+print("nnp", open("/proc/self/status").read().split("NoNewPrivs:")[1].split()[0])
+print("env", sorted(k for k in os.environ if "REDIS" in k or "DOCKER" in k or "EXECBOX" in k))
+"""
+    out = run_code(api, code)["stdout"].splitlines()
+    assert "uid 65534 65534" in out
+    assert "write /etc/x denied 30" in out and "write /usr/x denied 30" in out  # EROFS: read-only root
+    assert "write /workspace/ok ok" in out and "write /tmp/ok ok" in out
+    assert "net denied" in out and "ifaces ['lo']" in out
+    assert "caps 0000000000000000" in out and "nnp 1" in out
+    assert "env []" in out
+
+
+def test_env_from_request_reaches_program(api: httpx.Client) -> None:
+    response = api.post(
+        "/v1/executions?wait=60",
+        json={"language": "python", "code": "import os\nprint(os.environ['GREETING'])", "env": {"GREETING": "hi"}},
+    )
+    assert response.json()["stdout"] == "hi\n"
