@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import docker
 import httpx
@@ -170,11 +171,13 @@ def api(stack: Stack) -> Iterator[httpx.Client]:
         yield client
 
 
-def run_code(client: httpx.Client, code: str, language: str = "python", wait: float = 60, **policy: object) -> dict:
+def run_code(
+    client: httpx.Client, code: str, language: str = "python", wait: float = 60, **policy: object
+) -> dict[str, Any]:
     """Submit code and wait for its result through the API (a bounded server-side wait)."""
     response = client.post(f"/v1/executions?wait={wait}", json={"language": language, "code": code, "policy": policy})
     assert response.status_code == 200, response.text
-    body: dict = response.json()
+    body: dict[str, Any] = response.json()
     return body
 
 

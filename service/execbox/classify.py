@@ -144,11 +144,19 @@ def _program_error(outcome: RunOutcome, language: str, limits: Limits, sig: str 
     parsed = _parse_exception(stderr, language)
     tail = stderr[-2000:]
     if parsed is not None and parsed[2]:
-        return _error(ErrorCategory.CODE_SYNTAX, f"the code does not compile: {parsed[0]}: {parsed[1]}",
-                      type=parsed[0], message=parsed[1], traceback=tail)
+        return _error(
+            ErrorCategory.CODE_SYNTAX,
+            f"the code does not compile: {parsed[0]}: {parsed[1]}",
+            type=parsed[0],
+            message=parsed[1],
+            traceback=tail,
+        )
     if language == "bash" and outcome.exit_code == 2 and "syntax error" in stderr:
-        return _error(ErrorCategory.CODE_SYNTAX, "the script does not parse: " + stderr.strip()[-500:],
-                      message=stderr.strip()[-500:])
+        return _error(
+            ErrorCategory.CODE_SYNTAX,
+            "the script does not parse: " + stderr.strip()[-500:],
+            message=stderr.strip()[-500:],
+        )
     # A failed fork/thread start or a full disk usually surfaces as an ordinary error report;
     # the interpreters' wording is the only signal the engine does not give us.
     if _mentions(stderr, _PIDS_PATTERNS):
@@ -157,8 +165,13 @@ def _program_error(outcome: RunOutcome, language: str, limits: Limits, sig: str 
         return _disk_error(limits)
     if parsed is not None:
         exc_type, exc_msg, _ = parsed
-        return _error(ErrorCategory.CODE_EXCEPTION, f"uncaught {exc_type}: {exc_msg}", type=exc_type,
-                      message=exc_msg, traceback=tail)
+        return _error(
+            ErrorCategory.CODE_EXCEPTION,
+            f"uncaught {exc_type}: {exc_msg}",
+            type=exc_type,
+            message=exc_msg,
+            traceback=tail,
+        )
     what = f"killed by {sig}" if sig else f"exited with code {outcome.exit_code}"
     return _error(ErrorCategory.CODE_EXIT_NONZERO, f"the program {what}", exit_code=outcome.exit_code, signal=sig)
 

@@ -6,10 +6,12 @@ import json
 import os
 import signal
 from collections.abc import Callable
+from typing import Any
 
 import docker
 import httpx
 import pytest
+from docker.models.containers import Container
 
 from execbox.sandbox.base import EXECUTION_LABEL, MANAGED_LABEL, TRACE_LABEL
 from tests.conftest import Side, Stack, run_code, wait_until
@@ -19,10 +21,10 @@ pytestmark = [pytest.mark.docker, pytest.mark.redis]
 SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(60)\n"
 
 
-def submit(client: httpx.Client, code: str = SLEEPER, **extra: object) -> dict:
+def submit(client: httpx.Client, code: str = SLEEPER, **extra: object) -> dict[str, Any]:
     response = client.post("/v1/executions", json={"language": "python", "code": code, **extra})
     assert response.status_code == 202, response.text
-    body: dict = response.json()
+    body: dict[str, Any] = response.json()
     assert body["status"] == "queued"
     return body
 
@@ -31,7 +33,7 @@ def status_of(client: httpx.Client, execution_id: str) -> str:
     return str(client.get(f"/v1/executions/{execution_id}").json()["status"])
 
 
-def container_of(docker_client: docker.DockerClient, execution_id: str) -> list[docker.models.containers.Container]:
+def container_of(docker_client: docker.DockerClient, execution_id: str) -> list[Container]:
     return docker_client.containers.list(all=True, filters={"label": f"{EXECUTION_LABEL}={execution_id}"})
 
 
@@ -120,8 +122,10 @@ def test_missing_image_is_retryable_sandbox_error(side_stack: Callable[..., Side
     images = os.path.join(tmp_path, "images")
     os.makedirs(os.path.join(images, "python"))
     with open(os.path.join(images, "python", "metadata.yaml"), "w") as f:
-        f.write("language: python\nversion: '3'\nimage: execbox/no-such-image:none\nfile: main.py\n"
-                "command: [python3, main.py]\nsmoke: [python3, -c, 'print(1)']\n")
+        f.write(
+            "language: python\nversion: '3'\nimage: execbox/no-such-image:none\nfile: main.py\n"
+            "command: [python3, main.py]\nsmoke: [python3, -c, 'print(1)']\n"
+        )
     side = side_stack(EXECBOX_IMAGES_DIR=images)
     side.worker("worker-noimage")
     with side.client() as client:
@@ -178,7 +182,7 @@ def test_readyz_reports_dependencies(api: httpx.Client) -> None:
 def test_no_sandbox_container_left_after_suite(docker_client: docker.DockerClient, stack: Stack) -> None:
     def leftovers() -> list[str]:
         return [
-            c.name
+            str(c.name)
             for c in docker_client.containers.list(all=True, filters={"label": f"{MANAGED_LABEL}=true"})
             if str(c.labels.get("execbox.worker", "")).startswith(stack.prefix)
         ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import httpx
 import pytest
@@ -12,10 +13,10 @@ from tests.conftest import run_code
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
 
-def assert_failed(body: dict, category: str) -> dict:
+def assert_failed(body: dict[str, Any], category: str) -> dict[str, Any]:
     assert body["status"] == "failed", body
     assert body["error"]["category"] == category, body["error"]
-    error: dict = body["error"]
+    error: dict[str, Any] = body["error"]
     return error
 
 
@@ -57,7 +58,7 @@ def test_python_syntax_error(api: httpx.Client) -> None:
 
 def test_wall_clock_timeout_kills(api: httpx.Client) -> None:
     body = run_code(api, "import time\nprint('start', flush=True)\ntime.sleep(60)", timeout_s=1)
-    error = assert_failed(body, "limit.timeout")
+    assert_failed(body, "limit.timeout")
     assert body["stdout"] == "start\n"
     assert body["signal"] == "SIGKILL"
     assert 900 <= body["timing"]["run_ms"] < 5000
@@ -79,7 +80,9 @@ def test_memory_limit_is_oom(api: httpx.Client) -> None:
 def test_pids_limit_stops_fork_bomb(api: httpx.Client) -> None:
     # Children sleep instead of forking further so the run ends deterministically: the parent
     # hits the pids limit, its fork() raises, and the container (with every child) goes away.
-    code = "import os, time\nfor _ in range(10000):\n    if os.fork() == 0:\n        time.sleep(60)\n        os._exit(0)\n"
+    code = (
+        "import os, time\nfor _ in range(10000):\n    if os.fork() == 0:\n        time.sleep(60)\n        os._exit(0)\n"
+    )
     body = run_code(api, code, pids=16)
     assert_failed(body, "limit.pids")
 
@@ -93,7 +96,9 @@ def test_output_flood_is_stopped_and_truncated(api: httpx.Client) -> None:
 
 
 def test_filling_tmp_is_disk_limit(api: httpx.Client) -> None:
-    code = "i = 0\nwhile True:\n    with open(f'/tmp/f{i}', 'wb') as f:\n        f.write(b'x' * (1 << 20))\n    i += 1\n"
+    code = (
+        "i = 0\nwhile True:\n    with open(f'/tmp/f{i}', 'wb') as f:\n        f.write(b'x' * (1 << 20))\n    i += 1\n"
+    )
     body = run_code(api, code, disk_mb=8)
     assert_failed(body, "limit.disk")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -20,15 +21,15 @@ def idle(side_stack: Callable[..., Side]) -> Iterator[tuple[httpx.Client, Side]]
         yield client, side
 
 
-def problem(response: httpx.Response, status: int, code: str) -> dict:
+def problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/problem+json"
-    body: dict = response.json()
+    body: dict[str, Any] = response.json()
     assert body["code"] == code and body["status"] == status and body["detail"]
     return body
 
 
-def fields(body: dict) -> set[str]:
+def fields(body: dict[str, Any]) -> set[str]:
     return {e["field"] for e in body["errors"]}
 
 
@@ -45,8 +46,12 @@ CASES = [
     ({"language": "python", "code": "x", "policy": {"timeout_s": -1}}, 422, "request.invalid", "policy.timeout_s"),
     ({"language": "python", "code": "x", "policy": {"memory_mb": 10**12}}, 422, "request.invalid", "policy.memory_mb"),
     ({"language": "python", "code": "x", "policy": {"pids": "many"}}, 422, "request.invalid", "policy.pids"),
-    ({"language": "python", "code": "x", "policy": {"timeout_s": 121}}, 422, "request.policy_exceeded",
-     "policy.timeout_s"),
+    (
+        {"language": "python", "code": "x", "policy": {"timeout_s": 121}},
+        422,
+        "request.policy_exceeded",
+        "policy.timeout_s",
+    ),
     ({"language": "python", "code": "x", "policy": {"name": "huge"}}, 422, "request.unknown_policy", "policy.name"),
     ({"language": "python", "code": "x", "policy": {"network": "host"}}, 422, "request.invalid", "policy.network"),
     ({"language": "python", "code": "x", "surprise": 1}, 422, "request.invalid", "surprise"),
@@ -57,7 +62,7 @@ CASES = [
 
 @pytest.mark.parametrize(("body", "status", "code", "field"), CASES)
 def test_bad_execution_request_is_refused(
-    idle: tuple[httpx.Client, Side], body: dict, status: int, code: str, field: str
+    idle: tuple[httpx.Client, Side], body: dict[str, Any], status: int, code: str, field: str
 ) -> None:
     client, side = idle
     refused = problem(client.post("/v1/executions", json=body), status, code)
@@ -67,15 +72,19 @@ def test_bad_execution_request_is_refused(
 
 def test_ceiling_message_names_the_ceiling(idle: tuple[httpx.Client, Side]) -> None:
     client, _ = idle
-    body = problem(client.post("/v1/executions", json={"language": "python", "code": "x",
-                                                        "policy": {"memory_mb": 4096}}), 422, "request.policy_exceeded")
+    body = problem(
+        client.post("/v1/executions", json={"language": "python", "code": "x", "policy": {"memory_mb": 4096}}),
+        422,
+        "request.policy_exceeded",
+    )
     assert "2048" in body["errors"][0]["message"] and "default" in body["errors"][0]["message"]
 
 
 def test_named_policy_raises_the_ceiling(idle: tuple[httpx.Client, Side]) -> None:
     client, side = idle
-    response = client.post("/v1/executions", json={"language": "python", "code": "x",
-                                                  "policy": {"name": "large", "memory_mb": 4096}})
+    response = client.post(
+        "/v1/executions", json={"language": "python", "code": "x", "policy": {"name": "large", "memory_mb": 4096}}
+    )
     assert response.status_code == 202, response.text
     assert response.json()["policy"]["memory_mb"] == 4096 and response.json()["policy"]["timeout_s"] == 60
     assert queued_jobs(side) == 1
@@ -83,16 +92,18 @@ def test_named_policy_raises_the_ceiling(idle: tuple[httpx.Client, Side]) -> Non
 
 def test_malformed_json_is_400(idle: tuple[httpx.Client, Side]) -> None:
     client, side = idle
-    response = client.post("/v1/executions", content=b'{"language": "python", "code": ', headers={
-        "content-type": "application/json"})
+    response = client.post(
+        "/v1/executions", content=b'{"language": "python", "code": ', headers={"content-type": "application/json"}
+    )
     problem(response, 400, "request.malformed_json")
     assert queued_jobs(side) == 0
 
 
 def test_oversized_body_is_413(idle: tuple[httpx.Client, Side]) -> None:
     client, _ = idle
-    problem(client.post("/v1/executions", json={"language": "python", "code": "x" * (5 << 20)}), 413,
-            "request.too_large")
+    problem(
+        client.post("/v1/executions", json={"language": "python", "code": "x" * (5 << 20)}), 413, "request.too_large"
+    )
 
 
 def test_invalid_and_unknown_ids(idle: tuple[httpx.Client, Side]) -> None:
@@ -106,16 +117,16 @@ def test_wait_above_server_limit_is_refused(idle: tuple[httpx.Client, Side]) -> 
     client, side = idle
     body = {"language": "python", "code": "print(1)"}
     assert "query.wait" in fields(problem(client.post("/v1/executions?wait=1000", json=body), 422, "request.invalid"))
-    refused = problem(client.post("/v1/executions", json=body, headers={"Prefer": "wait=1000"}), 422,
-                      "request.invalid")
+    refused = problem(client.post("/v1/executions", json=body, headers={"Prefer": "wait=1000"}), 422, "request.invalid")
     assert "header.Prefer" in fields(refused)
     assert queued_jobs(side) == 0
 
 
 def test_prefer_wait_returns_202_while_queued(idle: tuple[httpx.Client, Side]) -> None:
     client, _ = idle
-    response = client.post("/v1/executions", json={"language": "python", "code": "print(1)"},
-                           headers={"Prefer": "wait=0.5"})
+    response = client.post(
+        "/v1/executions", json={"language": "python", "code": "print(1)"}, headers={"Prefer": "wait=0.5"}
+    )
     assert response.status_code == 202 and response.json()["status"] == "queued"
     assert response.headers["location"] == f"/v1/executions/{response.json()['id']}"
 
