@@ -44,7 +44,8 @@ class WorkerSettings(BaseModel):
     orphan_grace_s: float = Field(
         30.0,
         ge=0,
-        description="Extra age beyond the largest timeout before an execbox container is removed whatever its state.",
+        description="An execbox container that no live worker holds a lease for is removed by the "
+        "reaper once it is older than this.",
     )
 
 
