@@ -49,6 +49,13 @@ def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, ste
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+def answers_200(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 @dataclass
 class Redis:
     url: str
@@ -154,14 +161,7 @@ def stack(redis_server: Redis, docker_client: docker.DockerClient, processes: Pr
     for i in (1, 2):
         processes.spawn(f"worker-{i}", [EXECBOX, "worker", "--name", f"{prefix}-worker-{i}"], env)
     base_url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        try:
-            return httpx.get(f"{base_url}/readyz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_until(ready, 30, "the API's /readyz (Redis + a worker reaching Docker)")
+    wait_until(lambda: answers_200(f"{base_url}/readyz"), 30, "the API's /readyz (Redis + a worker reaching Docker)")
     return Stack(env=env, base_url=base_url, prefix=prefix, logs=processes.logs)
 
 
@@ -207,14 +207,7 @@ def side_stack(stack: Stack, processes: Processes) -> Callable[..., Side]:
         port = free_port()
         processes.spawn(f"api-{queue}", [EXECBOX, "api", "--port", str(port)], side_env)
         base_url = f"http://127.0.0.1:{port}"
-
-        def up() -> bool:
-            try:
-                return httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(up, 20, "the side API to answer")
+        wait_until(lambda: answers_200(f"{base_url}/healthz"), 20, "the side API to answer")
         return Side(side_env, base_url, processes)
 
     return make

@@ -240,3 +240,20 @@ class LanguagePublic(BaseModel):
 
 class LanguagesPublic(BaseModel):
     languages: list[LanguagePublic] = Field(description="Every language this service runs.")
+
+
+class ProblemField(BaseModel):
+    field: str = Field(description="Dotted path of the offending field, e.g. `policy.memory_mb` or `query.wait`.")
+    message: str = Field(description="What is wrong with it and what to send instead.")
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details, the body of every 4xx/5xx answer."""
+
+    type: str = Field(description="URI naming the problem type.")
+    title: str = Field(description="Short summary of the problem type.")
+    status: int = Field(description="HTTP status code.")
+    detail: str = Field(description="What went wrong and what to do next.")
+    code: str = Field(description="Stable machine-readable code, e.g. `request.policy_exceeded`.")
+    retryable: bool = Field(description="True when the same request may succeed later.")
+    errors: list[ProblemField] = Field(description="One entry per invalid field (may be empty).")

@@ -140,6 +140,18 @@ def test_languages_lists_three(idle: tuple[httpx.Client, Side]) -> None:
 def test_openapi_describes_every_request_field(idle: tuple[httpx.Client, Side]) -> None:
     client, _ = idle
     schemas = client.get("/openapi.json").json()["components"]["schemas"]
-    for name in ("ExecutionCreate", "PolicyRequest", "ExecutionPublic", "ExecutionError", "Timing"):
+    assert "HTTPValidationError" not in schemas  # our 422s are problem+json, and documented so
+    for name in (
+        "ExecutionCreate",
+        "PolicyRequest",
+        "ExecutionPublic",
+        "ExecutionError",
+        "Timing",
+        "Resources",
+        "AppliedPolicy",
+        "LanguagePublic",
+        "Problem",
+        "ProblemField",
+    ):
         for field, spec in schemas[name]["properties"].items():
             assert spec.get("description"), f"{name}.{field} has no description"

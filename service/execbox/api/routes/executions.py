@@ -22,6 +22,7 @@ from execbox.models import (
     ExecutionPublic,
     ExecutionRecord,
     ExecutionStatus,
+    Problem,
     Transition,
 )
 from execbox.queue import cancel_queued, enqueue
@@ -42,9 +43,19 @@ WaitQuery = Annotated[
 ]
 PreferHeader = Annotated[str | None, Header(description="RFC 7240 `wait=SECONDS`, like ?wait=.")]
 TraceHeader = Annotated[str | None, Header(description="W3C trace context; a new trace starts without it.")]
+_PROBLEM: dict[str, object] = {
+    "model": Problem,
+    "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}},
+}
 _RESPONSES: dict[int | str, dict[str, object]] = {
     200: {"description": "Finished within the wait.", "model": ExecutionPublic},
     202: {"description": "Accepted (or not finished within the wait).", "model": ExecutionPublic},
+    400: {"description": "The body is not JSON.", **_PROBLEM},
+    404: {"description": "No such execution (or past retention).", **_PROBLEM},
+    409: {"description": "The execution already ended.", **_PROBLEM},
+    413: {"description": "The body is too large.", **_PROBLEM},
+    422: {"description": "A field is invalid or above a policy ceiling.", **_PROBLEM},
+    503: {"description": "Redis unavailable; retry after Retry-After.", **_PROBLEM},
 }
 
 
@@ -139,6 +150,7 @@ def get_execution(
     "/{execution_id}/cancel",
     status_code=202,
     response_model=ExecutionPublic,
+    responses=_RESPONSES,
     summary="Cancel a queued or running execution",
 )
 def cancel_execution(
