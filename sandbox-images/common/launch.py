@@ -1,19 +1,29 @@
-"""execbox sandbox launcher: unpack the job's files from stdin, then exec the program.
+"""execbox sandbox launcher: PID 1 of every sandbox.
 
-Uses only what python3-minimal ships (no json), so every image can carry it. Runs as the sandbox's unprivileged user before any user code, and replaces itself with the
-program (exec), so nothing of the service runs after user code starts.
+Before user code: unpack the job's small files from stdin into /workspace. Then fork the program
+(the rest of stdin is its stdin), reap every child, and when the program ends kill whatever it
+left behind. Only then does it tell the worker the run is over (a per-run marker on stderr, after
+all of the program's output), and wait for SIGUSR1 to exit with the program's status, so that
+the workspace stays mounted while the worker collects artifacts through the engine.
+
+The marker only says *when* to collect; status, exit code and signals still come from the engine.
+Uses only what python3-minimal ships, imports nothing after the program starts, and is started
+with -I -S (no user site, no current directory on sys.path).
 
 stdin carries, in order:
   10 ASCII digits      length N of the header
-  N bytes              header, one line per file: "<size> <octal mode> <path>\n" (UTF-8)
+  N bytes              header lines: "nonce <hex>" (optional: without it the launcher exits
+                       with the program), then "<size> <octal mode> <path>" per file
   the files' bytes     concatenated in header order
   the rest             the program's own stdin (the launcher never reads past the files)
 """
 
 import os
+import signal
 import sys
 
 WORKDIR = "/workspace"
+LAUNCH_FAILED = 120
 
 
 def _read_exact(n):
@@ -47,23 +57,69 @@ def _write_file(path, size, mode):
         os.close(fd)
 
 
+def _unpack():
+    nonce = ""
+    header = _read_exact(int(_read_exact(10))).decode("utf-8")
+    for line in header.splitlines():
+        if line.startswith("nonce "):
+            nonce = line[6:]
+            continue
+        size, mode, path = line.split(" ", 2)
+        _write_file(_safe_path(path), int(size), int(mode, 8))
+    return nonce
+
+
+def _status_code(status):
+    code = os.waitstatus_to_exitcode(status)
+    return code if code >= 0 else 128 - code
+
+
 def main():
     argv = sys.argv[1:]
     if not argv:
         sys.stderr.write("execbox launcher: no program given\n")
-        return 120
+        return LAUNCH_FAILED
     try:
-        header = _read_exact(int(_read_exact(10))).decode("utf-8")
-        for line in header.splitlines():
-            size, mode, path = line.split(" ", 2)
-            _write_file(_safe_path(path), int(size), int(mode, 8))
+        nonce = _unpack()
     except (OSError, ValueError, EOFError) as exc:
         sys.stderr.write("execbox launcher: %s\n" % exc)
-        return 120
-    os.chdir(WORKDIR)
-    os.execvp(argv[0], argv)
-    return 120
+        return LAUNCH_FAILED
+    release = {signal.SIGUSR1}
+    signal.pthread_sigmask(signal.SIG_BLOCK, release)
+    marker = ("\n\x00execbox-done:%s\x00" % nonce).encode()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    child = os.fork()
+    if child == 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, release)
+        try:
+            os.chdir(WORKDIR)
+            os.execvp(argv[0], argv)
+        except OSError as exc:
+            os.write(2, ("execbox launcher: cannot run %s: %s\n" % (argv[0], exc)).encode())
+        os._exit(127)
+    os.close(0)
+    status = 0
+    while True:  # as PID 1, reap every orphan until the program itself ends
+        pid, st = os.waitpid(-1, 0)
+        if pid == child:
+            status = st
+            break
+    if os.getpid() == 1:  # only as the sandbox's init: kill(-1) elsewhere would hit the whole host
+        try:
+            os.kill(-1, signal.SIGKILL)  # everything the program left behind, never PID 1
+        except ProcessLookupError:
+            pass
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+    if nonce:  # a worker waits to collect; without a nonce (smoke tests) just end
+        os.write(2, marker)
+        signal.sigwait(release)
+    return _status_code(status)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    os._exit(main())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -24,6 +24,9 @@ class Limits:
     output_bytes: int
 
 
+Collector = Callable[[Iterator[bytes]], None]
+
+
 @dataclass(frozen=True)
 class RunSpec:
     execution_id: str
@@ -32,9 +35,16 @@ class RunSpec:
     image: str
     command: tuple[str, ...]
     files: tuple[tuple[str, bytes], ...]
+    """Small service files (the code, inputs.json): written by the launcher before the program."""
     env: tuple[tuple[str, str], ...]
     limits: Limits
     language: str = ""
+    input_archive: bytes | None = None
+    """A tar of the request's input files, copied into /workspace through the engine's archive API."""
+    stdin: bytes = b""
+    collect_path: str = "out"
+    """Path under /workspace handed (as a tar stream from the engine) to `collector` after the run."""
+    collector: Collector | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,9 @@ class RunOutcome:
     image_id: str | None = None
     start_ms: float = 0.0
     run_ms: float = 0.0
+    collect_ms: float = 0.0
+    collect_error: str | None = None
+    """Why the output directory could not be collected (None when it was, or nobody asked)."""
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,18 @@
 """DockerRuntime: the only module that imports docker. One hardened container per run.
 
-The code never travels in a shell string: the container's command is a fixed argv (the image's
-launcher followed by the language's command), and the program's files arrive on stdin in a
-framed stream that the launcher unpacks into /workspace before it execs the program.
+The code never travels in a shell string. The container's command is a fixed argv: the image's
+launcher (PID 1) followed by the language's command. The request's input files are copied into
+/workspace through the engine's archive API; the code and other small service files arrive on
+stdin in a frame the launcher unpacks before it starts the program. /workspace is a size-capped
+tmpfs volume, so it stays readable through the engine (get_archive) until the container is
+removed: the launcher holds the container open after the program ends until the worker has
+collected the output directory and releases it with SIGUSR1.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import socket
 import threading
 import time
@@ -18,7 +23,7 @@ from typing import Any, cast
 import docker
 import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
-from docker.types import Ulimit
+from docker.types import DriverConfig, Mount, Ulimit
 from docker.utils.socket import frames_iter
 
 from execbox.errors import ImageUnavailable, RuntimeUnavailable
@@ -36,11 +41,13 @@ from execbox.settings import DockerSettings
 
 log = logging.getLogger(__name__)
 
-SANDBOX_USER = "65534:65534"
+SANDBOX_UID = 65534
+SANDBOX_USER = f"{SANDBOX_UID}:{SANDBOX_UID}"
 WORKDIR = "/workspace"
 LAUNCHER = ("python3", "-I", "-S", "/opt/execbox/launch.py")
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
 STDOUT, STDERR = 1, 2
+RELEASE_SIGNAL = "SIGUSR1"
 
 
 @contextmanager
@@ -55,23 +62,30 @@ def _docker_errors() -> Iterator[None]:
         raise RuntimeUnavailable(f"Docker engine unreachable or failing ({exc}); retry shortly") from exc
 
 
-def frame_files(files: tuple[tuple[str, bytes], ...]) -> bytes:
-    """The launcher's stdin frame: header length, JSON header, then the files' bytes."""
-    encoded = "".join(f"{len(data)} 644 {path}\n" for path, data in files).encode()
+def frame_files(files: tuple[tuple[str, bytes], ...], nonce: str = "") -> bytes:
+    """The launcher's stdin frame: header length, header lines, then the files' bytes."""
+    lines = ([f"nonce {nonce}\n"] if nonce else []) + [f"{len(data)} 644 {path}\n" for path, data in files]
+    encoded = "".join(lines).encode()
     return b"%010d" % len(encoded) + encoded + b"".join(data for _, data in files)
+
+
+def done_marker(nonce: str) -> bytes:
+    return b"\n\x00execbox-done:%s\x00" % nonce.encode()
 
 
 def host_config_kwargs(spec: RunSpec, runtime: str | None) -> dict[str, Any]:
     """Every protection of DESIGN.md's 'Every sandbox, always', as engine settings."""
     lim = spec.limits
-    disk = f"size={lim.disk_mb}m"
+    workspace = DriverConfig(
+        "local",
+        {"type": "tmpfs", "device": "tmpfs", "o": f"size={lim.disk_mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},"
+         "mode=0755,nosuid,nodev"},
+    )  # fmt: skip
     kwargs: dict[str, Any] = {
         "network_mode": "none",
         "read_only": True,
-        "tmpfs": {
-            WORKDIR: f"{disk},uid=65534,gid=65534,mode=0755,nosuid,nodev",
-            "/tmp": f"{disk},uid=65534,gid=65534,mode=1777,nosuid,nodev,noexec",
-        },
+        "mounts": [Mount(target=WORKDIR, source=None, type="volume", driver_config=workspace)],
+        "tmpfs": {"/tmp": f"size={lim.disk_mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=1777,nosuid,nodev,noexec"},
         "shm_size": f"{min(lim.disk_mb, 64)}m",
         "mem_limit": f"{lim.memory_mb}m",
         "memswap_limit": f"{lim.memory_mb}m",
@@ -86,7 +100,6 @@ def host_config_kwargs(spec: RunSpec, runtime: str | None) -> dict[str, Any]:
             Ulimit(name="stack", soft=8 << 20, hard=8 << 20),
             Ulimit(name="cpu", soft=lim.cpu_time_s, hard=lim.cpu_time_s + 1),
         ],
-        "init": True,
         "ipc_mode": "private",
         "privileged": False,
         "log_config": {"type": "none", "config": {}},
@@ -97,28 +110,51 @@ def host_config_kwargs(spec: RunSpec, runtime: str | None) -> dict[str, Any]:
 
 
 class _Capture:
-    """Reads the multiplexed attach stream with a byte cap per stream, in its own thread."""
+    """Reads the multiplexed attach stream in its own thread: byte caps per stream, and the
+    launcher's end-of-run marker at the end of stderr."""
 
-    def __init__(self, cap: int, on_overflow: Any) -> None:
+    def __init__(self, cap: int, marker: bytes, wake: threading.Event) -> None:
         self.cap = cap
+        self.marker = marker
         self.kept = {STDOUT: bytearray(), STDERR: bytearray()}
         self.total = {STDOUT: 0, STDERR: 0}
-        self.overflowed: set[int] = set()
-        self._on_overflow = on_overflow
+        self.overflowed = False
+        self.done = False
+        self.eof = False
+        self._tail = b""
+        self._wake = wake
 
     def pump(self, sock: Any) -> None:
         try:
             for stream, data in frames_iter(sock, tty=False):  # type: ignore[no-untyped-call]
-                if stream not in self.kept:
-                    continue
-                self.total[stream] += len(data)
-                room = self.cap - len(self.kept[stream])
-                self.kept[stream] += data[: max(room, 0)]
-                if self.total[stream] > self.cap and stream not in self.overflowed:
-                    self.overflowed.add(stream)
-                    self._on_overflow()
+                if stream in self.kept:
+                    self._take(stream, data)
         except OSError:
             pass  # the container went away; what was read is kept
+        self.eof = True
+        self._wake.set()
+
+    def _take(self, stream: int, data: bytes) -> None:
+        self.total[stream] += len(data)
+        room = self.cap + len(self.marker) - len(self.kept[stream])
+        self.kept[stream] += data[: max(room, 0)]
+        if stream == STDERR and not self.done:
+            self._tail = (self._tail + data)[-len(self.marker) :]
+            if self._tail == self.marker:
+                self.done = True
+                self.total[STDERR] -= len(self.marker)
+                if self.kept[STDERR].endswith(self.marker):
+                    del self.kept[STDERR][-len(self.marker) :]
+                self._wake.set()
+                return
+        # The marker may still follow, so a stream is over its cap only past cap + marker.
+        if self.total[stream] > self.cap + len(self.marker) and not self.overflowed:
+            self.overflowed = True
+            self._wake.set()
+
+    def result(self, stream: int) -> tuple[bytes, int, bool]:
+        total = self.total[stream]
+        return bytes(self.kept[stream][: self.cap]), total, total > self.cap
 
 
 class DockerRuntime:
@@ -190,70 +226,101 @@ class DockerRuntime:
 
     def _run_created(self, spec: RunSpec, control: RunControl, cid: str, image_id: str, t0: float) -> RunOutcome:
         api = self.api
-        killed_for: set[str] = set()
-
-        def kill(reason: str) -> None:
-            killed_for.add(reason)
-            self._kill(cid)
-
-        # The reader must never block on the kill: the engine only finishes stopping a container
-        # once its output is drained, which is the reader's job.
-        capture = _Capture(
-            spec.limits.output_bytes,
-            lambda: threading.Thread(target=kill, args=("output",), daemon=True).start(),
-        )
+        nonce = secrets.token_hex(8)
+        wake = threading.Event()
+        capture = _Capture(spec.limits.output_bytes, done_marker(nonce), wake)
         sock = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
         raw = getattr(sock, "_sock", sock)
         reader = threading.Thread(target=capture.pump, args=(sock,), name=f"capture-{spec.execution_id}", daemon=True)
         reader.start()
         api.start(cid)
+        if spec.input_archive:
+            api.put_archive(cid, WORKDIR, spec.input_archive)
         started = time.monotonic()
-        control.set_killer(lambda: kill("cancel"))
-        feeder = threading.Thread(target=_feed, args=(raw, frame_files(spec.files)), daemon=True)
-        feeder.start()
+        control.set_killer(wake.set)
+        payload = frame_files(spec.files, nonce) + spec.stdin
+        threading.Thread(target=_feed, args=(raw, payload), daemon=True).start()
         # Not joined: the stats stream ends by itself when the container is removed, and a run
         # shorter than the engine's first sample simply reports no peak.
         peak: list[int] = []
         threading.Thread(target=self._sample_memory, args=(cid, peak), daemon=True).start()
 
-        exit_code = self._wait(cid, spec.limits.timeout_s - (time.monotonic() - started))
-        if exit_code is None:
-            kill("timeout")
-            exit_code = self._wait(cid, 10.0)
+        wake.wait(timeout=spec.limits.timeout_s)
         ended = time.monotonic()
+        timed_out = not wake.is_set()
+        finished = capture.done and not (timed_out or capture.overflowed or control.cancelled)
+        collect_error: str | None = None
+        if finished:
+            collect_error = self._collect(cid, spec)
+            self._signal(cid, RELEASE_SIGNAL)
+        elif not capture.eof:
+            # Stopped from outside (timeout, output cap, cancel): freeze every process so the
+            # collection sees a still workspace, then kill.
+            collect_error = self._collect(cid, spec, freeze=True)
+            self._signal(cid, "SIGKILL")
+        else:
+            collect_error = "the sandbox ended before its output directory could be collected"
+        collected_at = time.monotonic()
+        exit_code = self._wait(cid, 10.0)
         reader.join(timeout=5.0)
         state = api.inspect_container(cid)["State"]
         _close(sock)
+        stdout, stdout_total, stdout_over = capture.result(STDOUT)
+        stderr, stderr_total, stderr_over = capture.result(STDERR)
         return RunOutcome(
             exit_code=exit_code if exit_code is not None else state.get("ExitCode"),
-            stdout=bytes(capture.kept[STDOUT]),
-            stderr=bytes(capture.kept[STDERR]),
-            stdout_total=capture.total[STDOUT],
-            stderr_total=capture.total[STDERR],
-            stdout_truncated=STDOUT in capture.overflowed,
-            stderr_truncated=STDERR in capture.overflowed,
-            timed_out="timeout" in killed_for,
-            cancelled="cancel" in killed_for,
+            stdout=stdout,
+            stderr=stderr,
+            stdout_total=stdout_total,
+            stderr_total=stderr_total,
+            stdout_truncated=stdout_over,
+            stderr_truncated=stderr_over,
+            timed_out=timed_out,
+            cancelled=control.cancelled,
             oom_killed=bool(state.get("OOMKilled")),
             peak_memory_bytes=max(peak) if peak else None,
             image_id=image_id,
             start_ms=(started - t0) * 1000,
             run_ms=(ended - started) * 1000,
+            collect_ms=(collected_at - ended) * 1000,
+            collect_error=collect_error if spec.collector else None,
         )
 
-    def _wait(self, cid: str, timeout_s: float) -> int | None:
-        """The exit code, or None when the program is still running after timeout_s."""
-        if timeout_s <= 0:
+    def _collect(self, cid: str, spec: RunSpec, freeze: bool = False) -> str | None:
+        if spec.collector is None:
             return None
+        api = self.api
+        try:
+            if freeze:
+                api.pause(cid)
+            path = f"{WORKDIR}/{spec.collect_path}".rstrip("/")
+            try:
+                stream, _ = api.get_archive(cid, path, chunk_size=1 << 16)
+            except NotFound:
+                return None  # the program made no output directory: nothing to collect
+            spec.collector(stream)
+            return None
+        except (DockerException, requests.RequestException) as exc:
+            log.warning("could not collect the output directory: %s", exc)
+            return f"the output directory could not be read from the sandbox ({exc})"
+        finally:
+            if freeze:
+                try:
+                    api.unpause(cid)
+                except (DockerException, requests.RequestException):
+                    pass  # killed next anyway
+
+    def _wait(self, cid: str, timeout_s: float) -> int | None:
+        """The exit code, or None when the container still runs after timeout_s."""
         try:
             result = self.api.wait(cid, timeout=cast(int, max(timeout_s, 0.001)))  # requests takes float seconds
         except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
             return None
         return int(result["StatusCode"])
 
-    def _kill(self, cid: str) -> None:
+    def _signal(self, cid: str, signal: str) -> None:
         try:
-            self.api.kill(cid)
+            self.api.kill(cid, signal=signal)
         except (NotFound, APIError):
             pass  # already stopped
 
