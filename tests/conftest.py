@@ -144,9 +144,15 @@ def processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
 
 
 @pytest.fixture(scope="session")
-def stack(redis_server: Redis, docker_client: docker.DockerClient, processes: Processes) -> Stack:
+def stack(
+    redis_server: Redis,
+    docker_client: docker.DockerClient,
+    processes: Processes,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Stack:
     prefix = f"exbt{secrets.token_hex(3)}"
     env = {
+        "EXECBOX_ARTIFACTS_DIR": str(tmp_path_factory.mktemp("artifacts")),
         **{k: v for k, v in os.environ.items() if not k.startswith("EXECBOX_")},
         "EXECBOX_REDIS__URL": redis_server.url,
         "EXECBOX_REDIS__KEY_PREFIX": prefix,

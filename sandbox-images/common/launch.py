@@ -58,6 +58,7 @@ def _write_file(path, size, mode):
 
 
 def _unpack():
+    os.makedirs(os.path.join(WORKDIR, "out"), exist_ok=True)  # the output directory always exists
     nonce = ""
     header = _read_exact(int(_read_exact(10))).decode("utf-8")
     for line in header.splitlines():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 EXECUTION_ID_PATTERN = r"^exe_[a-z0-9]{26}$"
@@ -81,6 +81,15 @@ class PolicyRequest(BaseModel):
     network: Literal["none"] | None = Field(
         None, description="Network access. Only `none` (no interface but loopback) exists so far."
     )
+    stdin_bytes: int | None = Field(None, ge=0, le=1 << 30, description="Largest stdin accepted, bytes.")
+    input_files: int | None = Field(None, ge=0, le=100000, description="Most input files per execution.")
+    input_file_bytes: int | None = Field(None, ge=0, le=1 << 34, description="Largest input file, bytes.")
+    input_total_bytes: int | None = Field(None, ge=0, le=1 << 34, description="Largest total of input files, bytes.")
+    artifact_files: int | None = Field(None, ge=0, le=100000, description="Most artifacts kept.")
+    artifact_file_bytes: int | None = Field(None, ge=0, le=1 << 34, description="Largest artifact kept, bytes.")
+    artifact_total_bytes: int | None = Field(
+        None, ge=0, le=1 << 34, description="Largest total of artifacts kept, bytes."
+    )
 
 
 class AppliedPolicy(BaseModel):
@@ -97,6 +106,101 @@ class AppliedPolicy(BaseModel):
     queue_timeout_s: float = Field(description="Queue deadline, seconds after submission.")
     network: Literal["none"] = Field(description="Network mode.")
     code_bytes: int = Field(description="Largest code accepted, bytes.")
+    stdin_bytes: int = Field(description="Largest stdin accepted, bytes.")
+    input_files: int = Field(description="Most input files.")
+    input_file_bytes: int = Field(description="Largest input file, bytes.")
+    input_total_bytes: int = Field(description="Largest total of input files, bytes.")
+    artifact_files: int = Field(description="Most artifacts kept.")
+    artifact_file_bytes: int = Field(description="Largest artifact kept, bytes.")
+    artifact_total_bytes: int = Field(description="Largest total of artifacts kept, bytes.")
+
+
+INPUT_PATH_PATTERN = r"^(?!/)(?!.*(?:^|/)\.{1,2}(?:/|$))(?!.*//)[^\x00-\x1f\x7f\\]{1,1024}$"
+RESERVED_PATHS = (".execbox", "out/.execbox")
+
+
+def check_input_path(path: str) -> str:
+    """A relative path under /workspace: no absolute path, `..`, `.`, empty part, NUL or control character."""
+    import re
+
+    if not re.match(INPUT_PATH_PATTERN, path):
+        raise ValueError(
+            f"path {path!r} must be relative to the working directory, without '..', '.', empty parts, "
+            "a leading '/', backslashes or control characters"
+        )
+    if any(path == r or path.startswith(r + "/") for r in RESERVED_PATHS):
+        raise ValueError(f"path {path!r} is inside a directory execbox reserves ({', '.join(RESERVED_PATHS)})")
+    if any(len(part) > 255 for part in path.split("/")):
+        raise ValueError(f"path {path!r} has a part longer than 255 characters")
+    return path
+
+
+class InputFile(BaseModel):
+    """A file placed in the working directory before the program starts."""
+
+    model_config = _STRICT
+
+    path: str = Field(description="Path relative to the working directory, e.g. `data/sales.csv`.")
+    content_b64: str | None = Field(None, description="The file's bytes, base64-encoded (give this or file_id).")
+    file_id: str | None = Field(
+        None,
+        pattern=r"^file_[a-z0-9]{26}$",
+        description="Id of a file uploaded with POST /v1/files (give this or content_b64).",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        return check_input_path(value)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> InputFile:
+        if (self.content_b64 is None) == (self.file_id is None):
+            raise ValueError("give exactly one of content_b64 and file_id")
+        return self
+
+
+class OutputsSpec(BaseModel):
+    model_config = _STRICT
+
+    files: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Glob patterns (fnmatch, "
+        "relative to the working directory) naming the files to return as artifacts "
+        "instead of everything under out/.",
+    )
+
+
+class Expect(BaseModel):
+    """What the run must produce; an unmet expectation fails it with output.invalid."""
+
+    model_config = _STRICT
+
+    exit_code: int | None = Field(
+        None, ge=0, le=255, description="The exit code the program must end with (0 unless given)."
+    )
+    artifacts: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Names or glob patterns; each must match at least one kept artifact.",
+    )
+    outputs_schema: dict[str, Any] | None = Field(
+        None, description="JSON Schema the declared outputs object must satisfy."
+    )
+
+    @field_validator("outputs_schema")
+    @classmethod
+    def _schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            from jsonschema import Draft202012Validator
+            from jsonschema.exceptions import SchemaError
+
+            try:
+                Draft202012Validator.check_schema(value)
+            except SchemaError as exc:
+                raise ValueError(f"not a valid JSON Schema: {exc.message}") from exc
+        return value
 
 
 class ExecutionCreate(BaseModel):
@@ -121,6 +225,27 @@ class ExecutionCreate(BaseModel):
         max_length=16,
         description="Free-form labels stored with the execution (keys ≤ 64 chars, values ≤ 256).",
     )
+    files: list[InputFile] = Field(
+        default_factory=list, description="Input files, written under the working directory before the program starts."
+    )
+    stdin: str | None = Field(None, description="Text fed to the program's standard input (UTF-8).")
+    stdin_b64: str | None = Field(None, description="Bytes fed to standard input, base64-encoded (instead of `stdin`).")
+    inputs: Any = Field(
+        None,
+        description="Any JSON value, readable by the program as `execbox.inputs` (or the "
+        "JSON file named by $EXECBOX_INPUTS_FILE).",
+    )
+    outputs: OutputsSpec = Field(default_factory=OutputsSpec, description="Which produced files come back.")
+    expect: Expect | None = Field(None, description="Expectations the run must meet.")
+
+    @model_validator(mode="after")
+    def _one_stdin(self) -> ExecutionCreate:
+        if self.stdin is not None and self.stdin_b64 is not None:
+            raise ValueError("give stdin or stdin_b64, not both")
+        paths = [f.path for f in self.files]
+        if len(set(paths)) != len(paths):
+            raise ValueError("two input files have the same path")
+        return self
 
     @field_validator("code")
     @classmethod
@@ -168,12 +293,27 @@ class Timing(BaseModel):
     queue_wait_ms: float | None = Field(None, description="From acceptance to a worker taking it.")
     sandbox_start_ms: float | None = Field(None, description="Creating and starting the container.")
     run_ms: float | None = Field(None, description="From container start to the program's end.")
+    collect_ms: float | None = Field(None, description="Collecting the output directory after the run.")
     total_ms: float | None = Field(None, description="From acceptance to the result being stored.")
 
 
 class Resources(BaseModel):
     peak_memory_bytes: int | None = Field(None, description="Highest memory use the engine reported, if any.")
     oom_killed: bool = Field(False, description="The engine reported an out-of-memory kill.")
+
+
+class Artifact(BaseModel):
+    name: str = Field(description="Path relative to the output directory (or the working directory for globs).")
+    size: int = Field(description="Size in bytes.")
+    sha256: str = Field(description="SHA-256 of the content, hex.")
+    media_type: str = Field(description="Media type guessed from the name.")
+    url: str = Field(description="Where to download it: GET /v1/executions/{id}/artifacts/{name}.")
+
+
+class ArtifactNotKept(BaseModel):
+    name: str = Field(description="The file's name.")
+    size: int | None = Field(None, description="Its size, when known.")
+    reason: str = Field(description="Why it is not returned: a cap passed, a symlink or hard link, an unsafe name.")
 
 
 class Transition(BaseModel):
@@ -195,17 +335,25 @@ class ExecutionPublic(BaseModel):
     finished_at: float | None = Field(None, description="Unix time it reached a terminal status.")
     exit_code: int | None = Field(None, description="Program exit code, when it exited.")
     signal: str | None = Field(None, description="Signal that ended the program (e.g. SIGKILL), if any.")
-    stdout: str = Field("", description="Standard output, UTF-8 (invalid bytes replaced), up to the cap.")
+    stdout: str = Field("", description="Standard output up to the cap: text, or base64 (see stdout_encoding).")
     stderr: str = Field("", description="Standard error, likewise.")
     stdout_truncated: bool = Field(False, description="stdout passed its cap; only the first bytes are kept.")
     stderr_truncated: bool = Field(False, description="stderr passed its cap.")
     stdout_bytes: int = Field(0, description="Bytes of stdout seen in all (kept or not).")
     stderr_bytes: int = Field(0, description="Bytes of stderr seen in all.")
-    artifacts: list[dict[str, Any]] = Field(
-        default_factory=list, description="Files produced (not yet collected by this version)."
+    stdout_encoding: Literal["utf-8", "base64"] = Field(
+        "utf-8", description="`base64` when stdout was not valid UTF-8; `stdout` then holds its bytes in base64."
+    )
+    stderr_encoding: Literal["utf-8", "base64"] = Field("utf-8", description="Likewise for stderr.")
+    artifacts: list[Artifact] = Field(default_factory=list, description="Files produced and kept.")
+    artifacts_not_kept: list[ArtifactNotKept] = Field(
+        default_factory=list, description="Files produced but not returned, each with the reason."
     )
     outputs: dict[str, Any] = Field(
-        default_factory=dict, description="Declared output values (not yet supported by this version)."
+        default_factory=dict,
+        description="Values the program declared with "
+        "execbox.emit(name, value). A value too large to inline is "
+        '`{"artifact": name}`.',
     )
     error: ExecutionError | None = Field(None, description="Null on success, else the categorized error.")
     timing: Timing = Field(default_factory=Timing, description="Durations of each phase.")
@@ -216,11 +364,34 @@ class ExecutionPublic(BaseModel):
     attempt: int = Field(0, description="How many times a worker started it (0 while queued).")
 
 
+class InputFileRef(BaseModel):
+    path: str = Field(description="Path under the working directory.")
+    file_id: str = Field(description="Stored file object.")
+    size: int = Field(description="Bytes.")
+    sha256: str = Field(description="SHA-256, hex.")
+
+
+class FilePublic(BaseModel):
+    """An uploaded file, usable by id in many executions until it expires."""
+
+    id: str = Field(description="File id, `file_` followed by 26 characters.")
+    name: str = Field(description="The uploaded file's name (informational).")
+    size: int = Field(description="Size in bytes.")
+    sha256: str = Field(description="SHA-256 of the content, hex.")
+    created_at: float = Field(description="Unix time of the upload.")
+    expires_at: float = Field(description="Unix time after which it is gone.")
+
+
 class ExecutionRecord(ExecutionPublic):
     """What Redis stores: the public view plus what only the service needs."""
 
     code: str = Field(description="Program source.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment.")
+    files: list[InputFileRef] = Field(default_factory=list, description="Input files, stored as file objects.")
+    stdin_b64: str = Field("", description="Standard input, base64.")
+    inputs: Any = Field(None, description="JSON inputs.")
+    outputs_spec: OutputsSpec = Field(default_factory=OutputsSpec, description="Which files come back.")
+    expect: Expect | None = Field(None, description="Expectations.")
     request_sha256: str = Field(description="SHA-256 of the canonical request.")
     queue_deadline: float = Field(description="Unix time after which a queued execution expires.")
     transitions: list[Transition] = Field(default_factory=list, description="Every status change.")

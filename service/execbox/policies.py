@@ -31,6 +31,13 @@ class _Limits(BaseModel):
     output_bytes: int | None = Field(None, ge=1024)
     queue_timeout_s: float | None = Field(None, gt=0)
     code_bytes: int | None = Field(None, ge=1)
+    stdin_bytes: int | None = Field(None, ge=0)
+    input_files: int | None = Field(None, ge=0)
+    input_file_bytes: int | None = Field(None, ge=0)
+    input_total_bytes: int | None = Field(None, ge=0)
+    artifact_files: int | None = Field(None, ge=0)
+    artifact_file_bytes: int | None = Field(None, ge=0)
+    artifact_total_bytes: int | None = Field(None, ge=0)
 
 
 class _PolicyFile(BaseModel):
@@ -41,6 +48,10 @@ class _PolicyFile(BaseModel):
 
 
 LIMIT_FIELDS: tuple[str, ...] = tuple(_Limits.model_fields)
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 class PolicyConfigError(Exception):
@@ -87,6 +98,10 @@ class PolicySet:
             policies[path.stem] = Policy(path.stem, defaults, ceilings)
         return cls(policies)
 
+    def max_ceiling(self, field: str) -> int:
+        """The highest ceiling of a limit over every policy (bounds parsing before a policy is known)."""
+        return int(max(p.ceilings[field] for p in self._policies.values()))
+
     @property
     def names(self) -> list[str]:
         return sorted(self._policies)
@@ -100,8 +115,8 @@ class PolicySet:
         problems = [
             FieldProblem(
                 f"policy.{field}",
-                f"{value} is above the ceiling {policy.ceilings[field]:g} of policy {name!r}; "
-                f"ask for at most {policy.ceilings[field]:g} or use a policy with a higher ceiling",
+                f"{_num(value)} is above the ceiling {_num(policy.ceilings[field])} of policy {name!r}; "
+                f"ask for at most {_num(policy.ceilings[field])} or use a policy with a higher ceiling",
             )
             for field, value in asked.items()
             if value > policy.ceilings[field]
@@ -110,7 +125,7 @@ class PolicySet:
             problems.append(
                 FieldProblem(
                     "code",
-                    f"{code_bytes} bytes is above the ceiling {policy.ceilings['code_bytes']:g} of policy "
+                    f"{code_bytes} bytes is above the ceiling {_num(policy.ceilings['code_bytes'])} of policy "
                     f"{name!r}; send a smaller program",
                 )
             )

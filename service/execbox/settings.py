@@ -51,7 +51,9 @@ class WorkerSettings(BaseModel):
 
 class ApiSettings(BaseModel):
     max_wait_s: float = Field(60.0, ge=0, description="Longest a client may ask POST/GET to wait for completion.")
-    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Largest request body accepted (413 above).")
+    max_body_bytes: int = Field(
+        160 * 1024 * 1024, gt=0, description="Largest request body accepted (413 above); input files ride in it."
+    )
 
 
 class Settings(BaseSettings):
@@ -66,5 +68,9 @@ class Settings(BaseSettings):
     api: ApiSettings = ApiSettings()
     retention_s: int = Field(24 * 3600, gt=0, description="How long finished executions are kept.")
     policies_dir: Path = Field(_REPO_ROOT / "policies", description="Directory of policy YAML files.")
+    artifacts_dir: Path = Field(
+        _REPO_ROOT / ".run" / "artifacts",
+        description="Local artifact store shared by API and workers (a shared volume when they run apart).",
+    )
     images_dir: Path = Field(_REPO_ROOT / "sandbox-images", description="Directory of sandbox image metadata.")
     log_level: str = Field("INFO", description="Log level of the JSON logs.")

@@ -11,7 +11,10 @@ Keys (prefix from settings.redis.key_prefix):
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,7 +23,7 @@ import redis
 from redis.exceptions import RedisError, WatchError
 
 from execbox.errors import QueueUnavailable
-from execbox.models import ErrorCategory, ExecutionError, ExecutionRecord, ExecutionStatus, Transition
+from execbox.models import ErrorCategory, ExecutionError, ExecutionRecord, ExecutionStatus, FilePublic, Transition
 from execbox.settings import Settings
 
 Mutation = Callable[[ExecutionRecord], "ExecutionStatus | None"]
@@ -191,6 +194,40 @@ class ExecutionStore:
                     pubsub.get_message(timeout=min(remaining, step))
             finally:
                 pubsub.close()
+
+    # -- uploaded and inline input files ----------------------------------------------------
+
+    def put_file(self, data: bytes, name: str, ttl_s: int) -> FilePublic:
+        now = time.time()
+        meta = FilePublic(
+            id="file_" + base64.b32encode(secrets.token_bytes(16)).decode().rstrip("=").lower(),
+            name=name,
+            size=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+            created_at=now,
+            expires_at=now + ttl_s,
+        )
+        key = self._key("file", meta.id)
+        with redis_errors(), self.redis.pipeline() as pipe:
+            pipe.hset(key, mapping={"meta": meta.model_dump_json(), "data": data})
+            pipe.expire(key, ttl_s)
+            pipe.execute()
+        return meta
+
+    def file_meta(self, file_id: str) -> FilePublic | None:
+        with redis_errors():
+            raw = self.redis.hget(self._key("file", file_id), "meta")
+        return None if raw is None else FilePublic.model_validate_json(raw)
+
+    def file_data(self, file_id: str) -> bytes | None:
+        with redis_errors():
+            raw = self.redis.hget(self._key("file", file_id), "data")
+        return None if raw is None else raw if isinstance(raw, bytes) else raw.encode()
+
+    def keep_file(self, file_id: str, until: float) -> None:
+        """Make sure a file outlives an execution that refers to it."""
+        with redis_errors():
+            self.redis.expireat(self._key("file", file_id), int(until) + 1, gt=True)
 
     # -- worker heartbeats ------------------------------------------------------------------
 

@@ -140,7 +140,8 @@ except OSError:
 print("ifaces", sorted(name for _, name in socket.if_nameindex()))
 print("caps", open("/proc/self/status").read().split("CapEff:")[1].split()[0])
 print("nnp", open("/proc/self/status").read().split("NoNewPrivs:")[1].split()[0])
-print("env", sorted(k for k in os.environ if "REDIS" in k or "DOCKER" in k or "EXECBOX" in k))
+print("env", sorted(k for k in os.environ if "REDIS" in k or "DOCKER" in k))
+print("ours", sorted(k for k in os.environ if k.startswith("EXECBOX")))
 """
     out = run_code(api, code)["stdout"].splitlines()
     assert "uid 65534 65534" in out
@@ -149,6 +150,7 @@ print("env", sorted(k for k in os.environ if "REDIS" in k or "DOCKER" in k or "E
     assert "net denied" in out and "ifaces ['lo']" in out
     assert "caps 0000000000000000" in out and "nnp 1" in out
     assert "env []" in out
+    assert "ours ['EXECBOX_INPUTS_FILE', 'EXECBOX_OUTPUT_DIR', 'EXECBOX_RESULT_FILE']" in out
 
 
 def test_env_from_request_reaches_program(api: httpx.Client) -> None:

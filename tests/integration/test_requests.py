@@ -99,11 +99,13 @@ def test_malformed_json_is_400(idle: tuple[httpx.Client, Side]) -> None:
     assert queued_jobs(side) == 0
 
 
-def test_oversized_body_is_413(idle: tuple[httpx.Client, Side]) -> None:
-    client, _ = idle
-    problem(
-        client.post("/v1/executions", json={"language": "python", "code": "x" * (5 << 20)}), 413, "request.too_large"
-    )
+def test_oversized_body_is_413(side_stack: Callable[..., Side]) -> None:
+    side = side_stack(EXECBOX_API__MAX_BODY_BYTES=str(1 << 20))
+    with side.client() as client:
+        body = {"language": "python", "code": "x" * (2 << 20)}
+        problem(client.post("/v1/executions", json=body), 413, "request.too_large")
+        upload = client.post("/v1/files", files={"file": ("big.bin", b"x" * (2 << 20))})
+        problem(upload, 413, "request.too_large")
 
 
 def test_invalid_and_unknown_ids(idle: tuple[httpx.Client, Side]) -> None:

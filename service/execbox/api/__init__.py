@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 
 from execbox import __version__, logs
 from execbox.api import problems
 from execbox.api.deps import Services
-from execbox.api.routes import executions, health, languages
+from execbox.api.routes import executions, files, health, languages
+from execbox.artifact_store import LocalArtifactStore
 from execbox.languages import Languages
+from execbox.models import ExecutionCreate
 from execbox.policies import PolicySet
 from execbox.queue import make_queue
 from execbox.settings import Settings
@@ -33,9 +36,28 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         queue=make_queue(client, settings),
         policies=PolicySet.load(settings.policies_dir),
         languages=Languages.load(settings.images_dir),
+        artifacts=LocalArtifactStore(settings.artifacts_dir),
     )
     problems.install(app, settings.api.max_body_bytes)
     app.include_router(executions.router)
+    app.include_router(files.router)
     app.include_router(languages.router)
     app.include_router(health.router)
+    _document_request_models(app)
     return app
+
+
+def _document_request_models(app: FastAPI) -> None:
+    """Routes that read their body themselves (JSON or multipart) still get their schema documented."""
+
+    def openapi() -> dict[str, object]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            extra = ExecutionCreate.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(extra.pop("$defs", {}))
+            components["ExecutionCreate"] = extra
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

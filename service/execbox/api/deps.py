@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from rq import Queue
 
+from execbox.artifact_store import ArtifactStore
 from execbox.languages import Languages
 from execbox.policies import PolicySet
 from execbox.settings import Settings
@@ -21,6 +22,7 @@ class Services:
     queue: Queue
     policies: PolicySet
     languages: Languages
+    artifacts: ArtifactStore
 
 
 def _services(request: Request) -> Services:

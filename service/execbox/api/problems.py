@@ -74,7 +74,10 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        too_large = problem_response(413, BodyTooLarge.code, BodyTooLarge(self.max_bytes).message, False)
+        # Connection: close, because the rest of the unread body must not be taken for a next request.
+        too_large = problem_response(
+            413, BodyTooLarge.code, BodyTooLarge(self.max_bytes).message, False, headers={"Connection": "close"}
+        )
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             await too_large(scope, receive, send)

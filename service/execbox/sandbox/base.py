@@ -11,6 +11,8 @@ MANAGED_LABEL = "execbox.managed"
 EXECUTION_LABEL = "execbox.execution_id"
 TRACE_LABEL = "execbox.trace_id"
 WORKER_LABEL = "execbox.worker"
+WORKDIR = "/workspace"
+SANDBOX_UID = 65534
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,9 @@ from execbox.errors import ImageUnavailable, RuntimeUnavailable
 from execbox.sandbox.base import (
     EXECUTION_LABEL,
     MANAGED_LABEL,
+    SANDBOX_UID,
     TRACE_LABEL,
+    WORKDIR,
     WORKER_LABEL,
     ContainerInfo,
     RunControl,
@@ -41,9 +43,7 @@ from execbox.settings import DockerSettings
 
 log = logging.getLogger(__name__)
 
-SANDBOX_UID = 65534
 SANDBOX_USER = f"{SANDBOX_UID}:{SANDBOX_UID}"
-WORKDIR = "/workspace"
 LAUNCHER = ("python3", "-I", "-S", "/opt/execbox/launch.py")
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
 STDOUT, STDERR = 1, 2

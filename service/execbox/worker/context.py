@@ -7,6 +7,7 @@ import socket
 from dataclasses import dataclass
 
 from execbox import store as store_mod
+from execbox.artifact_store import ArtifactStore, LocalArtifactStore
 from execbox.languages import Languages
 from execbox.sandbox.base import Runtime
 from execbox.sandbox.docker import DockerRuntime
@@ -19,6 +20,7 @@ class WorkerContext:
     store: store_mod.ExecutionStore
     runtime: Runtime
     languages: Languages
+    artifacts: ArtifactStore
     name: str
 
     @classmethod
@@ -28,6 +30,7 @@ class WorkerContext:
             store=store_mod.ExecutionStore(store_mod.connect(settings), settings),
             runtime=DockerRuntime(settings.docker),
             languages=Languages.load(settings.images_dir),
+            artifacts=LocalArtifactStore(settings.artifacts_dir),
             name=name or f"{socket.gethostname()}.{os.getpid()}",
         )
 

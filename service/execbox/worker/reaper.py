@@ -29,7 +29,7 @@ def report_health(ctx: WorkerContext) -> None:
 
 
 def sweep(ctx: WorkerContext) -> dict[str, int]:
-    counts = {"expired": 0, "lost": 0, "containers": 0}
+    counts = {"expired": 0, "lost": 0, "containers": 0, "artifact_dirs": 0}
     for execution_id in ctx.store.due_for_expiry():
         if ctx.store.expire_if_due(execution_id, BY) is not None:
             counts["expired"] += 1
@@ -43,6 +43,7 @@ def sweep(ctx: WorkerContext) -> dict[str, int]:
             log.info("removing orphaned sandbox container %s of %s", container.id[:12], container.execution_id)
             ctx.runtime.remove(container.id)
             counts["containers"] += 1
+    counts["artifact_dirs"] = ctx.artifacts.delete_older_than(now - ctx.settings.retention_s)
     if any(counts.values()):
         log.info("reaper sweep", extra=counts)
     return counts

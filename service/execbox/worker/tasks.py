@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import base64
+import io
+import json
 import logging
+import tarfile
 import threading
 import time
 from typing import Any
 
 from execbox import logs
-from execbox.classify import classify
+from execbox.artifacts import RESULT_FILE, ArtifactCaps, Collector
 from execbox.errors import ServiceError
-from execbox.models import ErrorCategory, ExecutionError, ExecutionRecord, ExecutionStatus, Resources, Timing
-from execbox.sandbox.base import Limits, RunControl, RunOutcome, RunSpec
+from execbox.inputs import INPUTS_FILE
+from execbox.models import ErrorCategory, ExecutionError, ExecutionRecord, ExecutionStatus
+from execbox.sandbox.base import SANDBOX_UID, WORKDIR, Limits, RunControl, RunOutcome, RunSpec
 from execbox.worker.context import WorkerContext, current
+from execbox.worker.results import apply_outcome
 
 log = logging.getLogger(__name__)
 _ACTIVE = {ExecutionStatus.RUNNING}
@@ -55,32 +61,19 @@ def _run_and_finish(ctx: WorkerContext, record: ExecutionRecord) -> None:
     stop = threading.Event()
     watcher = threading.Thread(target=_watch, args=(ctx, record.id, control, stop), daemon=True)
     watcher.start()
-    policy = record.policy
-    limits = Limits(
-        policy.timeout_s,
-        policy.cpu,
-        policy.cpu_time_s,
-        policy.memory_mb,
-        policy.pids,
-        policy.disk_mb,
-        policy.output_bytes,
+    p = record.policy
+    limits = Limits(p.timeout_s, p.cpu, p.cpu_time_s, p.memory_mb, p.pids, p.disk_mb, p.output_bytes)
+    collector = Collector(
+        record.id,
+        ctx.artifacts,
+        ArtifactCaps(p.artifact_file_bytes, p.artifact_total_bytes, p.artifact_files),
+        root="workspace" if record.outputs_spec.files else "out",
+        globs=tuple(record.outputs_spec.files),
     )
     outcome: RunOutcome | None = None
     failure: ExecutionError | None = None
     try:
-        language = ctx.languages.get(record.language)
-        spec = RunSpec(
-            execution_id=record.id,
-            trace_id=record.trace_id,
-            worker=ctx.name,
-            image=language.image,
-            command=language.command,
-            files=((language.file, record.code.encode()),),
-            env=(*language.env, *sorted(record.env.items())),
-            limits=limits,
-            language=language.name,
-        )
-        outcome = ctx.runtime.run(spec, control)
+        outcome = ctx.runtime.run(_spec(ctx, record, limits, collector), control)
     except ServiceError as exc:
         failure = ExecutionError(
             category=ErrorCategory.SANDBOX_ERROR, message=exc.message, retryable=True, details={"code": exc.code}
@@ -97,32 +90,91 @@ def _run_and_finish(ctx: WorkerContext, record: ExecutionRecord) -> None:
         stop.set()
         ctx.store.signal(record.id, "stop")  # wakes the watcher out of its blocking wait
         watcher.join(timeout=5)
-    _finish(ctx, record.id, outcome, failure, limits)
+    _finish(ctx, record.id, outcome, failure, limits, collector)
+
+
+def _spec(ctx: WorkerContext, record: ExecutionRecord, limits: Limits, collector: Collector) -> RunSpec:
+    language = ctx.languages.get(record.language)
+    service_files = [(language.file, record.code.encode())]
+    if record.inputs is not None:
+        service_files.append((INPUTS_FILE, json.dumps(record.inputs).encode()))
+    env = {
+        **dict(language.env),
+        **record.env,
+        "EXECBOX_OUTPUT_DIR": f"{WORKDIR}/out",
+        "EXECBOX_RESULT_FILE": f"{WORKDIR}/out/{RESULT_FILE}",
+        "EXECBOX_INPUTS_FILE": f"{WORKDIR}/{INPUTS_FILE}",
+    }
+    return RunSpec(
+        execution_id=record.id,
+        trace_id=record.trace_id,
+        worker=ctx.name,
+        image=language.image,
+        command=language.command,
+        files=tuple(service_files),
+        env=tuple(sorted(env.items())),
+        limits=limits,
+        language=language.name,
+        input_archive=_input_archive(ctx, record) if record.files else None,
+        stdin=base64.b64decode(record.stdin_b64),
+        collect_path="" if collector.root == "workspace" else "out",
+        collector=collector,
+    )
+
+
+def _input_archive(ctx: WorkerContext, record: ExecutionRecord) -> bytes:
+    """A tar of the input files for the engine's archive API.
+
+    Files belong to root (mode 0644): the program reads them but, with the kernel's
+    protected_hardlinks, cannot hard-link them into its output directory; directories belong to
+    the sandbox user so it can still add files next to its inputs.
+    """
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        made: set[str] = set()
+        for ref in record.files:
+            data = ctx.store.file_data(ref.file_id)
+            if data is None:
+                raise InputUnavailable(ref.path, ref.file_id)
+            parts = ref.path.split("/")
+            for depth in range(1, len(parts)):
+                directory = "/".join(parts[:depth])
+                if directory not in made:
+                    made.add(directory)
+                    tar.addfile(_tar_entry(directory, tarfile.DIRTYPE, 0o755))
+            tar.addfile(_tar_entry(ref.path, tarfile.REGTYPE, 0o644, len(data), owner=0), io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _tar_entry(name: str, kind: bytes, mode: int, size: int = 0, owner: int = SANDBOX_UID) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.size = kind, mode, size
+    info.uid = info.gid = owner
+    info.mtime = int(time.time())
+    return info
+
+
+class InputUnavailable(ServiceError):
+    code = "sandbox.input_unavailable"
+    retryable = True
+
+    def __init__(self, path: str, file_id: str) -> None:
+        super().__init__(f"input file {path} ({file_id}) is no longer stored; upload it again and resubmit")
 
 
 def _finish(
-    ctx: WorkerContext, execution_id: str, outcome: RunOutcome | None, failure: ExecutionError | None, limits: Limits
+    ctx: WorkerContext,
+    execution_id: str,
+    outcome: RunOutcome | None,
+    failure: ExecutionError | None,
+    limits: Limits,
+    collector: Collector,
 ) -> None:
     def apply(record: ExecutionRecord) -> ExecutionStatus:
         now = time.time()
         status = ExecutionStatus.FAILED
         if outcome is not None:
-            verdict = classify(outcome, record.language, limits)
-            status = verdict.status
-            record.error = verdict.error
-            record.signal = verdict.signal
-            record.exit_code = outcome.exit_code
-            record.stdout = outcome.stdout.decode("utf-8", "replace")
-            record.stderr = outcome.stderr.decode("utf-8", "replace")
-            record.stdout_bytes, record.stderr_bytes = outcome.stdout_total, outcome.stderr_total
-            record.stdout_truncated, record.stderr_truncated = outcome.stdout_truncated, outcome.stderr_truncated
-            record.image = outcome.image_id
-            record.resources = Resources(peak_memory_bytes=outcome.peak_memory_bytes, oom_killed=outcome.oom_killed)
-            record.timing = Timing(
-                queue_wait_ms=record.timing.queue_wait_ms,
-                sandbox_start_ms=round(outcome.start_ms, 1),
-                run_ms=round(outcome.run_ms, 1),
-            )
+            status = apply_outcome(record, outcome, collector, limits, ctx.artifacts)
         else:
             record.error = failure
         record.timing.total_ms = round((now - record.created_at) * 1000, 1)

@@ -9,11 +9,18 @@ import re
 import secrets
 import time
 from typing import Annotated
+from urllib.parse import quote
 
-from fastapi import APIRouter, Header, Path, Query, Response
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
 
 from execbox.api.deps import Services, ServicesDep
-from execbox.errors import ConflictError, ExecutionNotFound, FieldProblem, InvalidRequest
+from execbox.errors import ConflictError, ExecutionNotFound, FieldProblem, InvalidRequest, RequestError
+from execbox.inputs import prepare
 from execbox.models import (
     EXECUTION_ID_PATTERN,
     ErrorCategory,
@@ -24,6 +31,7 @@ from execbox.models import (
     ExecutionStatus,
     Problem,
     Transition,
+    check_input_path,
 )
 from execbox.queue import cancel_queued, enqueue
 from execbox.tracing import TraceContext, from_traceparent
@@ -89,11 +97,74 @@ def _answer(
     return record.public()
 
 
+_CREATE_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/ExecutionCreate"}},
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "required": ["request"],
+                "properties": {
+                    "request": {"type": "string", "description": "The ExecutionCreate object, as JSON text."},
+                    "files": {
+                        "type": "array",
+                        "items": {"type": "string", "format": "binary"},
+                        "description": "Input files; each part's filename is its path under the working directory.",
+                    },
+                },
+            }
+        },
+    },
+}
+
+
+async def _read_body(request: Request, max_files: int) -> tuple[ExecutionCreate, list[tuple[str, bytes]]]:
+    """The request as JSON, or as multipart (a `request` JSON part plus `files` parts)."""
+    extra: list[tuple[str, bytes]] = []
+    if request.headers.get("content-type", "").startswith("multipart/form-data"):
+        form = await request.form(max_files=max_files + 1, max_fields=16)
+        text = form.get("request")
+        raw: str | None = (await text.read()).decode() if isinstance(text, UploadFile) else text
+        if raw is None:
+            raise InvalidRequest(
+                "multipart requests need a `request` part with the JSON body", (FieldProblem("request", "missing"),)
+            )
+        for part in form.getlist("files"):
+            if not isinstance(part, UploadFile) or not part.filename:
+                raise InvalidRequest(
+                    "each `files` part needs a filename: its path under the working directory",
+                    (FieldProblem("files", "part without a filename"),),
+                )
+            try:
+                check_input_path(part.filename)
+            except ValueError as exc:
+                raise InvalidRequest(str(exc), (FieldProblem(f"files[{part.filename}]", str(exc)),)) from exc
+            extra.append((part.filename, await part.read()))
+    else:
+        raw = (await request.body()).decode("utf-8", "replace")
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body",), "msg": str(exc)}]) from exc
+    try:
+        return ExecutionCreate.model_validate(data), extra
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        ) from exc
+
+
 @router.post(
-    "", status_code=202, response_model=ExecutionPublic, responses=_RESPONSES, summary="Run code in a fresh sandbox"
+    "",
+    status_code=202,
+    response_model=ExecutionPublic,
+    responses=_RESPONSES,
+    summary="Run code in a fresh sandbox",
+    openapi_extra={"requestBody": _CREATE_BODY},
 )
-def create_execution(
-    body: ExecutionCreate,
+async def create_execution(
+    request: Request,
     response: Response,
     services: ServicesDep,
     wait: WaitQuery = None,
@@ -101,10 +172,31 @@ def create_execution(
     traceparent: TraceHeader = None,
 ) -> ExecutionPublic:
     wait_s = _wait_seconds(services, wait, prefer)
+    body, extra = await _read_body(request, services.policies.max_ceiling("input_files"))
+    record, trace = await run_in_threadpool(_accept, services, body, extra, traceparent)
+    if wait_s > 0:
+        waited = await run_in_threadpool(services.store.wait_terminal, record.id, wait_s, BY)
+        record = waited or record
+    return _answer(response, record, trace)
+
+
+def _accept(
+    services: Services, body: ExecutionCreate, extra: list[tuple[str, bytes]], traceparent: str | None
+) -> tuple[ExecutionRecord, TraceContext]:
     language = services.languages.get(body.language)
     policy = services.policies.resolve(body.policy, len(body.code.encode()))
     trace = from_traceparent(traceparent)
     now = time.time()
+    deadline = now + policy.queue_timeout_s
+    prepared = prepare(
+        body,
+        policy,
+        language.file,
+        services.store,
+        extra,
+        keep_until=deadline + services.settings.retention_s,
+        ttl_s=services.settings.retention_s,
+    )
     canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     record = ExecutionRecord(
         id=new_execution_id(),
@@ -116,15 +208,18 @@ def create_execution(
         policy=policy,
         code=body.code,
         env=body.env,
+        files=prepared.files,
+        stdin_b64=prepared.stdin_b64,
+        inputs=body.inputs,
+        outputs_spec=body.outputs,
+        expect=body.expect,
         request_sha256=hashlib.sha256(canonical.encode()).hexdigest(),
-        queue_deadline=now + policy.queue_timeout_s,
+        queue_deadline=deadline,
         transitions=[Transition(status=ExecutionStatus.QUEUED, at=now, by=BY)],
     )
     services.store.create(record)
     enqueue(services.queue, record, trace.child().traceparent, services.settings)
-    if wait_s > 0:
-        record = services.store.wait_terminal(record.id, wait_s, BY) or record
-    return _answer(response, record, trace)
+    return record, trace
 
 
 @router.get("/{execution_id}", response_model=ExecutionPublic, responses=_RESPONSES, summary="Get an execution")
@@ -179,3 +274,43 @@ def cancel_execution(
         store.signal(execution_id, "cancel")
         return _answer(response, record, from_traceparent(traceparent))
     raise ConflictError(f"execution {execution_id} already ended as {record.status.value}; nothing to cancel")
+
+
+class ArtifactNotFound(RequestError):
+    code = "artifact.not_found"
+    http_status = 404
+
+    def __init__(self, execution_id: str, name: str) -> None:
+        super().__init__(f"execution {execution_id} has no artifact {name!r} (or it passed its retention)")
+
+
+@router.get(
+    "/{execution_id}/artifacts/{name:path}",
+    summary="Download an artifact",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"application/octet-stream": {}}, "description": "The artifact's bytes."},
+        404: {"description": "No such execution or artifact.", **_PROBLEM},
+        422: {"description": "Malformed execution id.", **_PROBLEM},
+    },
+)
+def download_artifact(execution_id: ExecutionId, name: str, services: ServicesDep) -> StreamingResponse:
+    record = services.store.get(execution_id)
+    if record is None:
+        raise ExecutionNotFound(execution_id)
+    artifact = next((a for a in record.artifacts if a.name == name), None)
+    if artifact is None:
+        raise ArtifactNotFound(execution_id, name)
+    try:
+        size = services.artifacts.size(execution_id, name)
+    except FileNotFoundError as exc:
+        raise ArtifactNotFound(execution_id, name) from exc
+    return StreamingResponse(
+        services.artifacts.read(execution_id, name),
+        media_type=artifact.media_type,
+        headers={
+            "Content-Length": str(size),
+            "ETag": f'"{artifact.sha256}"',
+            "Content-Disposition": f"attachment; filename*=UTF-8''{quote(name.rsplit('/', 1)[-1])}",
+        },
+    )
