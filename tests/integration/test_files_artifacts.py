@@ -294,3 +294,16 @@ def test_printing_cannot_forge_outputs(api: httpx.Client) -> None:
     code = 'print(\'{"outputs": {"top": "forged"}, "check": null}\')'
     body = execute(api, code=code)
     assert body["status"] == "succeeded" and body["outputs"] == {}
+
+
+def test_bash_helper_emits_and_fails(api: httpx.Client) -> None:
+    code = (
+        'source execbox.sh\nn=$(jq .n "$EXECBOX_INPUTS_FILE")\nexecbox_emit double "$((n * 2))"\n'
+        'echo hi > "$EXECBOX_OUTPUT_DIR/a.txt"\n'
+    )
+    body = execute(api, language="bash", code=code, inputs={"n": 4})
+    assert body["status"] == "succeeded", body["error"]
+    assert body["outputs"] == {"double": 8} and [a["name"] for a in body["artifacts"]] == ["a.txt"]
+    failed = execute(api, language="bash", code='source execbox.sh\nexecbox_fail "no data" \'{"rows": 0}\'')
+    assert failed["error"]["category"] == "check.failed"
+    assert failed["error"]["details"] == {"message": "no data", "details": {"rows": 0}}
