@@ -3,7 +3,7 @@
 Before user code: unpack the job's small files from stdin into /workspace. Then fork the program
 (the rest of stdin is its stdin), reap every child, and when the program ends kill whatever it
 left behind. Only then does it tell the worker the run is over (a per-run marker on stderr, after
-all of the program's output), and wait for SIGUSR1 to exit with the program's status, so that
+all of the program's output, with one byte saying whether out/ holds anything), and wait for SIGUSR1 to exit with the program's status, so that
 the workspace stays mounted while the worker collects artifacts through the engine.
 
 The marker only says *when* to collect; status, exit code and signals still come from the engine.
@@ -87,7 +87,7 @@ def main():
         return LAUNCH_FAILED
     release = {signal.SIGUSR1}
     signal.pthread_sigmask(signal.SIG_BLOCK, release)
-    marker = ("\n\x00execbox-done:%s\x00" % nonce).encode()
+    marker = ("\n\x00execbox-done:%s:" % nonce).encode()
     sys.stdout.flush()
     sys.stderr.flush()
     child = os.fork()
@@ -117,7 +117,11 @@ def main():
         except ChildProcessError:
             break
     if nonce:  # a worker waits to collect; without a nonce (smoke tests) just end
-        os.write(2, marker)
+        try:
+            produced = b"1" if os.listdir(os.path.join(WORKDIR, "out")) else b"0"
+        except OSError:
+            produced = b"1"  # let the worker look for itself
+        os.write(2, marker + produced + b"\x00")
         signal.sigwait(release)
     return _status_code(status)
 

@@ -11,7 +11,6 @@ from typing import Any
 import docker
 import httpx
 import pytest
-from docker.models.containers import Container
 
 from execbox.sandbox.base import EXECUTION_LABEL, MANAGED_LABEL, TRACE_LABEL
 from tests.conftest import Side, Stack, run_code, wait_until
@@ -33,8 +32,12 @@ def status_of(client: httpx.Client, execution_id: str) -> str:
     return str(client.get(f"/v1/executions/{execution_id}").json()["status"])
 
 
-def container_of(docker_client: docker.DockerClient, execution_id: str) -> list[Container]:
-    return docker_client.containers.list(all=True, filters={"label": f"{EXECUTION_LABEL}={execution_id}"})
+def container_of(docker_client: docker.DockerClient, execution_id: str) -> list[dict[str, Any]]:
+    """Ids of the execution's containers (the low-level list does not inspect, so it cannot race a removal)."""
+    found: list[dict[str, Any]] = docker_client.api.containers(
+        all=True, filters={"label": f"{EXECUTION_LABEL}={execution_id}"}
+    )
+    return found
 
 
 def test_cancel_running_execution_kills_its_sandbox(api: httpx.Client, docker_client: docker.DockerClient) -> None:
@@ -48,7 +51,7 @@ def test_cancel_running_execution_kills_its_sandbox(api: httpx.Client, docker_cl
     assert final["error"]["category"] == "cancelled" and final["error"]["retryable"] is False
     assert final["timing"]["run_ms"] < 30000
     assert api.post(f"/v1/executions/{body['id']}/cancel").status_code == 409
-    assert container_of(docker_client, body["id"]) == []
+    wait_until(lambda: container_of(docker_client, body["id"]) == [], 10, "its container to be removed")
 
 
 def test_sandbox_container_is_hardened(api: httpx.Client, docker_client: docker.DockerClient) -> None:
@@ -61,7 +64,7 @@ def test_sandbox_container_is_hardened(api: httpx.Client, docker_client: docker.
     assert response.headers["x-trace-id"] == body["trace_id"]
     assert response.headers["traceparent"].startswith(f"00-{body['trace_id']}-")
     found = wait_until(lambda: container_of(docker_client, body["id"]), 30, "the sandbox container")
-    attrs = found[0].attrs  # type: ignore[index]
+    attrs = docker_client.api.inspect_container(found[0]["Id"])  # type: ignore[index]
     host, config = attrs["HostConfig"], attrs["Config"]
     try:
         assert config["Labels"][MANAGED_LABEL] == "true"
@@ -187,9 +190,9 @@ def test_readyz_reports_dependencies(api: httpx.Client) -> None:
 def test_no_sandbox_container_left_after_suite(docker_client: docker.DockerClient, stack: Stack) -> None:
     def leftovers() -> list[str]:
         return [
-            str(c.name)
-            for c in docker_client.containers.list(all=True, filters={"label": f"{MANAGED_LABEL}=true"})
-            if str(c.labels.get("execbox.worker", "")).startswith(stack.prefix)
+            str(c["Id"])
+            for c in docker_client.api.containers(all=True, filters={"label": f"{MANAGED_LABEL}=true"})
+            if str((c.get("Labels") or {}).get("execbox.worker", "")).startswith(stack.prefix)
         ]
 
     wait_until(lambda: not leftovers(), 15, "every sandbox container of this session to be gone")

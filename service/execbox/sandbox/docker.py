@@ -70,7 +70,8 @@ def frame_files(files: tuple[tuple[str, bytes], ...], nonce: str = "") -> bytes:
 
 
 def done_marker(nonce: str) -> bytes:
-    return b"\n\x00execbox-done:%s\x00" % nonce.encode()
+    """The launcher's end-of-run marker without its last two bytes: b"0"/b"1" (out/ empty or not), NUL."""
+    return b"\n\x00execbox-done:%s:" % nonce.encode()
 
 
 def host_config_kwargs(spec: RunSpec, runtime: str | None) -> dict[str, Any]:
@@ -120,6 +121,7 @@ class _Capture:
         self.total = {STDOUT: 0, STDERR: 0}
         self.overflowed = False
         self.done = False
+        self.produced = True
         self.eof = False
         self._tail = b""
         self._wake = wake
@@ -136,19 +138,21 @@ class _Capture:
 
     def _take(self, stream: int, data: bytes) -> None:
         self.total[stream] += len(data)
-        room = self.cap + len(self.marker) - len(self.kept[stream])
+        room = self.cap + len(self.marker) + 2 - len(self.kept[stream])
         self.kept[stream] += data[: max(room, 0)]
         if stream == STDERR and not self.done:
-            self._tail = (self._tail + data)[-len(self.marker) :]
-            if self._tail == self.marker:
+            size = len(self.marker) + 2
+            self._tail = (self._tail + data)[-size:]
+            if self._tail[:-2] == self.marker and self._tail[-1:] == b"\x00" and self._tail[-2:-1] in (b"0", b"1"):
                 self.done = True
-                self.total[STDERR] -= len(self.marker)
-                if self.kept[STDERR].endswith(self.marker):
-                    del self.kept[STDERR][-len(self.marker) :]
+                self.produced = self._tail[-2:-1] == b"1"
+                self.total[STDERR] -= size
+                if self.kept[STDERR].endswith(self._tail):
+                    del self.kept[STDERR][-size:]
                 self._wake.set()
                 return
         # The marker may still follow, so a stream is over its cap only past cap + marker.
-        if self.total[stream] > self.cap + len(self.marker) and not self.overflowed:
+        if self.total[stream] > self.cap + len(self.marker) + 2 and not self.overflowed:
             self.overflowed = True
             self._wake.set()
 
@@ -199,7 +203,9 @@ class DockerRuntime:
                 return self._run_created(spec, control, container_id, image_id, t0)
         finally:
             if container_id is not None:
-                self.remove(container_id)
+                # Off the result's path: removal (with its volume) takes ~50 ms. If this process
+                # dies first, the reaper finds the container by its label.
+                threading.Thread(target=self.remove, args=(container_id,), daemon=True).start()
 
     def _create(self, spec: RunSpec) -> str:
         api = self.api
@@ -251,7 +257,9 @@ class DockerRuntime:
         finished = capture.done and not (timed_out or capture.overflowed or control.cancelled)
         collect_error: str | None = None
         if finished:
-            collect_error = self._collect(cid, spec)
+            # The launcher says whether out/ is empty; a program can only lie about its own files.
+            if capture.produced or spec.collect_path != "out":
+                collect_error = self._collect(cid, spec)
             self._signal(cid, RELEASE_SIGNAL)
         elif not capture.eof:
             # Stopped from outside (timeout, output cap, cancel): freeze every process so the
