@@ -108,6 +108,7 @@ class Stack:
     base_url: str
     prefix: str
     logs: Path
+    worker_metrics: list[str]
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, timeout=120)
@@ -164,11 +165,15 @@ def stack(
     }
     port = free_port()
     processes.spawn("api", [EXECBOX, "api", "--port", str(port)], env)
+    worker_metrics = []
     for i in (1, 2):
-        processes.spawn(f"worker-{i}", [EXECBOX, "worker", "--name", f"{prefix}-worker-{i}"], env)
+        metrics_port = free_port()
+        worker_metrics.append(f"127.0.0.1:{metrics_port}")
+        worker_env = {**env, "EXECBOX_TELEMETRY__WORKER_METRICS_PORT": str(metrics_port)}
+        processes.spawn(f"worker-{i}", [EXECBOX, "worker", "--name", f"{prefix}-worker-{i}"], worker_env)
     base_url = f"http://127.0.0.1:{port}"
     wait_until(lambda: answers_200(f"{base_url}/readyz"), 30, "the API's /readyz (Redis + a worker reaching Docker)")
-    return Stack(env=env, base_url=base_url, prefix=prefix, logs=processes.logs)
+    return Stack(env=env, base_url=base_url, prefix=prefix, logs=processes.logs, worker_metrics=worker_metrics)
 
 
 @pytest.fixture

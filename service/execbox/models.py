@@ -428,3 +428,44 @@ class Problem(BaseModel):
     code: str = Field(description="Stable machine-readable code, e.g. `request.policy_exceeded`.")
     retryable: bool = Field(description="True when the same request may succeed later.")
     errors: list[ProblemField] = Field(description="One entry per invalid field (may be empty).")
+
+
+class RunRecord(BaseModel):
+    """Everything needed to reproduce or diagnose one run."""
+
+    id: str = Field(description="Execution id.")
+    trace_id: str = Field(description="W3C trace id.")
+    status: ExecutionStatus = Field(description="Lifecycle status.")
+    language: str = Field(description="Language.")
+    request_sha256: str = Field(description="SHA-256 of the canonical request JSON.")
+    code_sha256: str = Field(description="SHA-256 of the code.")
+    env_names: list[str] = Field(description="Names of the extra environment variables (values withheld).")
+    input_files: list[InputFileRef] = Field(description="Input files with their sizes and hashes.")
+    stdin_bytes: int = Field(description="Size of the stdin given.")
+    policy: AppliedPolicy = Field(description="Limits applied.")
+    image: str | None = Field(description="Image id that ran the code.")
+    worker: str | None = Field(description="Worker that ran it.")
+    attempt: int = Field(description="Times a worker started it.")
+    transitions: list[Transition] = Field(description="Every status change, with time and actor.")
+    timing: Timing = Field(description="Durations.")
+    resources: Resources = Field(description="Resource use.")
+    exit_code: int | None = Field(description="Exit code.")
+    signal: str | None = Field(description="Ending signal.")
+    error: ExecutionError | None = Field(description="Outcome, null on success.")
+    artifacts: list[Artifact] = Field(description="Artifacts kept.")
+    labels: dict[str, str] = Field(description="Labels.")
+
+    @classmethod
+    def of(cls, record: ExecutionRecord) -> RunRecord:
+        import base64
+        import hashlib
+
+        return cls(
+            **record.model_dump(include={"id", "trace_id", "status", "language", "request_sha256", "policy", "image",
+                                         "worker", "attempt", "transitions", "timing", "resources", "exit_code",
+                                         "signal", "error", "artifacts", "labels"}),
+            code_sha256=hashlib.sha256(record.code.encode()).hexdigest(),
+            env_names=sorted(record.env),
+            input_files=record.files,
+            stdin_bytes=len(base64.b64decode(record.stdin_b64)),
+        )  # fmt: skip

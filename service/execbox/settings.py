@@ -49,6 +49,18 @@ class WorkerSettings(BaseModel):
     )
 
 
+class TelemetrySettings(BaseModel):
+    worker_metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Port of this worker process's /metrics (unset: not served)."
+    )
+    worker_metrics_host: str = Field("127.0.0.1", description="Address the worker's /metrics listens on.")
+    otlp_endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP traces endpoint (e.g. http://127.0.0.1:4318/v1/traces). Unset: no spans are "
+        "exported and nothing leaves the host.",
+    )
+
+
 class ApiSettings(BaseModel):
     max_wait_s: float = Field(60.0, ge=0, description="Longest a client may ask POST/GET to wait for completion.")
     max_body_bytes: int = Field(
@@ -66,6 +78,7 @@ class Settings(BaseSettings):
     queue: QueueSettings = QueueSettings()
     worker: WorkerSettings = WorkerSettings()
     api: ApiSettings = ApiSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
     retention_s: int = Field(24 * 3600, gt=0, description="How long finished executions are kept.")
     policies_dir: Path = Field(_REPO_ROOT / "policies", description="Directory of policy YAML files.")
     artifacts_dir: Path = Field(

@@ -57,6 +57,8 @@ class ExecutionStore:
         self._p = settings.redis.key_prefix
         self._retention_s = settings.retention_s
         self._lease_s = settings.worker.lease_s
+        self.on_terminal: Callable[[ExecutionRecord], None] | None = None
+        """Called once per execution this process settles (for outcome metrics)."""
 
     def _key(self, kind: str, execution_id: str = "") -> str:
         return f"{self._p}:{kind}:{execution_id}" if execution_id else f"{self._p}:{kind}"
@@ -111,6 +113,8 @@ class ExecutionStore:
                     pipe.execute()
                     if new.terminal:
                         self.redis.publish(self.done_channel(execution_id), new.value)
+                        if self.on_terminal is not None:
+                            self.on_terminal(record)
                     return record
                 except WatchError:
                     continue
@@ -231,8 +235,10 @@ class ExecutionStore:
 
     # -- worker heartbeats ------------------------------------------------------------------
 
-    def report_worker(self, name: str, docker_ok: bool, detail: str, ttl_s: float) -> None:
-        payload = json.dumps({"name": name, "docker_ok": docker_ok, "detail": detail, "at": time.time()})
+    def report_worker(self, name: str, docker_ok: bool, detail: str, ttl_s: float, missing: list[str]) -> None:
+        payload = json.dumps(
+            {"name": name, "docker_ok": docker_ok, "detail": detail, "missing_images": missing, "at": time.time()}
+        )
         with redis_errors():
             self.redis.set(self._key("worker", name), payload, px=int(ttl_s * 1000))
 

@@ -6,13 +6,16 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
+from prometheus_client import CollectorRegistry
 from rq import Queue
 
 from execbox.artifact_store import ArtifactStore
 from execbox.languages import Languages
+from execbox.metrics import ApiMetrics
 from execbox.policies import PolicySet
 from execbox.settings import Settings
 from execbox.store import ExecutionStore
+from execbox.tracing import Spans
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,9 @@ class Services:
     policies: PolicySet
     languages: Languages
     artifacts: ArtifactStore
+    metrics: ApiMetrics
+    registry: CollectorRegistry
+    spans: Spans
 
 
 def _services(request: Request) -> Services:

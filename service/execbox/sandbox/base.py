@@ -108,6 +108,9 @@ class Runtime(Protocol):
     def ping(self) -> None:
         """Raise RuntimeUnavailable when the engine cannot be reached."""
 
+    def image_id(self, image: str) -> str:
+        """The image's id; ImageUnavailable when the engine does not have it."""
+
     def managed_containers(self) -> list[ContainerInfo]:
         """Every execbox sandbox container on this engine."""
 

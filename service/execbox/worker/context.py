@@ -6,12 +6,17 @@ import os
 import socket
 from dataclasses import dataclass
 
+from prometheus_client import CollectorRegistry
+
 from execbox import store as store_mod
 from execbox.artifact_store import ArtifactStore, LocalArtifactStore
 from execbox.languages import Languages
+from execbox.metrics import WorkerMetrics, worker_metrics
 from execbox.sandbox.base import Runtime
 from execbox.sandbox.docker import DockerRuntime
 from execbox.settings import Settings
+from execbox.tracing import Spans
+from execbox.tracing import setup as setup_tracing
 
 
 @dataclass
@@ -22,17 +27,26 @@ class WorkerContext:
     languages: Languages
     artifacts: ArtifactStore
     name: str
+    metrics: WorkerMetrics
+    registry: CollectorRegistry
+    spans: Spans
 
     @classmethod
     def build(cls, settings: Settings, name: str | None = None) -> WorkerContext:
-        return cls(
+        registry = CollectorRegistry()
+        context = cls(
             settings=settings,
             store=store_mod.ExecutionStore(store_mod.connect(settings), settings),
             runtime=DockerRuntime(settings.docker),
             languages=Languages.load(settings.images_dir),
             artifacts=LocalArtifactStore(settings.artifacts_dir),
             name=name or f"{socket.gethostname()}.{os.getpid()}",
+            metrics=worker_metrics(registry),
+            registry=registry,
+            spans=setup_tracing(settings.telemetry.otlp_endpoint, "execbox-worker"),
         )
+        context.store.on_terminal = context.metrics.outcomes.observe
+        return context
 
 
 _current: WorkerContext | None = None

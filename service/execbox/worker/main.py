@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from prometheus_client import start_http_server
 from rq import SimpleWorker
 from rq.serializers import JSONSerializer
 
@@ -32,6 +33,10 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
     except ServiceError as exc:
         # Keep serving: each job then fails fast as sandbox.error instead of waiting in the queue.
         log.error("Docker engine unreachable at start-up: %s", exc.message)
+    if settings.telemetry.worker_metrics_port is not None:
+        start_http_server(
+            settings.telemetry.worker_metrics_port, addr=settings.telemetry.worker_metrics_host, registry=ctx.registry
+        )
     stop = threading.Event()
     reaper.start(ctx, stop)
     worker = SimpleWorker(

@@ -20,12 +20,18 @@ BY = "reaper"
 
 def report_health(ctx: WorkerContext) -> None:
     """Tell the API (through Redis) that this worker lives and whether its engine answers."""
+    missing: list[str] = []
     try:
         ctx.runtime.ping()
         ok, detail = True, "docker reachable"
+        for language in ctx.languages:
+            try:
+                ctx.runtime.image_id(language.image)
+            except ServiceError:
+                missing.append(language.image)
     except ServiceError as exc:
         ok, detail = False, exc.message
-    ctx.store.report_worker(ctx.name, ok, detail, ttl_s=3 * ctx.settings.worker.reaper_interval_s)
+    ctx.store.report_worker(ctx.name, ok, detail, ttl_s=3 * ctx.settings.worker.reaper_interval_s, missing=missing)
 
 
 def sweep(ctx: WorkerContext) -> dict[str, int]:

@@ -17,6 +17,7 @@ from execbox.errors import ServiceError
 from execbox.inputs import INPUTS_FILE
 from execbox.models import ErrorCategory, ExecutionError, ExecutionRecord, ExecutionStatus
 from execbox.sandbox.base import SANDBOX_UID, WORKDIR, Limits, RunControl, RunOutcome, RunSpec
+from execbox.tracing import TraceContext, parse_traceparent
 from execbox.worker.context import WorkerContext, current
 from execbox.worker.results import apply_outcome
 
@@ -32,7 +33,8 @@ def run_execution(payload: dict[str, Any]) -> str:
         if record is None:
             return "skipped"
         with logs.bound(record.trace_id, execution_id):
-            _run_and_finish(ctx, record)
+            parent = parse_traceparent(payload.get("traceparent")) or TraceContext(record.trace_id, record.id[-16:])
+            _run_and_finish(ctx, record, parent)
             return "done"
 
 
@@ -56,7 +58,7 @@ def _start(ctx: WorkerContext, execution_id: str) -> ExecutionRecord | None:
     return record
 
 
-def _run_and_finish(ctx: WorkerContext, record: ExecutionRecord) -> None:
+def _run_and_finish(ctx: WorkerContext, record: ExecutionRecord, parent: TraceContext) -> None:
     control = RunControl()
     stop = threading.Event()
     watcher = threading.Thread(target=_watch, args=(ctx, record.id, control, stop), daemon=True)
@@ -72,6 +74,10 @@ def _run_and_finish(ctx: WorkerContext, record: ExecutionRecord) -> None:
     )
     outcome: RunOutcome | None = None
     failure: ExecutionError | None = None
+    metrics = ctx.metrics
+    metrics.running.set(1)
+    metrics.queue_wait.labels(record.language).observe((record.timing.queue_wait_ms or 0.0) / 1000)
+    metrics.sandbox_starts.inc()
     try:
         outcome = ctx.runtime.run(_spec(ctx, record, limits, collector), control)
     except ServiceError as exc:
@@ -90,7 +96,44 @@ def _run_and_finish(ctx: WorkerContext, record: ExecutionRecord) -> None:
         stop.set()
         ctx.store.signal(record.id, "stop")  # wakes the watcher out of its blocking wait
         watcher.join(timeout=5)
+        metrics.running.set(0)
+    _observe_run(ctx, record.language, outcome, failure, collector)
+    _trace_run(ctx, record, outcome, parent)
     _finish(ctx, record.id, outcome, failure, limits, collector)
+
+
+def _trace_run(ctx: WorkerContext, record: ExecutionRecord, outcome: RunOutcome | None, parent: TraceContext) -> None:
+    """Spans for each phase, placed back in time from the durations the run measured."""
+    spans = ctx.spans
+    if not spans.enabled:
+        return
+    end = time.time_ns()
+    started = int((record.started_at or record.created_at) * 1e9)
+    spans.record("execbox.queue_wait", parent, int(record.created_at * 1e9), started)
+    spans.record("execbox.execution", parent, started, end, {"execution.id": record.id, "worker": ctx.name})
+    if outcome is None:
+        return
+    collect_start = end - int(outcome.collect_ms * 1e6)
+    run_start = collect_start - int(outcome.run_ms * 1e6)
+    spans.record("execbox.sandbox_create", parent, run_start - int(outcome.start_ms * 1e6), run_start)
+    spans.record("execbox.run", parent, run_start, collect_start, {"language": record.language})
+    spans.record("execbox.collect", parent, collect_start, end)
+
+
+def _observe_run(
+    ctx: WorkerContext, language: str, outcome: RunOutcome | None, failure: ExecutionError | None, collector: Collector
+) -> None:
+    metrics = ctx.metrics
+    if outcome is None:
+        metrics.sandbox_failures.labels(failure.details.get("code", "unknown") if failure else "unknown").inc()
+        return
+    metrics.sandbox_start.labels(language).observe(outcome.start_ms / 1000)
+    metrics.run.labels(language).observe(outcome.run_ms / 1000)
+    metrics.output_bytes.labels("stdout").inc(len(outcome.stdout))
+    metrics.output_bytes.labels("stderr").inc(len(outcome.stderr))
+    metrics.artifact_bytes.inc(sum(a.size for a in collector.kept))
+    if outcome.oom_killed:
+        metrics.oom_kills.labels(language).inc()
 
 
 def _spec(ctx: WorkerContext, record: ExecutionRecord, limits: Limits, collector: Collector) -> RunSpec:

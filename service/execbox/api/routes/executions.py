@@ -30,6 +30,7 @@ from execbox.models import (
     ExecutionRecord,
     ExecutionStatus,
     Problem,
+    RunRecord,
     Transition,
     check_input_path,
 )
@@ -183,9 +184,16 @@ async def create_execution(
 def _accept(
     services: Services, body: ExecutionCreate, extra: list[tuple[str, bytes]], traceparent: str | None
 ) -> tuple[ExecutionRecord, TraceContext]:
+    trace = from_traceparent(traceparent)
+    with services.spans.span("execbox.api.create_execution", trace):
+        return _accept_traced(services, body, extra, trace)
+
+
+def _accept_traced(
+    services: Services, body: ExecutionCreate, extra: list[tuple[str, bytes]], trace: TraceContext
+) -> tuple[ExecutionRecord, TraceContext]:
     language = services.languages.get(body.language)
     policy = services.policies.resolve(body.policy, len(body.code.encode()))
-    trace = from_traceparent(traceparent)
     now = time.time()
     deadline = now + policy.queue_timeout_s
     prepared = prepare(
@@ -218,7 +226,10 @@ def _accept(
         transitions=[Transition(status=ExecutionStatus.QUEUED, at=now, by=BY)],
     )
     services.store.create(record)
-    enqueue(services.queue, record, trace.child().traceparent, services.settings)
+    job_context = trace.child()
+    with services.spans.span("execbox.enqueue", trace, {"execution.id": record.id}):
+        enqueue(services.queue, record, job_context.traceparent, services.settings)
+    services.metrics.accepted.labels(language.name).inc()
     return record, trace
 
 
@@ -239,6 +250,20 @@ def get_execution(
     if record is None:
         raise ExecutionNotFound(execution_id)
     return _answer(response, record, from_traceparent(traceparent), status=200)
+
+
+@router.get(
+    "/{execution_id}/record",
+    response_model=RunRecord,
+    summary="The run record: request hash, policy, image, worker, transitions, resources, outcome",
+    responses={404: {"description": "No such execution.", **_PROBLEM}, 422: {"description": "Bad id.", **_PROBLEM}},
+)
+def get_run_record(execution_id: ExecutionId, response: Response, services: ServicesDep) -> RunRecord:
+    record = services.store.refresh(execution_id, BY)
+    if record is None:
+        raise ExecutionNotFound(execution_id)
+    response.headers["X-Trace-Id"] = record.trace_id
+    return RunRecord.of(record)
 
 
 @router.post(
