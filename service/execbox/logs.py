@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,10 +15,18 @@ _trace_id: ContextVar[str | None] = ContextVar("trace_id", default=None)
 _execution_id: ContextVar[str | None] = ContextVar("execution_id", default=None)
 
 
+_EXECUTION_ID = re.compile(r"\bexe_[a-z0-9]{26}\b")
+
+
 class _ContextFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
+        execution_id = _execution_id.get()
+        if execution_id is None:
+            # Library lines (RQ announcing a job it dequeued) name the execution in their text.
+            found = _EXECUTION_ID.search(record.getMessage())
+            execution_id = found.group(0) if found else None
         record.trace_id = _trace_id.get()
-        record.execution_id = _execution_id.get()
+        record.execution_id = execution_id
         return True
 
 

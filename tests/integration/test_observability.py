@@ -120,6 +120,10 @@ def test_trace_id_reaches_response_record_labels_and_logs(
     lines = [json.loads(line) for name in ("worker-1.log", "worker-2.log")
              for line in (stack.logs / name).read_text().splitlines() if body["id"] in line]  # fmt: skip
     assert any(entry.get("trace_id") == trace_id and entry["message"] == "execution finished" for entry in lines)
+    assert all(entry["execution_id"] == body["id"] for entry in lines)
+    # RQ's own lines carry the trace id too, from the moment the job's payload is read.
+    rq_job_lines = [e for e in lines if e["logger"].startswith("rq.") and "Job OK" in e["message"]]
+    assert rq_job_lines and all(e["trace_id"] == trace_id for e in rq_job_lines)
 
 
 class _Receiver(BaseHTTPRequestHandler):

@@ -11,17 +11,29 @@ import logging
 import threading
 
 from prometheus_client import start_http_server
-from rq import SimpleWorker
+from rq import Queue, SimpleWorker
+from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from execbox import logs
 from execbox.errors import ServiceError
 from execbox.queue import make_queue
 from execbox.settings import Settings
+from execbox.tracing import parse_traceparent
 from execbox.worker import reaper
 from execbox.worker.context import WorkerContext, install
 
 log = logging.getLogger(__name__)
+
+
+class _Worker(SimpleWorker):
+    """RQ's in-process worker, with its own log lines about a job bound to that job's ids."""
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        payload = job.args[0] if job.args and isinstance(job.args[0], dict) else {}
+        parent = parse_traceparent(payload.get("traceparent"))
+        with logs.bound(parent.trace_id if parent else None, job.id):
+            super().execute_job(job, queue)
 
 
 def run_worker(settings: Settings, burst: bool = False, name: str | None = None) -> None:
@@ -39,7 +51,7 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
         )
     stop = threading.Event()
     reaper.start(ctx, stop)
-    worker = SimpleWorker(
+    worker = _Worker(
         [make_queue(ctx.store.redis, settings)],
         connection=ctx.store.redis,
         serializer=JSONSerializer,
