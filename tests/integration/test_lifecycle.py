@@ -101,8 +101,10 @@ def test_trace_and_execution_ids_in_worker_json_logs(api: httpx.Client, stack: S
             if body["id"] in line:
                 lines.append(json.loads(line))
     assert lines, "no worker log line names the execution"
-    assert all(entry["trace_id"] == body["trace_id"] for entry in lines if entry.get("execution_id"))
-    assert any(entry["message"] == "execution finished" for entry in lines)
+    assert all(entry["execution_id"] == body["id"] for entry in lines)
+    ours = [entry for entry in lines if entry["logger"].startswith("execbox.")]
+    assert ours and all(entry["trace_id"] == body["trace_id"] for entry in ours)
+    assert any(entry["message"] == "execution finished" for entry in ours)
 
 
 def test_cancel_queued_execution(side_stack: Callable[..., Side]) -> None:

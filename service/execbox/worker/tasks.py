@@ -9,6 +9,7 @@ import logging
 import tarfile
 import threading
 import time
+from secrets import token_hex
 from typing import Any
 
 from execbox import logs
@@ -33,7 +34,7 @@ def run_execution(payload: dict[str, Any]) -> str:
         if record is None:
             return "skipped"
         with logs.bound(record.trace_id, execution_id):
-            parent = parse_traceparent(payload.get("traceparent")) or TraceContext(record.trace_id, record.id[-16:])
+            parent = parse_traceparent(payload.get("traceparent")) or TraceContext(record.trace_id, token_hex(8))
             _run_and_finish(ctx, record, parent)
             return "done"
 
