@@ -1,0 +1,87 @@
+"""The REST API: create_app(settings) builds the FastAPI application."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from prometheus_client import CollectorRegistry
+from rq import Queue
+
+from execbox import __version__, logs
+from execbox.api import problems
+from execbox.api.deps import Services
+from execbox.api.routes import executions, files, health, languages
+from execbox.artifact_store import LocalArtifactStore
+from execbox.languages import Languages
+from execbox.metrics import HttpMetrics, SharedStateCollector, api_metrics
+from execbox.models import ExecutionCreate
+from execbox.policies import PolicySet
+from execbox.queue import depth, make_queue
+from execbox.settings import Settings
+from execbox.store import ExecutionStore, connect
+from execbox.tracing import setup as setup_tracing
+
+__all__ = ["create_app"]
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    logs.configure(settings.log_level, "api")
+    client = connect(settings)
+    app = FastAPI(
+        title="execbox",
+        version=__version__,
+        description="Sandboxed code execution for AI agents: submit code with a resource policy, get back "
+        "output, a categorized error, timings and a trace id.",
+    )
+    registry = CollectorRegistry()
+    metrics = api_metrics(registry)
+    store = ExecutionStore(client, settings)
+    store.on_terminal = metrics.outcomes.observe
+    queue = make_queue(client, settings)
+    registry.register(SharedStateCollector(lambda: shared_state(store, queue)))
+    app.state.services = Services(
+        settings=settings,
+        store=store,
+        queue=queue,
+        policies=PolicySet.load(settings.policies_dir),
+        languages=Languages.load(settings.images_dir),
+        artifacts=LocalArtifactStore(settings.artifacts_dir),
+        metrics=metrics,
+        registry=registry,
+        spans=setup_tracing(settings.telemetry.otlp_endpoint, "execbox-api"),
+    )
+    problems.install(app, settings.api.max_body_bytes)
+    app.add_middleware(HttpMetrics, metrics=metrics)
+    app.include_router(executions.router)
+    app.include_router(files.router)
+    app.include_router(languages.router)
+    app.include_router(health.router)
+    _document_request_models(app)
+    return app
+
+
+def shared_state(store: ExecutionStore, queue: Queue) -> dict[str, float]:
+    workers = store.workers()
+    return {
+        "execbox_queue_depth": float(depth(queue)),
+        "execbox_executions_running": float(len(store.running())),
+        "execbox_workers_alive": float(len(workers)),
+        "execbox_workers_docker_ok": float(sum(1 for w in workers if w.get("docker_ok"))),
+    }
+
+
+def _document_request_models(app: FastAPI) -> None:
+    """Routes that read their body themselves (JSON or multipart) still get their schema documented."""
+
+    def openapi() -> dict[str, object]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            extra = ExecutionCreate.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(extra.pop("$defs", {}))
+            components["ExecutionCreate"] = extra
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

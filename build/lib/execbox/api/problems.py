@@ -1,0 +1,108 @@
+"""RFC 9457 problem+json for every error, and the request body cap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from execbox.errors import BodyTooLarge, FieldProblem, ServiceError
+
+PROBLEM_TYPE = "https://execbox.dev/problems/"
+
+
+def problem_response(
+    status: int,
+    code: str,
+    detail: str,
+    retryable: bool,
+    problems: tuple[FieldProblem, ...] = (),
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body: dict[str, Any] = {
+        "type": PROBLEM_TYPE + code,
+        "title": code.replace(".", " ").replace("_", " "),
+        "status": status,
+        "detail": detail,
+        "code": code,
+        "retryable": retryable,
+        "errors": [{"field": p.field, "message": p.message} for p in problems],
+    }
+    return JSONResponse(body, status_code=status, media_type="application/problem+json", headers=headers)
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc]
+    if parts and parts[0] == "body":
+        parts = parts[1:]
+    return ".".join(parts) or "body"
+
+
+async def _service_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ServiceError)
+    headers = {"Retry-After": "1"} if exc.http_status == 503 else None
+    return problem_response(exc.http_status, exc.code, exc.message, exc.retryable, exc.problems, headers)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = list(exc.errors())
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return problem_response(
+            400,
+            "request.malformed_json",
+            "the body is not valid JSON; send a JSON object with Content-Type: application/json",
+            False,
+            (FieldProblem("body", "invalid JSON"),),
+        )
+    problems = tuple(FieldProblem(_field(tuple(e["loc"])), str(e["msg"])) for e in errors)
+    detail = "; ".join(f"{p.field}: {p.message}" for p in problems)
+    return problem_response(422, "request.invalid", f"the request is invalid: {detail}", False, problems)
+
+
+class BodyLimit:
+    """Refuses bodies above the cap with 413, by Content-Length or while streaming."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        # Connection: close, because the rest of the unread body must not be taken for a next request.
+        too_large = problem_response(
+            413, BodyTooLarge.code, BodyTooLarge(self.max_bytes).message, False, headers={"Connection": "close"}
+        )
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            await too_large(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _TooLarge:
+            await too_large(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def install(app: FastAPI, max_body_bytes: int) -> None:
+    app.add_exception_handler(ServiceError, _service_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)

@@ -1,0 +1,341 @@
+"""POST /v1/executions, GET /v1/executions/{id}, POST /v1/executions/{id}/cancel."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import secrets
+import time
+from typing import Annotated
+from urllib.parse import quote
+
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+
+from execbox.api.deps import Services, ServicesDep
+from execbox.errors import ConflictError, ExecutionNotFound, FieldProblem, InvalidRequest, RequestError
+from execbox.inputs import prepare
+from execbox.models import (
+    EXECUTION_ID_PATTERN,
+    ErrorCategory,
+    ExecutionCreate,
+    ExecutionError,
+    ExecutionPublic,
+    ExecutionRecord,
+    ExecutionStatus,
+    Problem,
+    RunRecord,
+    Transition,
+    check_input_path,
+)
+from execbox.queue import cancel_queued, enqueue
+from execbox.tracing import TraceContext, from_traceparent
+
+router = APIRouter(prefix="/v1/executions", tags=["executions"])
+BY = "api"
+_PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*([0-9]+(?:\.[0-9]+)?)", re.IGNORECASE)
+
+ExecutionId = Annotated[str, Path(pattern=EXECUTION_ID_PATTERN, description="Execution id (`exe_...`).")]
+WaitQuery = Annotated[
+    float | None,
+    Query(
+        ge=0,
+        description="Seconds to wait for the execution to finish "
+        "before answering (bounded by the server's max_wait_s).",
+    ),
+]
+PreferHeader = Annotated[str | None, Header(description="RFC 7240 `wait=SECONDS`, like ?wait=.")]
+TraceHeader = Annotated[str | None, Header(description="W3C trace context; a new trace starts without it.")]
+_PROBLEM: dict[str, object] = {
+    "model": Problem,
+    "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}},
+}
+_RESPONSES: dict[int | str, dict[str, object]] = {
+    200: {"description": "Finished within the wait.", "model": ExecutionPublic},
+    202: {"description": "Accepted (or not finished within the wait).", "model": ExecutionPublic},
+    400: {"description": "The body is not JSON.", **_PROBLEM},
+    404: {"description": "No such execution (or past retention).", **_PROBLEM},
+    409: {"description": "The execution already ended.", **_PROBLEM},
+    413: {"description": "The body is too large.", **_PROBLEM},
+    422: {"description": "A field is invalid or above a policy ceiling.", **_PROBLEM},
+    503: {"description": "Redis unavailable; retry after Retry-After.", **_PROBLEM},
+}
+
+
+def new_execution_id() -> str:
+    return "exe_" + base64.b32encode(secrets.token_bytes(16)).decode().rstrip("=").lower()
+
+
+def _wait_seconds(services: Services, query: float | None, prefer: str | None) -> float:
+    field, value = "query.wait", query
+    if value is None and prefer:
+        match = _PREFER_WAIT.search(prefer)
+        field, value = "header.Prefer", float(match.group(1)) if match else None
+    if value is None:
+        return 0.0
+    limit = services.settings.api.max_wait_s
+    if value > limit:
+        raise InvalidRequest(
+            f"{field}: {value:g} s is above the server's limit of {limit:g} s",
+            (FieldProblem(field, f"at most {limit:g}; poll GET /v1/executions/{{id}} after that"),),
+        )
+    return value
+
+
+def _answer(
+    response: Response, record: ExecutionRecord, trace: TraceContext, status: int | None = None
+) -> ExecutionPublic:
+    response.status_code = status or (200 if record.status.terminal else 202)
+    response.headers["Location"] = f"/v1/executions/{record.id}"
+    response.headers["X-Trace-Id"] = record.trace_id
+    response.headers["traceparent"] = TraceContext(record.trace_id, trace.span_id, trace.flags).traceparent
+    return record.public()
+
+
+_CREATE_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/ExecutionCreate"}},
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "required": ["request"],
+                "properties": {
+                    "request": {"type": "string", "description": "The ExecutionCreate object, as JSON text."},
+                    "files": {
+                        "type": "array",
+                        "items": {"type": "string", "format": "binary"},
+                        "description": "Input files; each part's filename is its path under the working directory.",
+                    },
+                },
+            }
+        },
+    },
+}
+
+
+async def _read_body(request: Request, max_files: int) -> tuple[ExecutionCreate, list[tuple[str, bytes]]]:
+    """The request as JSON, or as multipart (a `request` JSON part plus `files` parts)."""
+    extra: list[tuple[str, bytes]] = []
+    if request.headers.get("content-type", "").startswith("multipart/form-data"):
+        form = await request.form(max_files=max_files + 1, max_fields=16)
+        text = form.get("request")
+        raw: str | None = (await text.read()).decode() if isinstance(text, UploadFile) else text
+        if raw is None:
+            raise InvalidRequest(
+                "multipart requests need a `request` part with the JSON body", (FieldProblem("request", "missing"),)
+            )
+        for part in form.getlist("files"):
+            if not isinstance(part, UploadFile) or not part.filename:
+                raise InvalidRequest(
+                    "each `files` part needs a filename: its path under the working directory",
+                    (FieldProblem("files", "part without a filename"),),
+                )
+            try:
+                check_input_path(part.filename)
+            except ValueError as exc:
+                raise InvalidRequest(str(exc), (FieldProblem(f"files[{part.filename}]", str(exc)),)) from exc
+            extra.append((part.filename, await part.read()))
+    else:
+        raw = (await request.body()).decode("utf-8", "replace")
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body",), "msg": str(exc)}]) from exc
+    try:
+        return ExecutionCreate.model_validate(data), extra
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        ) from exc
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=ExecutionPublic,
+    responses=_RESPONSES,
+    summary="Run code in a fresh sandbox",
+    openapi_extra={"requestBody": _CREATE_BODY},
+)
+async def create_execution(
+    request: Request,
+    response: Response,
+    services: ServicesDep,
+    wait: WaitQuery = None,
+    prefer: PreferHeader = None,
+    traceparent: TraceHeader = None,
+) -> ExecutionPublic:
+    wait_s = _wait_seconds(services, wait, prefer)
+    body, extra = await _read_body(request, services.policies.max_ceiling("input_files"))
+    record, trace = await run_in_threadpool(_accept, services, body, extra, traceparent)
+    if wait_s > 0:
+        waited = await run_in_threadpool(services.store.wait_terminal, record.id, wait_s, BY)
+        record = waited or record
+    return _answer(response, record, trace)
+
+
+def _accept(
+    services: Services, body: ExecutionCreate, extra: list[tuple[str, bytes]], traceparent: str | None
+) -> tuple[ExecutionRecord, TraceContext]:
+    trace = from_traceparent(traceparent)
+    with services.spans.span("execbox.api.create_execution", trace):
+        return _accept_traced(services, body, extra, trace)
+
+
+def _accept_traced(
+    services: Services, body: ExecutionCreate, extra: list[tuple[str, bytes]], trace: TraceContext
+) -> tuple[ExecutionRecord, TraceContext]:
+    language = services.languages.get(body.language)
+    policy = services.policies.resolve(body.policy, len(body.code.encode()))
+    now = time.time()
+    deadline = now + policy.queue_timeout_s
+    prepared = prepare(
+        body,
+        policy,
+        language.file,
+        services.store,
+        extra,
+        keep_until=deadline + services.settings.retention_s,
+        ttl_s=services.settings.retention_s,
+    )
+    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    record = ExecutionRecord(
+        id=new_execution_id(),
+        status=ExecutionStatus.QUEUED,
+        language=language.name,
+        trace_id=trace.trace_id,
+        labels=body.labels,
+        created_at=now,
+        policy=policy,
+        code=body.code,
+        env=body.env,
+        files=prepared.files,
+        stdin_b64=prepared.stdin_b64,
+        inputs=body.inputs,
+        outputs_spec=body.outputs,
+        expect=body.expect,
+        request_sha256=hashlib.sha256(canonical.encode()).hexdigest(),
+        queue_deadline=deadline,
+        transitions=[Transition(status=ExecutionStatus.QUEUED, at=now, by=BY)],
+    )
+    services.store.create(record)
+    job_context = trace.child()
+    with services.spans.span("execbox.enqueue", trace, {"execution.id": record.id}):
+        enqueue(services.queue, record, job_context.traceparent, services.settings)
+    services.metrics.accepted.labels(language.name).inc()
+    return record, trace
+
+
+@router.get("/{execution_id}", response_model=ExecutionPublic, responses=_RESPONSES, summary="Get an execution")
+def get_execution(
+    execution_id: ExecutionId,
+    response: Response,
+    services: ServicesDep,
+    wait: WaitQuery = None,
+    prefer: PreferHeader = None,
+    traceparent: TraceHeader = None,
+) -> ExecutionPublic:
+    wait_s = _wait_seconds(services, wait, prefer)
+    if wait_s > 0:
+        record = services.store.wait_terminal(execution_id, wait_s, BY)
+    else:
+        record = services.store.refresh(execution_id, BY)
+    if record is None:
+        raise ExecutionNotFound(execution_id)
+    return _answer(response, record, from_traceparent(traceparent), status=200)
+
+
+@router.get(
+    "/{execution_id}/record",
+    response_model=RunRecord,
+    summary="The run record: request hash, policy, image, worker, transitions, resources, outcome",
+    responses={404: {"description": "No such execution.", **_PROBLEM}, 422: {"description": "Bad id.", **_PROBLEM}},
+)
+def get_run_record(execution_id: ExecutionId, response: Response, services: ServicesDep) -> RunRecord:
+    record = services.store.refresh(execution_id, BY)
+    if record is None:
+        raise ExecutionNotFound(execution_id)
+    response.headers["X-Trace-Id"] = record.trace_id
+    return RunRecord.of(record)
+
+
+@router.post(
+    "/{execution_id}/cancel",
+    status_code=202,
+    response_model=ExecutionPublic,
+    responses=_RESPONSES,
+    summary="Cancel a queued or running execution",
+)
+def cancel_execution(
+    execution_id: ExecutionId, response: Response, services: ServicesDep, traceparent: TraceHeader = None
+) -> ExecutionPublic:
+    store = services.store
+
+    def cancel_queued_record(record: ExecutionRecord) -> ExecutionStatus:
+        record.cancel_requested = True
+        record.error = ExecutionError(
+            category=ErrorCategory.CANCELLED, message="cancelled by the client before it started", retryable=False
+        )
+        return ExecutionStatus.CANCELLED
+
+    record = store.refresh(execution_id, BY)
+    if record is None:
+        raise ExecutionNotFound(execution_id)
+    if record.status is ExecutionStatus.QUEUED:
+        done = store.transition(execution_id, {ExecutionStatus.QUEUED}, BY, cancel_queued_record)
+        if done is not None:
+            cancel_queued(services.queue, execution_id)
+            return _answer(response, done, from_traceparent(traceparent))
+        record = store.get(execution_id) or record
+    if record.status is ExecutionStatus.RUNNING:
+        # The worker running it is told to kill the sandbox; it then records `cancelled`.
+        store.signal(execution_id, "cancel")
+        return _answer(response, record, from_traceparent(traceparent))
+    raise ConflictError(f"execution {execution_id} already ended as {record.status.value}; nothing to cancel")
+
+
+class ArtifactNotFound(RequestError):
+    code = "artifact.not_found"
+    http_status = 404
+
+    def __init__(self, execution_id: str, name: str) -> None:
+        super().__init__(f"execution {execution_id} has no artifact {name!r} (or it passed its retention)")
+
+
+@router.get(
+    "/{execution_id}/artifacts/{name:path}",
+    summary="Download an artifact",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"application/octet-stream": {}}, "description": "The artifact's bytes."},
+        404: {"description": "No such execution or artifact.", **_PROBLEM},
+        422: {"description": "Malformed execution id.", **_PROBLEM},
+    },
+)
+def download_artifact(execution_id: ExecutionId, name: str, services: ServicesDep) -> StreamingResponse:
+    record = services.store.get(execution_id)
+    if record is None:
+        raise ExecutionNotFound(execution_id)
+    artifact = next((a for a in record.artifacts if a.name == name), None)
+    if artifact is None:
+        raise ArtifactNotFound(execution_id, name)
+    try:
+        size = services.artifacts.size(execution_id, name)
+    except FileNotFoundError as exc:
+        raise ArtifactNotFound(execution_id, name) from exc
+    return StreamingResponse(
+        services.artifacts.read(execution_id, name),
+        media_type=artifact.media_type,
+        headers={
+            "Content-Length": str(size),
+            "ETag": f'"{artifact.sha256}"',
+            "Content-Disposition": f"attachment; filename*=UTF-8''{quote(name.rsplit('/', 1)[-1])}",
+        },
+    )

@@ -1,0 +1,78 @@
+"""POST /v1/files (upload once, use by id in many executions), GET /v1/files/{id}."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+
+from execbox.api.deps import ServicesDep
+from execbox.errors import FieldProblem, InvalidRequest, RequestError
+from execbox.models import FilePublic, Problem
+
+router = APIRouter(prefix="/v1/files", tags=["files"])
+_PROBLEM = {
+    "model": Problem,
+    "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}},
+}
+_UPLOAD = {
+    "required": True,
+    "content": {
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "required": ["file"],
+                "properties": {"file": {"type": "string", "format": "binary", "description": "The file's bytes."}},
+            }
+        }
+    },
+}
+
+
+class FileNotFound(RequestError):
+    code = "file.not_found"
+    http_status = 404
+
+    def __init__(self, file_id: str) -> None:
+        super().__init__(f"no file {file_id}; it never existed or expired; upload it again")
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=FilePublic,
+    summary="Upload a file to use in executions by id",
+    responses={413: {"description": "Too large.", **_PROBLEM}, 422: {"description": "No file part.", **_PROBLEM}},
+    openapi_extra={"requestBody": _UPLOAD},
+)
+async def upload_file(request: Request, services: ServicesDep) -> FilePublic:
+    form = await request.form(max_files=1, max_fields=1)
+    part = form.get("file")
+    if not isinstance(part, UploadFile):
+        raise InvalidRequest("send the file as a multipart part named `file`", (FieldProblem("file", "missing"),))
+    cap = services.policies.max_ceiling("input_file_bytes")
+    data = await part.read(cap + 1)
+    if len(data) > cap:
+        raise InvalidRequest(
+            f"the file is larger than {cap} bytes, the largest any policy accepts",
+            (FieldProblem("file", f"at most {cap} bytes"),),
+        )
+    name = (part.filename or "upload").rsplit("/", 1)[-1][:255]
+    return await run_in_threadpool(services.store.put_file, data, name, services.settings.retention_s)
+
+
+@router.get(
+    "/{file_id}",
+    response_model=FilePublic,
+    summary="An uploaded file's metadata",
+    responses={404: {"description": "Unknown or expired.", **_PROBLEM}, 422: {"description": "Bad id.", **_PROBLEM}},
+)
+def get_file(
+    file_id: Annotated[str, Path(pattern=r"^file_[a-z0-9]{26}$", description="File id.")], services: ServicesDep
+) -> FilePublic:
+    meta = services.store.file_meta(file_id)
+    if meta is None:
+        raise FileNotFound(file_id)
+    return meta

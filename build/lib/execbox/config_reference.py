@@ -1,0 +1,30 @@
+"""The configuration reference (docs/operations.md), generated from Settings so they never disagree."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from execbox.settings import Settings
+
+
+def _rows(model: type[BaseModel], env_prefix: str) -> list[str]:
+    rows = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            rows += _rows(annotation, f"{env_prefix}{name.upper()}__")
+            continue
+        default = (
+            field.default if name not in ("policies_dir", "images_dir", "artifacts_dir") else "(repository folder)"
+        )
+        rows.append(f"| `{env_prefix}{name.upper()}` | `{default}` | {field.description or ''} |")
+    return rows
+
+
+def render() -> str:
+    header = ["| variable | default | meaning |", "|---|---|---|"]
+    return "\n".join(header + _rows(Settings, "EXECBOX_")) + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")  # noqa: T201

@@ -1,0 +1,153 @@
+"""Every Prometheus metric execbox exports, defined once (prefix execbox_, bounded labels only).
+
+The API and each worker process export their own. Workers run jobs in-process (RQ SimpleWorker,
+no fork per job), so a worker records into its own registry and serves it on its own port: no
+multiprocess mode is needed and nothing is lost between jobs. Gauges that describe shared state
+(queue depth, running executions, live workers) are read from Redis when the API is scraped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from execbox.models import ExecutionRecord
+
+LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10, 30, 60, 120, 300)
+BYTES_BUCKETS = (0, 1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 23, 1 << 26)
+
+
+@dataclass(frozen=True)
+class OutcomeMetrics:
+    """Recorded by whichever process settles an execution (worker, or API/reaper for expiry and loss)."""
+
+    finished: Counter
+    end_to_end: Histogram
+
+    def observe(self, record: ExecutionRecord) -> None:
+        category = record.error.category.value if record.error else "none"
+        self.finished.labels(record.status.value, category, record.language).inc()
+        if record.finished_at is not None:
+            self.end_to_end.labels(record.language).observe(max(record.finished_at - record.created_at, 0.0))
+
+
+def outcome_metrics(registry: CollectorRegistry) -> OutcomeMetrics:
+    return OutcomeMetrics(
+        finished=Counter("execbox_executions_total", "Executions finished, by status, error category ('none' on "
+                         "success) and language", ["status", "category", "language"], registry=registry),
+        end_to_end=Histogram("execbox_end_to_end_seconds", "From acceptance to the stored result", ["language"],
+                             buckets=LATENCY_BUCKETS, registry=registry),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ApiMetrics:
+    requests: Counter
+    request_seconds: Histogram
+    accepted: Counter
+    outcomes: OutcomeMetrics
+
+
+def api_metrics(registry: CollectorRegistry) -> ApiMetrics:
+    return ApiMetrics(
+        outcomes=outcome_metrics(registry),
+        requests=Counter("execbox_api_requests_total", "HTTP requests by route template, method and status code",
+                         ["route", "method", "code"], registry=registry),
+        request_seconds=Histogram("execbox_api_request_duration_seconds", "HTTP request latency by route template",
+                                  ["route", "method"], buckets=LATENCY_BUCKETS, registry=registry),
+        accepted=Counter("execbox_executions_accepted_total", "Executions accepted into the queue, by language",
+                         ["language"], registry=registry),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class WorkerMetrics:
+    outcomes: OutcomeMetrics
+    queue_wait: Histogram
+    sandbox_start: Histogram
+    run: Histogram
+    sandbox_starts: Counter
+    sandbox_failures: Counter
+    oom_kills: Counter
+    output_bytes: Counter
+    artifact_bytes: Counter
+    running: Gauge
+
+
+def worker_metrics(registry: CollectorRegistry) -> WorkerMetrics:
+    def seconds(name: str, what: str) -> Histogram:
+        return Histogram(name, what, ["language"], buckets=LATENCY_BUCKETS, registry=registry)
+
+    return WorkerMetrics(
+        outcomes=outcome_metrics(registry),
+        queue_wait=seconds("execbox_queue_wait_seconds", "From acceptance to a worker taking the execution"),
+        sandbox_start=seconds("execbox_sandbox_start_seconds", "Creating and starting the sandbox container"),
+        run=seconds("execbox_run_seconds", "From program start to its end"),
+        sandbox_starts=Counter("execbox_sandbox_starts_total", "Sandbox runs attempted", registry=registry),
+        sandbox_failures=Counter("execbox_sandbox_failures_total", "Sandbox runs that failed for the service's own "
+                                 "reasons (engine, image, worker)", ["reason"], registry=registry),
+        oom_kills=Counter("execbox_oom_kills_total", "Sandboxes the engine reported OOM-killed", ["language"],
+                          registry=registry),
+        output_bytes=Counter("execbox_output_bytes_total", "Bytes of stdout/stderr returned", ["stream"],
+                             registry=registry),
+        artifact_bytes=Counter("execbox_artifact_bytes_total", "Bytes of artifacts kept", registry=registry),
+        running=Gauge("execbox_worker_busy", "1 while this worker process runs an execution", registry=registry),
+    )  # fmt: skip
+
+
+class SharedStateCollector(Collector):
+    """Gauges read from Redis at scrape time, so every API replica reports the same truth."""
+
+    def __init__(self, read: Callable[[], dict[str, float]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            values = self._read()
+        except Exception:  # Redis down: export nothing rather than zeros that look true
+            return
+        for name, help_text in (
+            ("execbox_queue_depth", "Executions waiting in the queue"),
+            ("execbox_executions_running", "Executions running now"),
+            ("execbox_workers_alive", "Workers that reported within the last three reaper intervals"),
+            ("execbox_workers_docker_ok", "Live workers whose Docker engine answers"),
+            ("execbox_warm_pool_size", "Pre-started sandboxes waiting (0 until a warm pool exists)"),
+        ):
+            family = GaugeMetricFamily(name, help_text)
+            family.add_metric([], values.get(name, 0.0))
+            yield family
+
+
+class HttpMetrics:
+    """ASGI middleware: requests by route template (never the raw path), method and status code."""
+
+    def __init__(self, app: ASGIApp, metrics: ApiMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def observed(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, observed)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            method = scope["method"]
+            self.metrics.requests.labels(route, method, str(status)).inc()
+            self.metrics.request_seconds.labels(route, method).observe(time.perf_counter() - start)

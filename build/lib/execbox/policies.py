@@ -1,0 +1,135 @@
+"""Server-side policies: load policies/*.yaml at start-up and resolve a request's limits.
+
+Precedence: default.yaml < the named policy < the request. A request above a ceiling is refused
+(PolicyExceeded names the field and the ceiling); nothing is clamped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from execbox.errors import FieldProblem, PolicyExceeded, UnknownPolicy
+from execbox.models import AppliedPolicy, PolicyRequest
+
+DEFAULT_POLICY = "default"
+
+
+class _Limits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    timeout_s: float | None = Field(None, gt=0)
+    cpu: float | None = Field(None, gt=0)
+    cpu_time_s: int | None = Field(None, gt=0)
+    memory_mb: int | None = Field(None, ge=16)
+    pids: int | None = Field(None, ge=8)
+    disk_mb: int | None = Field(None, ge=1)
+    output_bytes: int | None = Field(None, ge=1024)
+    queue_timeout_s: float | None = Field(None, gt=0)
+    code_bytes: int | None = Field(None, ge=1)
+    stdin_bytes: int | None = Field(None, ge=0)
+    input_files: int | None = Field(None, ge=0)
+    input_file_bytes: int | None = Field(None, ge=0)
+    input_total_bytes: int | None = Field(None, ge=0)
+    artifact_files: int | None = Field(None, ge=0)
+    artifact_file_bytes: int | None = Field(None, ge=0)
+    artifact_total_bytes: int | None = Field(None, ge=0)
+
+
+class _PolicyFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    defaults: _Limits = _Limits()
+    ceilings: _Limits = _Limits()
+
+
+LIMIT_FIELDS: tuple[str, ...] = tuple(_Limits.model_fields)
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+class PolicyConfigError(Exception):
+    """policies/ is unusable; the process must not start."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    defaults: dict[str, float]
+    ceilings: dict[str, float]
+
+
+def _read(path: Path) -> _PolicyFile:
+    try:
+        raw: Any = yaml.safe_load(path.read_text()) or {}
+        return _PolicyFile.model_validate(raw)
+    except (OSError, yaml.YAMLError, ValidationError) as exc:
+        raise PolicyConfigError(f"{path}: {exc}") from exc
+
+
+class PolicySet:
+    """All named policies, validated once."""
+
+    def __init__(self, policies: dict[str, Policy]) -> None:
+        self._policies = policies
+
+    @classmethod
+    def load(cls, directory: Path) -> PolicySet:
+        base_path = directory / f"{DEFAULT_POLICY}.yaml"
+        if not base_path.is_file():
+            raise PolicyConfigError(f"{base_path} is missing; it defines every default and ceiling")
+        base = _read(base_path)
+        policies: dict[str, Policy] = {}
+        for path in sorted(directory.glob("*.yaml")):
+            layer = base if path == base_path else _read(path)
+            defaults = base.defaults.model_dump() | layer.defaults.model_dump(exclude_none=True)
+            ceilings = base.ceilings.model_dump() | layer.ceilings.model_dump(exclude_none=True)
+            for name in LIMIT_FIELDS:
+                if defaults[name] is None or ceilings[name] is None:
+                    raise PolicyConfigError(f"{base_path}: defaults and ceilings must both give {name}")
+                if defaults[name] > ceilings[name]:
+                    raise PolicyConfigError(f"{path}: default {name}={defaults[name]} is above its ceiling")
+            policies[path.stem] = Policy(path.stem, defaults, ceilings)
+        return cls(policies)
+
+    def max_ceiling(self, field: str) -> int:
+        """The highest ceiling of a limit over every policy (bounds parsing before a policy is known)."""
+        return int(max(p.ceilings[field] for p in self._policies.values()))
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._policies)
+
+    def resolve(self, request: PolicyRequest, code_bytes: int) -> AppliedPolicy:
+        name = request.name or DEFAULT_POLICY
+        policy = self._policies.get(name)
+        if policy is None:
+            raise UnknownPolicy(name, self.names)
+        asked = request.model_dump(exclude_none=True, exclude={"name", "network"})
+        problems = [
+            FieldProblem(
+                f"policy.{field}",
+                f"{_num(value)} is above the ceiling {_num(policy.ceilings[field])} of policy {name!r}; "
+                f"ask for at most {_num(policy.ceilings[field])} or use a policy with a higher ceiling",
+            )
+            for field, value in asked.items()
+            if value > policy.ceilings[field]
+        ]
+        if code_bytes > policy.ceilings["code_bytes"]:
+            problems.append(
+                FieldProblem(
+                    "code",
+                    f"{code_bytes} bytes is above the ceiling {_num(policy.ceilings['code_bytes'])} of policy "
+                    f"{name!r}; send a smaller program",
+                )
+            )
+        if problems:
+            raise PolicyExceeded(tuple(problems))
+        values = policy.defaults | asked | {"code_bytes": policy.ceilings["code_bytes"]}
+        return AppliedPolicy.model_validate({**values, "name": name, "network": "none"})

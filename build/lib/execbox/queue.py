@@ -1,0 +1,53 @@
+"""The job queue (RQ on Redis): the only API-side module that imports rq.
+
+Jobs carry only the execution id and the trace context; the record in the store is the single
+source of truth, so a job that outlives its execution's deadline or cancellation does nothing.
+"""
+
+from __future__ import annotations
+
+import redis
+from rq import Queue
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from execbox.models import ExecutionRecord
+from execbox.settings import Settings
+from execbox.store import redis_errors
+
+TASK = "execbox.worker.tasks.run_execution"
+
+
+def make_queue(client: redis.Redis, settings: Settings) -> Queue:
+    return Queue(settings.queue.name, connection=client, serializer=JSONSerializer)
+
+
+def enqueue(queue: Queue, record: ExecutionRecord, traceparent: str, settings: Settings) -> None:
+    # ttl keeps the job a little past the queue deadline: the worker, not RQ, decides expiry,
+    # so that the record always ends as `expired` instead of silently vanishing.
+    ttl = int(record.policy.queue_timeout_s) + settings.queue.setup_margin_s
+    with redis_errors():
+        queue.enqueue_call(
+            TASK,
+            args=({"execution_id": record.id, "traceparent": traceparent},),
+            job_id=record.id,
+            timeout=int(record.policy.timeout_s) + settings.queue.setup_margin_s,
+            ttl=ttl,
+            result_ttl=60,
+            failure_ttl=settings.retention_s,
+            description=f"execution {record.id}",
+        )
+
+
+def cancel_queued(queue: Queue, execution_id: str) -> None:
+    """Take a queued job off the queue; a job already taken is stopped by its worker instead."""
+    with redis_errors():
+        queue.remove(execution_id)
+
+
+def depth(queue: Queue) -> int:
+    with redis_errors():
+        return int(queue.count)
+
+
+__all__ = ["TASK", "Job", "cancel_queued", "depth", "enqueue", "make_queue"]

@@ -1,0 +1,118 @@
+"""The runtime seam: what a sandbox run takes (RunSpec) and gives back (RunOutcome)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+MANAGED_LABEL = "execbox.managed"
+EXECUTION_LABEL = "execbox.execution_id"
+TRACE_LABEL = "execbox.trace_id"
+WORKER_LABEL = "execbox.worker"
+WORKDIR = "/workspace"
+SANDBOX_UID = 65534
+
+
+@dataclass(frozen=True)
+class Limits:
+    timeout_s: float
+    cpu: float
+    cpu_time_s: int
+    memory_mb: int
+    pids: int
+    disk_mb: int
+    output_bytes: int
+
+
+Collector = Callable[[Iterator[bytes]], None]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    execution_id: str
+    trace_id: str
+    worker: str
+    image: str
+    command: tuple[str, ...]
+    files: tuple[tuple[str, bytes], ...]
+    """Small service files (the code, inputs.json): written by the launcher before the program."""
+    env: tuple[tuple[str, str], ...]
+    limits: Limits
+    language: str = ""
+    input_archive: bytes | None = None
+    """A tar of the request's input files, copied into /workspace through the engine's archive API."""
+    stdin: bytes = b""
+    collect_path: str = "out"
+    """Path under /workspace handed (as a tar stream from the engine) to `collector` after the run."""
+    collector: Collector | None = None
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    stdout_total: int
+    stderr_total: int
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    timed_out: bool = False
+    cancelled: bool = False
+    oom_killed: bool = False
+    peak_memory_bytes: int | None = None
+    image_id: str | None = None
+    start_ms: float = 0.0
+    run_ms: float = 0.0
+    collect_ms: float = 0.0
+    collect_error: str | None = None
+    """Why the output directory could not be collected (None when it was, or nobody asked)."""
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    id: str
+    execution_id: str | None
+    created_at: float
+    running: bool
+
+
+@dataclass
+class RunControl:
+    """Lets another thread stop a run: cancel() kills the sandbox as soon as one exists."""
+
+    cancelled: bool = False
+    _killer: Callable[[], None] | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def set_killer(self, killer: Callable[[], None]) -> None:
+        with self._lock:
+            self._killer = killer
+            kill_now = self.cancelled
+        if kill_now:
+            killer()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            killer = self._killer
+        if killer is not None:
+            killer()
+
+
+class Runtime(Protocol):
+    def run(self, spec: RunSpec, control: RunControl) -> RunOutcome:
+        """Run spec in a fresh container and remove it afterwards, whatever happens."""
+
+    def ping(self) -> None:
+        """Raise RuntimeUnavailable when the engine cannot be reached."""
+
+    def image_id(self, image: str) -> str:
+        """The image's id; ImageUnavailable when the engine does not have it."""
+
+    def managed_containers(self) -> list[ContainerInfo]:
+        """Every execbox sandbox container on this engine."""
+
+    def remove(self, container_id: str) -> None:
+        """Kill and remove a container; a missing one is not an error."""

@@ -1,0 +1,89 @@
+"""Service configuration: one Settings object, built once by each entry point."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class RedisSettings(BaseModel):
+    url: str = Field("redis://127.0.0.1:6379/0", description="Redis DSN shared by API and workers.")
+    socket_timeout_s: float = Field(5.0, gt=0, description="Timeout of every Redis command but blocking waits.")
+    key_prefix: str = Field("execbox", description="Prefix of every key execbox writes.")
+
+
+class DockerSettings(BaseModel):
+    url: str | None = Field(
+        None, description="Docker engine URL; unset means the DOCKER_HOST environment or the socket."
+    )
+    api_timeout_s: float = Field(30.0, gt=0, description="Timeout of each Docker API call.")
+    runtime: str | None = Field(None, description="OCI runtime for sandboxes, e.g. runsc (gVisor); unset: default.")
+
+
+class QueueSettings(BaseModel):
+    name: str = Field("execbox", description="RQ queue the API enqueues to and workers listen on.")
+    setup_margin_s: int = Field(60, ge=5, description="RQ job timeout = run timeout + this margin (last resort only).")
+
+
+class WorkerSettings(BaseModel):
+    lease_s: float = Field(
+        10.0,
+        gt=0,
+        description="A running execution whose worker stopped renewing its lease "
+        "for this long is declared lost (sandbox.error, retryable).",
+    )
+    reaper_interval_s: float = Field(
+        15.0,
+        gt=0,
+        description="How often each worker sweeps for lost executions, expired queue entries and orphaned containers.",
+    )
+    orphan_grace_s: float = Field(
+        30.0,
+        ge=0,
+        description="An execbox container that no live worker holds a lease for is removed by the "
+        "reaper once it is older than this.",
+    )
+
+
+class TelemetrySettings(BaseModel):
+    worker_metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Port of this worker process's /metrics (unset: not served)."
+    )
+    worker_metrics_host: str = Field("127.0.0.1", description="Address the worker's /metrics listens on.")
+    otlp_endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP traces endpoint (e.g. http://127.0.0.1:4318/v1/traces). Unset: no spans are "
+        "exported and nothing leaves the host.",
+    )
+
+
+class ApiSettings(BaseModel):
+    max_wait_s: float = Field(60.0, ge=0, description="Longest a client may ask POST/GET to wait for completion.")
+    max_body_bytes: int = Field(
+        160 * 1024 * 1024, gt=0, description="Largest request body accepted (413 above); input files ride in it."
+    )
+
+
+class Settings(BaseSettings):
+    """Every setting can be given as EXECBOX_<NAME> or EXECBOX_<GROUP>__<NAME>."""
+
+    model_config = SettingsConfigDict(env_prefix="EXECBOX_", env_nested_delimiter="__", extra="forbid")
+
+    redis: RedisSettings = RedisSettings()
+    docker: DockerSettings = DockerSettings()
+    queue: QueueSettings = QueueSettings()
+    worker: WorkerSettings = WorkerSettings()
+    api: ApiSettings = ApiSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
+    retention_s: int = Field(24 * 3600, gt=0, description="How long finished executions are kept.")
+    policies_dir: Path = Field(_REPO_ROOT / "policies", description="Directory of policy YAML files.")
+    artifacts_dir: Path = Field(
+        _REPO_ROOT / ".run" / "artifacts",
+        description="Local artifact store shared by API and workers (a shared volume when they run apart).",
+    )
+    images_dir: Path = Field(_REPO_ROOT / "sandbox-images", description="Directory of sandbox image metadata.")
+    log_level: str = Field("INFO", description="Log level of the JSON logs.")

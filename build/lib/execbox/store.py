@@ -1,0 +1,281 @@
+"""Execution records in Redis: creation, atomic status transitions, leases and signals.
+
+Keys (prefix from settings.redis.key_prefix):
+  {p}:exe:{id}        the ExecutionRecord as JSON; expires retention_s after the last write
+  {p}:deadlines       zset id -> queue deadline, for executions still queued
+  {p}:running         set of ids currently running
+  {p}:lease:{id}      the running worker's lease; it renews it while the sandbox runs
+  {p}:cancel:{id}     list a cancel request is pushed to; the running worker blocks on it
+  {p}:done:{id}       pub/sub channel told when the execution reaches a terminal status
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import redis
+from redis.exceptions import RedisError, WatchError
+
+from execbox.errors import QueueUnavailable
+from execbox.models import ErrorCategory, ExecutionError, ExecutionRecord, ExecutionStatus, FilePublic, Transition
+from execbox.settings import Settings
+
+Mutation = Callable[[ExecutionRecord], "ExecutionStatus | None"]
+
+
+@contextmanager
+def redis_errors() -> Iterator[None]:
+    """Translate redis-py failures into the service's taxonomy at this seam."""
+    try:
+        yield
+    except RedisError as exc:
+        raise QueueUnavailable(f"Redis is unreachable or failing ({exc}); retry shortly") from exc
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def connect(settings: Settings) -> redis.Redis:
+    return redis.Redis.from_url(
+        settings.redis.url,
+        socket_timeout=settings.redis.socket_timeout_s,
+        socket_connect_timeout=settings.redis.socket_timeout_s,
+        health_check_interval=30,
+    )
+
+
+class ExecutionStore:
+    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+        self.redis = client
+        self._p = settings.redis.key_prefix
+        self._retention_s = settings.retention_s
+        self._lease_s = settings.worker.lease_s
+        self.on_terminal: Callable[[ExecutionRecord], None] | None = None
+        """Called once per execution this process settles (for outcome metrics)."""
+
+    def _key(self, kind: str, execution_id: str = "") -> str:
+        return f"{self._p}:{kind}:{execution_id}" if execution_id else f"{self._p}:{kind}"
+
+    def done_channel(self, execution_id: str) -> str:
+        return self._key("done", execution_id)
+
+    def ping(self) -> None:
+        with redis_errors():
+            self.redis.ping()
+
+    def create(self, record: ExecutionRecord) -> None:
+        ttl = int(record.queue_deadline - time.time() + self._retention_s)
+        with redis_errors(), self.redis.pipeline() as pipe:
+            pipe.set(self._key("exe", record.id), record.model_dump_json(), ex=ttl, nx=True)
+            pipe.zadd(self._key("deadlines"), {record.id: record.queue_deadline})
+            pipe.execute()
+
+    def get(self, execution_id: str) -> ExecutionRecord | None:
+        with redis_errors():
+            raw = self.redis.get(self._key("exe", execution_id))
+        return None if raw is None else ExecutionRecord.model_validate_json(raw)
+
+    def transition(
+        self, execution_id: str, allowed: set[ExecutionStatus], by: str, mutate: Mutation
+    ) -> ExecutionRecord | None:
+        """Move an execution out of one of the `allowed` statuses atomically.
+
+        `mutate` edits the record and returns the new status, or None to abandon the change.
+        Returns the new record, or None when the execution is missing, not in an allowed
+        status, or the change was abandoned.
+        """
+        key = self._key("exe", execution_id)
+        with redis_errors(), self.redis.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(key)  # type: ignore[no-untyped-call]
+                    raw = pipe.get(key)
+                    if raw is None:
+                        return None
+                    record = ExecutionRecord.model_validate_json(raw)
+                    if record.status not in allowed:
+                        return None
+                    new = mutate(record)
+                    if new is None:
+                        return None
+                    now = time.time()
+                    record.status = new
+                    record.transitions.append(Transition(status=new, at=now, by=by))
+                    pipe.multi()
+                    self._write(pipe, record, now)
+                    pipe.execute()
+                    if new.terminal:
+                        self.redis.publish(self.done_channel(execution_id), new.value)
+                        if self.on_terminal is not None:
+                            self.on_terminal(record)
+                    return record
+                except WatchError:
+                    continue
+
+    def _write(self, pipe: redis.client.Pipeline, record: ExecutionRecord, now: float) -> None:
+        if record.status.terminal:
+            record.finished_at = record.finished_at or now
+        pipe.set(self._key("exe", record.id), record.model_dump_json(), ex=self._retention_s)
+        if record.status is ExecutionStatus.RUNNING:
+            pipe.zrem(self._key("deadlines"), record.id)
+            pipe.sadd(self._key("running"), record.id)
+        elif record.status.terminal:
+            pipe.zrem(self._key("deadlines"), record.id)
+            pipe.srem(self._key("running"), record.id)
+            pipe.delete(self._key("lease", record.id), self._key("cancel", record.id))
+
+    # -- terminal transitions that the API, workers and the reaper share --------------------
+
+    def expire_if_due(self, execution_id: str, by: str) -> ExecutionRecord | None:
+        def due(record: ExecutionRecord) -> ExecutionStatus | None:
+            if time.time() < record.queue_deadline:
+                return None
+            record.error = ExecutionError(
+                category=ErrorCategory.EXPIRED,
+                message=f"no worker started it within its queue deadline of {record.policy.queue_timeout_s:g} s; "
+                "submit again, or raise policy.queue_timeout_s",
+                retryable=True,
+            )
+            return ExecutionStatus.EXPIRED
+
+        return self.transition(execution_id, {ExecutionStatus.QUEUED}, by, due)
+
+    def fail_if_lost(self, execution_id: str, by: str) -> ExecutionRecord | None:
+        def lost(record: ExecutionRecord) -> ExecutionStatus | None:
+            started = record.started_at or 0.0
+            if time.time() - started < self._lease_s or self.lease_alive(execution_id):
+                return None
+            record.error = ExecutionError(
+                category=ErrorCategory.SANDBOX_ERROR,
+                message=f"worker {record.worker} stopped renewing its lease while the code ran (worker or host "
+                "lost); the run's result is unknown; submit again",
+                retryable=True,
+                details={"worker": record.worker, "reason": "worker_lost"},
+            )
+            return ExecutionStatus.FAILED
+
+        return self.transition(execution_id, {ExecutionStatus.RUNNING}, by, lost)
+
+    def refresh(self, execution_id: str, by: str) -> ExecutionRecord | None:
+        """Read an execution, first settling a queue deadline that passed or a lease that lapsed."""
+        record = self.get(execution_id)
+        if record is None or record.status.terminal:
+            return record
+        settled = (
+            self.expire_if_due(execution_id, by)
+            if record.status is ExecutionStatus.QUEUED
+            else self.fail_if_lost(execution_id, by)
+        )
+        return settled or self.get(execution_id)
+
+    def wait_terminal(self, execution_id: str, timeout_s: float, by: str) -> ExecutionRecord | None:
+        """Block until the execution is terminal or timeout_s passed; return its latest record.
+
+        Woken by the finishing worker's publish; also wakes at the queue deadline and every
+        lease period while running, so an expiry or a lost worker is settled within the wait.
+        """
+        deadline = time.monotonic() + timeout_s
+        with redis_errors():
+            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+            try:
+                pubsub.subscribe(self.done_channel(execution_id))
+                while True:
+                    record = self.refresh(execution_id, by)
+                    remaining = deadline - time.monotonic()
+                    if record is None or record.status.terminal or remaining <= 0:
+                        return record
+                    if record.status is ExecutionStatus.QUEUED:
+                        step = max(record.queue_deadline - time.time(), 0.0) + 0.01
+                    else:
+                        step = self._lease_s
+                    pubsub.get_message(timeout=min(remaining, step))
+            finally:
+                pubsub.close()
+
+    # -- uploaded and inline input files ----------------------------------------------------
+
+    def put_file(self, data: bytes, name: str, ttl_s: int) -> FilePublic:
+        now = time.time()
+        meta = FilePublic(
+            id="file_" + base64.b32encode(secrets.token_bytes(16)).decode().rstrip("=").lower(),
+            name=name,
+            size=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+            created_at=now,
+            expires_at=now + ttl_s,
+        )
+        key = self._key("file", meta.id)
+        with redis_errors(), self.redis.pipeline() as pipe:
+            pipe.hset(key, mapping={"meta": meta.model_dump_json(), "data": data})
+            pipe.expire(key, ttl_s)
+            pipe.execute()
+        return meta
+
+    def file_meta(self, file_id: str) -> FilePublic | None:
+        with redis_errors():
+            raw = self.redis.hget(self._key("file", file_id), "meta")
+        return None if raw is None else FilePublic.model_validate_json(raw)
+
+    def file_data(self, file_id: str) -> bytes | None:
+        with redis_errors():
+            raw = self.redis.hget(self._key("file", file_id), "data")
+        return None if raw is None else raw if isinstance(raw, bytes) else raw.encode()
+
+    def keep_file(self, file_id: str, until: float) -> None:
+        """Make sure a file outlives an execution that refers to it."""
+        with redis_errors():
+            self.redis.expireat(self._key("file", file_id), int(until) + 1, gt=True)
+
+    # -- worker heartbeats ------------------------------------------------------------------
+
+    def report_worker(self, name: str, docker_ok: bool, detail: str, ttl_s: float, missing: list[str]) -> None:
+        payload = json.dumps(
+            {"name": name, "docker_ok": docker_ok, "detail": detail, "missing_images": missing, "at": time.time()}
+        )
+        with redis_errors():
+            self.redis.set(self._key("worker", name), payload, px=int(ttl_s * 1000))
+
+    def workers(self) -> list[dict[str, object]]:
+        with redis_errors():
+            keys = list(self.redis.scan_iter(match=self._key("worker", "*"), count=100))
+            values = self.redis.mget(keys) if keys else []
+        return [json.loads(v) for v in values if v is not None]
+
+    # -- leases, cancel signals, sweeps -----------------------------------------------------
+
+    def renew_lease(self, execution_id: str, worker: str) -> None:
+        with redis_errors():
+            self.redis.set(self._key("lease", execution_id), worker, px=int(self._lease_s * 1000))
+
+    def lease_alive(self, execution_id: str) -> bool:
+        with redis_errors():
+            return bool(self.redis.exists(self._key("lease", execution_id)))
+
+    def signal(self, execution_id: str, message: str) -> None:
+        """Tell the worker running execution_id something: `cancel`, or `stop` (the run ended)."""
+        with redis_errors(), self.redis.pipeline() as pipe:
+            pipe.rpush(self._key("cancel", execution_id), message)
+            pipe.expire(self._key("cancel", execution_id), self._retention_s)
+            pipe.execute()
+
+    def wait_signal(self, execution_id: str, timeout_s: float) -> str | None:
+        """Block up to timeout_s for a signal to the running worker; None when none came."""
+        with redis_errors():
+            got = self.redis.blpop([self._key("cancel", execution_id)], timeout=timeout_s)
+        return None if got is None else _text(got[1])
+
+    def due_for_expiry(self) -> list[str]:
+        with redis_errors():
+            ids = self.redis.zrangebyscore(self._key("deadlines"), "-inf", time.time())
+        return [_text(i) for i in ids]
+
+    def running(self) -> list[str]:
+        with redis_errors():
+            return sorted(_text(i) for i in self.redis.smembers(self._key("running")))

@@ -1,0 +1,1 @@
+"""The worker side: RQ entry point, worker process, reaper."""

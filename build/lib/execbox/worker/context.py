@@ -1,0 +1,65 @@
+"""What a worker process builds once and every job reuses: settings, store, runtime, languages."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
+
+from execbox import store as store_mod
+from execbox.artifact_store import ArtifactStore, LocalArtifactStore
+from execbox.languages import Languages
+from execbox.metrics import WorkerMetrics, worker_metrics
+from execbox.sandbox.base import Runtime
+from execbox.sandbox.docker import DockerRuntime
+from execbox.settings import Settings
+from execbox.tracing import Spans
+from execbox.tracing import setup as setup_tracing
+
+
+@dataclass
+class WorkerContext:
+    settings: Settings
+    store: store_mod.ExecutionStore
+    runtime: Runtime
+    languages: Languages
+    artifacts: ArtifactStore
+    name: str
+    metrics: WorkerMetrics
+    registry: CollectorRegistry
+    spans: Spans
+
+    @classmethod
+    def build(cls, settings: Settings, name: str | None = None) -> WorkerContext:
+        registry = CollectorRegistry()
+        context = cls(
+            settings=settings,
+            store=store_mod.ExecutionStore(store_mod.connect(settings), settings),
+            runtime=DockerRuntime(settings.docker),
+            languages=Languages.load(settings.images_dir),
+            artifacts=LocalArtifactStore(settings.artifacts_dir),
+            name=name or f"{socket.gethostname()}.{os.getpid()}",
+            metrics=worker_metrics(registry),
+            registry=registry,
+            spans=setup_tracing(settings.telemetry.otlp_endpoint, "execbox-worker"),
+        )
+        context.store.on_terminal = context.metrics.outcomes.observe
+        return context
+
+
+_current: WorkerContext | None = None
+
+
+def install(context: WorkerContext) -> None:
+    global _current
+    _current = context
+
+
+def current() -> WorkerContext:
+    """The worker's context; built from the environment when a plain `rq worker` runs the job."""
+    global _current
+    if _current is None:
+        _current = WorkerContext.build(Settings())
+    return _current

@@ -1,0 +1,64 @@
+"""`execbox worker`: one RQ worker process that runs executions one at a time.
+
+It uses RQ's SimpleWorker (no fork per job): the Docker client, image ids and language table are
+built once per process, and a worker killed outright takes its job with it, which the lease and
+the reaper then settle. Run several processes (or containers) for parallelism.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from prometheus_client import start_http_server
+from rq import Queue, SimpleWorker
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from execbox import logs
+from execbox.errors import ServiceError
+from execbox.queue import make_queue
+from execbox.settings import Settings
+from execbox.tracing import parse_traceparent
+from execbox.worker import reaper
+from execbox.worker.context import WorkerContext, install
+
+log = logging.getLogger(__name__)
+
+
+class _Worker(SimpleWorker):
+    """RQ's in-process worker, with its own log lines about a job bound to that job's ids."""
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        payload = job.args[0] if job.args and isinstance(job.args[0], dict) else {}
+        parent = parse_traceparent(payload.get("traceparent"))
+        with logs.bound(parent.trace_id if parent else None, job.id):
+            super().execute_job(job, queue)
+
+
+def run_worker(settings: Settings, burst: bool = False, name: str | None = None) -> None:
+    logs.configure(settings.log_level, "worker")
+    ctx = WorkerContext.build(settings, name)
+    install(ctx)
+    try:
+        ctx.runtime.ping()
+    except ServiceError as exc:
+        # Keep serving: each job then fails fast as sandbox.error instead of waiting in the queue.
+        log.error("Docker engine unreachable at start-up: %s", exc.message)
+    if settings.telemetry.worker_metrics_port is not None:
+        start_http_server(
+            settings.telemetry.worker_metrics_port, addr=settings.telemetry.worker_metrics_host, registry=ctx.registry
+        )
+    stop = threading.Event()
+    reaper.start(ctx, stop)
+    worker = _Worker(
+        [make_queue(ctx.store.redis, settings)],
+        connection=ctx.store.redis,
+        serializer=JSONSerializer,
+        name=ctx.name,
+    )
+    log.info("worker %s listening on queue %s", ctx.name, settings.queue.name)
+    try:
+        worker.work(burst=burst, logging_level=settings.log_level.upper(), with_scheduler=False)
+    finally:
+        stop.set()

@@ -1,0 +1,71 @@
+"""The reaper: settles what dead workers and idle queues leave behind.
+
+Each worker runs it at start-up and then periodically. It expires queued executions past their
+deadline, fails running executions whose worker stopped renewing its lease (sandbox.error,
+retryable), and removes execbox containers on its own engine that no live worker owns.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from execbox.errors import ServiceError
+from execbox.worker.context import WorkerContext
+
+log = logging.getLogger(__name__)
+BY = "reaper"
+
+
+def report_health(ctx: WorkerContext) -> None:
+    """Tell the API (through Redis) that this worker lives and whether its engine answers."""
+    missing: list[str] = []
+    try:
+        ctx.runtime.ping()
+        ok, detail = True, "docker reachable"
+        for language in ctx.languages:
+            try:
+                ctx.runtime.image_id(language.image)
+            except ServiceError:
+                missing.append(language.image)
+    except ServiceError as exc:
+        ok, detail = False, exc.message
+    ctx.store.report_worker(ctx.name, ok, detail, ttl_s=3 * ctx.settings.worker.reaper_interval_s, missing=missing)
+
+
+def sweep(ctx: WorkerContext) -> dict[str, int]:
+    counts = {"expired": 0, "lost": 0, "containers": 0, "artifact_dirs": 0}
+    for execution_id in ctx.store.due_for_expiry():
+        if ctx.store.expire_if_due(execution_id, BY) is not None:
+            counts["expired"] += 1
+    for execution_id in ctx.store.running():
+        if ctx.store.fail_if_lost(execution_id, BY) is not None:
+            counts["lost"] += 1
+    now = time.time()
+    for container in ctx.runtime.managed_containers():
+        owned = container.execution_id is not None and ctx.store.lease_alive(container.execution_id)
+        if not owned and now - container.created_at >= ctx.settings.worker.orphan_grace_s:
+            log.info("removing orphaned sandbox container %s of %s", container.id[:12], container.execution_id)
+            ctx.runtime.remove(container.id)
+            counts["containers"] += 1
+    counts["artifact_dirs"] = ctx.artifacts.delete_older_than(now - ctx.settings.retention_s)
+    if any(counts.values()):
+        log.info("reaper sweep", extra=counts)
+    return counts
+
+
+def start(ctx: WorkerContext, stop: threading.Event) -> threading.Thread:
+    def loop() -> None:
+        while True:
+            try:
+                report_health(ctx)
+                sweep(ctx)
+            except ServiceError as exc:
+                log.warning("reaper sweep failed: %s", exc.message)
+            if stop.wait(ctx.settings.worker.reaper_interval_s):
+                return
+
+    thread = threading.Thread(target=loop, name="reaper", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,181 @@
+"""Everything a finished run leaves, folded into the execution record: status, error, output,
+declared outputs, artifacts and expectations. Pure logic over the run's outcome (no Docker)."""
+
+from __future__ import annotations
+
+import base64
+import fnmatch
+import io
+import json
+from typing import Any
+from urllib.parse import quote
+
+from jsonschema import Draft202012Validator
+
+from execbox.artifact_store import ArtifactStore, ArtifactTooLarge
+from execbox.artifacts import Collector
+from execbox.classify import classify
+from execbox.models import (
+    Artifact,
+    ArtifactNotKept,
+    ErrorCategory,
+    ExecutionError,
+    ExecutionRecord,
+    ExecutionStatus,
+    Resources,
+    Timing,
+)
+from execbox.sandbox.base import Limits, RunOutcome
+
+INLINE_OUTPUT_BYTES = 64 * 1024
+OUTPUT_ARTIFACT_DIR = "execbox-outputs"
+_STOPPED_FROM_OUTSIDE = {
+    ErrorCategory.CANCELLED,
+    ErrorCategory.LIMIT_TIMEOUT,
+    ErrorCategory.LIMIT_OUTPUT,
+    ErrorCategory.LIMIT_MEMORY,
+    ErrorCategory.LIMIT_CPU,
+}
+
+
+def decode_stream(data: bytes, truncated: bool) -> tuple[str, str]:
+    """(text, encoding): UTF-8 text when the bytes are UTF-8 (a character cut by the cap is
+    dropped), else base64 of the exact bytes."""
+    for cut in range(4 if truncated else 1):
+        try:
+            return data[: len(data) - cut].decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            continue
+    return base64.b64encode(data).decode(), "base64"
+
+
+def _error(category: ErrorCategory, text: str, **details: Any) -> ExecutionError:
+    return ExecutionError(category=category, message=text, retryable=False, details=details)
+
+
+def _parse_result(raw: bytes | None) -> tuple[dict[str, Any], dict[str, Any] | None, str | None]:
+    """(outputs, failed check, problem) from the program's result file."""
+    if raw is None:
+        return {}, None, None
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        return {}, None, f"the result file is not JSON ({exc})"
+    if not isinstance(data, dict):
+        return {}, None, "the result file is not a JSON object"
+    outputs = data.get("outputs") or {}
+    check = data.get("check")
+    if not isinstance(outputs, dict) or (check is not None and not isinstance(check, dict)):
+        return {}, None, "the result file's outputs or check has the wrong shape"
+    return outputs, check, None
+
+
+def _artifact(record_id: str, name: str, size: int, sha256: str, media_type: str) -> Artifact:
+    url = f"/v1/executions/{record_id}/artifacts/{quote(name)}"
+    return Artifact(name=name, size=size, sha256=sha256, media_type=media_type, url=url)
+
+
+def _inline_outputs(record: ExecutionRecord, outputs: dict[str, Any], store: ArtifactStore) -> dict[str, Any]:
+    """Values too large to inline become artifacts of their own."""
+    kept: dict[str, Any] = {}
+    for name, value in outputs.items():
+        encoded = json.dumps(value).encode()
+        if len(encoded) <= INLINE_OUTPUT_BYTES:
+            kept[name] = value
+            continue
+        artifact_name = f"{OUTPUT_ARTIFACT_DIR}/{quote(name, safe='')}.json"
+        try:
+            size, digest = store.put(record.id, artifact_name, io.BytesIO(encoded), len(encoded))
+        except ArtifactTooLarge:
+            continue
+        record.artifacts.append(_artifact(record.id, artifact_name, size, digest, "application/json"))
+        kept[name] = {"artifact": artifact_name, "size": size}
+    return kept
+
+
+def _unmet(record: ExecutionRecord, outcome: RunOutcome) -> list[str]:
+    expect = record.expect
+    if expect is None:
+        return []
+    unmet = []
+    wanted_exit = expect.exit_code or 0
+    if outcome.exit_code != wanted_exit:
+        unmet.append(f"exit code was {outcome.exit_code}, expected {wanted_exit}")
+    names = [a.name for a in record.artifacts]
+    for pattern in expect.artifacts:
+        if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
+            unmet.append(f"no artifact matches {pattern!r}")
+    if expect.outputs_schema is not None:
+        validator = Draft202012Validator(expect.outputs_schema)
+        for problem in sorted(validator.iter_errors(record.outputs), key=lambda e: list(e.absolute_path)):
+            where = ".".join(str(p) for p in problem.absolute_path) or "(outputs)"
+            unmet.append(f"outputs.{where}: {problem.message}" if where != "(outputs)" else problem.message)
+    return unmet
+
+
+def apply_outcome(
+    record: ExecutionRecord, outcome: RunOutcome, collector: Collector | None, limits: Limits, store: ArtifactStore
+) -> ExecutionStatus:
+    """Fill the record from the run and return its final status."""
+    verdict = classify(outcome, record.language, limits)
+    record.exit_code = outcome.exit_code
+    record.signal = verdict.signal
+    record.stdout, record.stdout_encoding = decode_stream(outcome.stdout, outcome.stdout_truncated)  # type: ignore[assignment]
+    record.stderr, record.stderr_encoding = decode_stream(outcome.stderr, outcome.stderr_truncated)  # type: ignore[assignment]
+    record.stdout_bytes, record.stderr_bytes = outcome.stdout_total, outcome.stderr_total
+    record.stdout_truncated, record.stderr_truncated = outcome.stdout_truncated, outcome.stderr_truncated
+    record.image = outcome.image_id
+    record.resources = Resources(peak_memory_bytes=outcome.peak_memory_bytes, oom_killed=outcome.oom_killed)
+    record.timing = Timing(
+        queue_wait_ms=record.timing.queue_wait_ms,
+        sandbox_start_ms=round(outcome.start_ms, 1),
+        run_ms=round(outcome.run_ms, 1),
+        collect_ms=round(outcome.collect_ms, 1),
+    )
+    outputs: dict[str, Any] = {}
+    check = None
+    result_problem = None
+    if collector is not None:
+        record.artifacts = [_artifact(record.id, a.name, a.size, a.sha256, a.media_type) for a in collector.kept]
+        record.artifacts_not_kept = [ArtifactNotKept(**item) for item in collector.not_kept + collector.skipped]
+        outputs, check, result_problem = _parse_result(collector.result)
+        record.outputs = _inline_outputs(record, outputs, store)
+
+    category = verdict.error.category if verdict.error else None
+    expected_exit = record.expect is not None and record.expect.exit_code == outcome.exit_code
+    if category in _STOPPED_FROM_OUTSIDE:
+        record.error = verdict.error
+        return verdict.status
+    if check is not None:
+        message = str(check.get("message", ""))[:4000]
+        details = check.get("details") if isinstance(check.get("details"), dict) else {}
+        record.error = _error(ErrorCategory.CHECK_FAILED, f"check failed: {message}", message=message, details=details)
+        return ExecutionStatus.FAILED
+    if verdict.error is not None and not expected_exit:
+        record.error = verdict.error
+        return ExecutionStatus.FAILED
+    if outcome.collect_error:
+        record.error = ExecutionError(
+            category=ErrorCategory.SANDBOX_ERROR,
+            message=outcome.collect_error,
+            retryable=True,
+            details={"reason": "collect_failed"},
+        )
+        return ExecutionStatus.FAILED
+    if collector is not None and collector.over_cap:
+        record.error = _error(
+            ErrorCategory.LIMIT_ARTIFACTS,
+            f"{len(collector.not_kept)} produced file(s) passed the artifact caps and were not kept; see "
+            "artifacts_not_kept. Write fewer or smaller files, or raise policy.artifact_*",
+            kept=[a.name for a in collector.kept],
+            not_kept=collector.not_kept,
+        )
+        return ExecutionStatus.FAILED
+    unmet = _unmet(record, outcome)
+    if result_problem:
+        unmet.append(result_problem)
+    if unmet:
+        record.error = _error(ErrorCategory.OUTPUT_INVALID, "unmet expectations: " + "; ".join(unmet), unmet=unmet)
+        return ExecutionStatus.FAILED
+    record.error = None
+    return ExecutionStatus.SUCCEEDED

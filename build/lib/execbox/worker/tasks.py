@@ -1,0 +1,251 @@
+"""run_execution: the RQ entry point. Parse, start, run in a sandbox, classify, store."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import logging
+import tarfile
+import threading
+import time
+from secrets import token_hex
+from typing import Any
+
+from execbox import logs
+from execbox.artifacts import RESULT_FILE, ArtifactCaps, Collector
+from execbox.errors import ServiceError
+from execbox.inputs import INPUTS_FILE
+from execbox.models import ErrorCategory, ExecutionError, ExecutionRecord, ExecutionStatus
+from execbox.sandbox.base import SANDBOX_UID, WORKDIR, Limits, RunControl, RunOutcome, RunSpec
+from execbox.tracing import TraceContext, parse_traceparent
+from execbox.worker.context import WorkerContext, current
+from execbox.worker.results import apply_outcome
+
+log = logging.getLogger(__name__)
+_ACTIVE = {ExecutionStatus.RUNNING}
+
+
+def run_execution(payload: dict[str, Any]) -> str:
+    ctx = current()
+    execution_id = str(payload["execution_id"])
+    with logs.bound(None, execution_id):
+        record = _start(ctx, execution_id)
+        if record is None:
+            return "skipped"
+        with logs.bound(record.trace_id, execution_id):
+            parent = parse_traceparent(payload.get("traceparent")) or TraceContext(record.trace_id, token_hex(8))
+            _run_and_finish(ctx, record, parent)
+            return "done"
+
+
+def _start(ctx: WorkerContext, execution_id: str) -> ExecutionRecord | None:
+    """queued → running; None when it expired, was cancelled, or is gone."""
+    if ctx.store.expire_if_due(execution_id, ctx.name) is not None:
+        log.info("execution expired in the queue")
+        return None
+
+    def take(record: ExecutionRecord) -> ExecutionStatus:
+        record.started_at = time.time()
+        record.worker = ctx.name
+        record.attempt += 1
+        record.timing.queue_wait_ms = round((record.started_at - record.created_at) * 1000, 1)
+        return ExecutionStatus.RUNNING
+
+    ctx.store.renew_lease(execution_id, ctx.name)
+    record = ctx.store.transition(execution_id, {ExecutionStatus.QUEUED}, ctx.name, take)
+    if record is None:
+        log.info("execution not queued any more (cancelled, expired or gone); skipped")
+    return record
+
+
+def _run_and_finish(ctx: WorkerContext, record: ExecutionRecord, parent: TraceContext) -> None:
+    control = RunControl()
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(ctx, record.id, control, stop), daemon=True)
+    watcher.start()
+    p = record.policy
+    limits = Limits(p.timeout_s, p.cpu, p.cpu_time_s, p.memory_mb, p.pids, p.disk_mb, p.output_bytes)
+    collector = Collector(
+        record.id,
+        ctx.artifacts,
+        ArtifactCaps(p.artifact_file_bytes, p.artifact_total_bytes, p.artifact_files),
+        root="workspace" if record.outputs_spec.files else "out",
+        globs=tuple(record.outputs_spec.files),
+    )
+    outcome: RunOutcome | None = None
+    failure: ExecutionError | None = None
+    metrics = ctx.metrics
+    metrics.running.set(1)
+    metrics.queue_wait.labels(record.language).observe((record.timing.queue_wait_ms or 0.0) / 1000)
+    metrics.sandbox_starts.inc()
+    try:
+        outcome = ctx.runtime.run(_spec(ctx, record, limits, collector), control)
+    except ServiceError as exc:
+        failure = ExecutionError(
+            category=ErrorCategory.SANDBOX_ERROR, message=exc.message, retryable=True, details={"code": exc.code}
+        )
+    except Exception as exc:  # never leave an execution running because of a bug here
+        log.exception("sandbox run failed unexpectedly")
+        failure = ExecutionError(
+            category=ErrorCategory.SANDBOX_ERROR,
+            message=f"internal error: {exc!r}; retry",
+            retryable=True,
+            details={"code": "service.error"},
+        )
+    finally:
+        stop.set()
+        ctx.store.signal(record.id, "stop")  # wakes the watcher out of its blocking wait
+        watcher.join(timeout=5)
+        metrics.running.set(0)
+    _observe_run(ctx, record.language, outcome, failure, collector)
+    _trace_run(ctx, record, outcome, parent)
+    _finish(ctx, record.id, outcome, failure, limits, collector)
+
+
+def _trace_run(ctx: WorkerContext, record: ExecutionRecord, outcome: RunOutcome | None, parent: TraceContext) -> None:
+    """Spans for each phase, placed back in time from the durations the run measured."""
+    spans = ctx.spans
+    if not spans.enabled:
+        return
+    end = time.time_ns()
+    started = int((record.started_at or record.created_at) * 1e9)
+    spans.record("execbox.queue_wait", parent, int(record.created_at * 1e9), started)
+    spans.record("execbox.execution", parent, started, end, {"execution.id": record.id, "worker": ctx.name})
+    if outcome is None:
+        return
+    collect_start = end - int(outcome.collect_ms * 1e6)
+    run_start = collect_start - int(outcome.run_ms * 1e6)
+    spans.record("execbox.sandbox_create", parent, run_start - int(outcome.start_ms * 1e6), run_start)
+    spans.record("execbox.run", parent, run_start, collect_start, {"language": record.language})
+    spans.record("execbox.collect", parent, collect_start, end)
+
+
+def _observe_run(
+    ctx: WorkerContext, language: str, outcome: RunOutcome | None, failure: ExecutionError | None, collector: Collector
+) -> None:
+    metrics = ctx.metrics
+    if outcome is None:
+        metrics.sandbox_failures.labels(failure.details.get("code", "unknown") if failure else "unknown").inc()
+        return
+    metrics.sandbox_start.labels(language).observe(outcome.start_ms / 1000)
+    metrics.run.labels(language).observe(outcome.run_ms / 1000)
+    metrics.output_bytes.labels("stdout").inc(len(outcome.stdout))
+    metrics.output_bytes.labels("stderr").inc(len(outcome.stderr))
+    metrics.artifact_bytes.inc(sum(a.size for a in collector.kept))
+    if outcome.oom_killed:
+        metrics.oom_kills.labels(language).inc()
+
+
+def _spec(ctx: WorkerContext, record: ExecutionRecord, limits: Limits, collector: Collector) -> RunSpec:
+    language = ctx.languages.get(record.language)
+    service_files = [(language.file, record.code.encode())]
+    if record.inputs is not None:
+        service_files.append((INPUTS_FILE, json.dumps(record.inputs).encode()))
+    env = {
+        **dict(language.env),
+        **record.env,
+        "EXECBOX_OUTPUT_DIR": f"{WORKDIR}/out",
+        "EXECBOX_RESULT_FILE": f"{WORKDIR}/out/{RESULT_FILE}",
+        "EXECBOX_INPUTS_FILE": f"{WORKDIR}/{INPUTS_FILE}",
+    }
+    return RunSpec(
+        execution_id=record.id,
+        trace_id=record.trace_id,
+        worker=ctx.name,
+        image=language.image,
+        command=language.command,
+        files=tuple(service_files),
+        env=tuple(sorted(env.items())),
+        limits=limits,
+        language=language.name,
+        input_archive=_input_archive(ctx, record) if record.files else None,
+        stdin=base64.b64decode(record.stdin_b64),
+        collect_path="" if collector.root == "workspace" else "out",
+        collector=collector,
+    )
+
+
+def _input_archive(ctx: WorkerContext, record: ExecutionRecord) -> bytes:
+    """A tar of the input files for the engine's archive API.
+
+    Files belong to root (mode 0644): the program reads them but, with the kernel's
+    protected_hardlinks, cannot hard-link them into its output directory; directories belong to
+    the sandbox user so it can still add files next to its inputs.
+    """
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        made: set[str] = set()
+        for ref in record.files:
+            data = ctx.store.file_data(ref.file_id)
+            if data is None:
+                raise InputUnavailable(ref.path, ref.file_id)
+            parts = ref.path.split("/")
+            for depth in range(1, len(parts)):
+                directory = "/".join(parts[:depth])
+                if directory not in made:
+                    made.add(directory)
+                    tar.addfile(_tar_entry(directory, tarfile.DIRTYPE, 0o755))
+            tar.addfile(_tar_entry(ref.path, tarfile.REGTYPE, 0o644, len(data), owner=0), io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _tar_entry(name: str, kind: bytes, mode: int, size: int = 0, owner: int = SANDBOX_UID) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.size = kind, mode, size
+    info.uid = info.gid = owner
+    info.mtime = int(time.time())
+    return info
+
+
+class InputUnavailable(ServiceError):
+    code = "sandbox.input_unavailable"
+    retryable = True
+
+    def __init__(self, path: str, file_id: str) -> None:
+        super().__init__(f"input file {path} ({file_id}) is no longer stored; upload it again and resubmit")
+
+
+def _finish(
+    ctx: WorkerContext,
+    execution_id: str,
+    outcome: RunOutcome | None,
+    failure: ExecutionError | None,
+    limits: Limits,
+    collector: Collector,
+) -> None:
+    def apply(record: ExecutionRecord) -> ExecutionStatus:
+        now = time.time()
+        status = ExecutionStatus.FAILED
+        if outcome is not None:
+            status = apply_outcome(record, outcome, collector, limits, ctx.artifacts)
+        else:
+            record.error = failure
+        record.timing.total_ms = round((now - record.created_at) * 1000, 1)
+        record.finished_at = now
+        return status
+
+    done = ctx.store.transition(execution_id, _ACTIVE, ctx.name, apply)
+    if done is None:
+        log.warning("execution was settled elsewhere (lease lost?) before its result was stored")
+    else:
+        category = done.error.category.value if done.error else None
+        log.info("execution finished", extra={"status": done.status.value, "category": category})
+
+
+def _watch(ctx: WorkerContext, execution_id: str, control: RunControl, stop: threading.Event) -> None:
+    """Renew the lease while the run lasts, and stop the sandbox when a cancel request arrives."""
+    interval = max(ctx.settings.worker.lease_s / 3, 0.2)
+    while not stop.is_set():
+        try:
+            ctx.store.renew_lease(execution_id, ctx.name)
+            message = ctx.store.wait_signal(execution_id, interval)
+            if message == "cancel":
+                log.info("cancel requested; stopping the sandbox")
+                control.cancel()
+                return
+            if message == "stop":
+                return
+        except ServiceError as exc:
+            log.warning("lease renewal failed: %s", exc.message)
+            stop.wait(interval)

@@ -1,0 +1,23 @@
+# The execbox service image (API and worker). BASE is any Debian bookworm image:
+# python:3.11-slim-bookworm or debian:bookworm-slim with a registry, local/debian:bookworm without.
+ARG BASE=local/debian:bookworm
+FROM ${BASE}
+ENV DEBIAN_FRONTEND=noninteractive PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+ && apt-get clean && rm -rf /var/lib/apt/lists/* \
+ && python3 -m venv /opt/venv \
+ && useradd --system --uid 10001 --no-create-home execbox
+# Wheels are built on the host by scripts/stack (`pip wheel`), so the image build needs no index
+# and no TLS set-up of its own.
+COPY deploy/docker/wheels /wheels
+RUN /opt/venv/bin/pip install --no-cache-dir --no-index --find-links /wheels 'execbox[otel]' && rm -rf /wheels
+COPY policies /app/policies
+COPY sandbox-images /app/sandbox-images
+ENV PATH=/opt/venv/bin:$PATH \
+    EXECBOX_POLICIES_DIR=/app/policies \
+    EXECBOX_IMAGES_DIR=/app/sandbox-images \
+    EXECBOX_ARTIFACTS_DIR=/var/lib/execbox/artifacts
+RUN mkdir -p /var/lib/execbox/artifacts
+WORKDIR /app
+CMD ["execbox", "api", "--host", "0.0.0.0", "--port", "8000"]

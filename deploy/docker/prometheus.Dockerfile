@@ -1,0 +1,9 @@
+# Prometheus for the stack's `monitoring` profile, from Debian's package.
+ARG BASE=local/debian:bookworm
+FROM ${BASE}
+ENV DEBIAN_FRONTEND=noninteractive
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends prometheus \
+ && apt-get clean && rm -rf /var/lib/apt/lists/*
+USER prometheus
+ENTRYPOINT ["/usr/bin/prometheus"]
