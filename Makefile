@@ -1,5 +1,5 @@
 # execbox: `make up` starts the service, `make test` runs every check and test.
-.PHONY: install engine images up down test check unit integration bench clean
+.PHONY: install engine images up down up-host down-host test check unit integration stack-test bench clean
 
 install:
 	scripts/install
@@ -10,10 +10,18 @@ engine: install
 images: engine
 	sandbox-images/build.sh
 
+# The compose stack (API, workers, Redis with AOF). `make up-host` runs the same as host processes.
 up: images
-	scripts/services up
+	scripts/stack up
 
 down:
+	scripts/stack down
+	scripts/services down
+
+up-host: images
+	scripts/services up
+
+down-host:
 	scripts/services down
 
 check: install
@@ -26,7 +34,12 @@ integration: images
 	.venv/bin/pytest tests/integration
 
 test: images check
-	.venv/bin/pytest tests
+	.venv/bin/pytest tests/unit tests/integration
+
+# Brings the compose stack up with three workers, runs tests/stack against it, takes it down.
+stack-test: images
+	scripts/stack up --scale worker=3
+	.venv/bin/pytest tests/stack -p no:cacheprovider; status=$$?; scripts/stack down; exit $$status
 
 bench: images
 	.venv/bin/python bench/latency.py

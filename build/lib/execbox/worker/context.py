@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 from dataclasses import dataclass
 
@@ -40,7 +41,8 @@ class WorkerContext:
             runtime=DockerRuntime(settings.docker),
             languages=Languages.load(settings.images_dir),
             artifacts=LocalArtifactStore(settings.artifacts_dir),
-            name=name or f"{socket.gethostname()}.{os.getpid()}",
+            # A random part: a restarted container has the same host name and, as PID 1, the same pid.
+            name=name or f"{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(3)}",
             metrics=worker_metrics(registry),
             registry=registry,
             spans=setup_tracing(settings.telemetry.otlp_endpoint, "execbox-worker"),
