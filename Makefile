@@ -40,6 +40,8 @@ test: images check
 stack-test: images
 	scripts/stack up --scale worker=3
 	.venv/bin/pytest tests/stack -p no:cacheprovider; status=$$?; scripts/stack down; exit $$status
+	@test -z "$$(docker ps -aq --filter label=com.docker.compose.project=execbox)" || { echo "stack-test: containers left" >&2; exit 1; }
+	@test -z "$$(docker network ls -q --filter label=com.docker.compose.project=execbox)" || { echo "stack-test: network left" >&2; exit 1; }
 
 bench: images
 	.venv/bin/python bench/latency.py
