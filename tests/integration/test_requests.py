@@ -157,3 +157,17 @@ def test_openapi_describes_every_request_field(idle: tuple[httpx.Client, Side]) 
     ):
         for field, spec in schemas[name]["properties"].items():
             assert spec.get("description"), f"{name}.{field} has no description"
+
+
+def test_unknown_paths_and_methods_are_problems_too(idle: tuple[httpx.Client, Side]) -> None:
+    client, _ = idle
+    problem(client.get("/v2/nothing"), 404, "not_found")
+    problem(client.delete("/v1/languages"), 405, "method_not_allowed")
+    problem(
+        client.post("/v1/files", content=b"x", headers={"content-type": "multipart/form-data"}),
+        400,
+        "request.malformed",
+    )
+    metrics = client.get("/metrics").text
+    assert 'execbox_api_requests_total{code="404",method="GET",route="unmatched"}' in metrics
+    assert 'route="/v1/languages"' in metrics  # matched routes carry their template, never the raw path

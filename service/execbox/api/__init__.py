@@ -52,7 +52,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         spans=setup_tracing(settings.telemetry.otlp_endpoint, "execbox-api"),
     )
     problems.install(app, settings.api.max_body_bytes)
-    app.add_middleware(HttpMetrics, metrics=metrics)
+    app.add_middleware(HttpMetrics, metrics=metrics, routes=app.routes)
     app.include_router(executions.router)
     app.include_router(files.router)
     app.include_router(languages.router)

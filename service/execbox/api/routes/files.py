@@ -44,7 +44,11 @@ class FileNotFound(RequestError):
     status_code=201,
     response_model=FilePublic,
     summary="Upload a file to use in executions by id",
-    responses={413: {"description": "Too large.", **_PROBLEM}, 422: {"description": "No file part.", **_PROBLEM}},
+    responses={
+        400: {"description": "Not a well-formed multipart body.", **_PROBLEM},
+        413: {"description": "Too large.", **_PROBLEM},
+        422: {"description": "No file part.", **_PROBLEM},
+    },
     openapi_extra={"requestBody": _UPLOAD},
 )
 async def upload_file(request: Request, services: ServicesDep) -> FilePublic:
