@@ -62,6 +62,7 @@ class TelemetrySettings(BaseModel):
 
 
 class ApiSettings(BaseModel):
+    idempotency_ttl_s: int = Field(24 * 3600, ge=60, description="How long an Idempotency-Key is remembered.")
     max_wait_s: float = Field(60.0, ge=0, description="Longest a client may ask POST/GET to wait for completion.")
     max_body_bytes: int = Field(
         160 * 1024 * 1024, gt=0, description="Largest request body accepted (413 above); input files ride in it."

@@ -12,6 +12,7 @@ from execbox.api import problems
 from execbox.api.deps import Services
 from execbox.api.routes import executions, files, health, languages
 from execbox.artifact_store import LocalArtifactStore
+from execbox.idempotency import IdempotencyKeys
 from execbox.languages import Languages
 from execbox.metrics import HttpMetrics, SharedStateCollector, api_metrics
 from execbox.models import ExecutionCreate
@@ -50,6 +51,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         metrics=metrics,
         registry=registry,
         spans=setup_tracing(settings.telemetry.otlp_endpoint, "execbox-api"),
+        idempotency=IdempotencyKeys(client, settings.redis.key_prefix, settings.api.idempotency_ttl_s),
     )
     problems.install(app, settings.api.max_body_bytes)
     app.add_middleware(HttpMetrics, metrics=metrics, routes=app.routes)

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 from rq import Queue
 
 from execbox.artifact_store import ArtifactStore
+from execbox.idempotency import IdempotencyKeys
 from execbox.languages import Languages
 from execbox.metrics import ApiMetrics
 from execbox.policies import PolicySet
@@ -29,6 +30,7 @@ class Services:
     metrics: ApiMetrics
     registry: CollectorRegistry
     spans: Spans
+    idempotency: IdempotencyKeys
 
 
 def _services(request: Request) -> Services:

@@ -52,6 +52,12 @@ WaitQuery = Annotated[
 ]
 PreferHeader = Annotated[str | None, Header(description="RFC 7240 `wait=SECONDS`, like ?wait=.")]
 TraceHeader = Annotated[str | None, Header(description="W3C trace context; a new trace starts without it.")]
+IdempotencyHeader = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", description="Retries with the same key and body return the first execution "
+           "(with `Idempotent-Replayed: true`); a different body is refused with 422 `idempotency.mismatch`."),
+]  # fmt: skip
+TENANT = "default"  # one tenant until API keys exist
 _PROBLEM: dict[str, object] = {
     "model": Problem,
     "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}},
@@ -171,14 +177,49 @@ async def create_execution(
     wait: WaitQuery = None,
     prefer: PreferHeader = None,
     traceparent: TraceHeader = None,
+    idempotency_key: IdempotencyHeader = None,
 ) -> ExecutionPublic:
     wait_s = _wait_seconds(services, wait, prefer)
     body, extra = await _read_body(request, services.policies.max_ceiling("input_files"))
-    record, trace = await run_in_threadpool(_accept, services, body, extra, traceparent)
+    if idempotency_key is None:
+        record, trace = await run_in_threadpool(_accept, services, body, extra, traceparent)
+    else:
+        record, trace, replayed = await run_in_threadpool(
+            _accept_once, services, body, extra, traceparent, idempotency_key
+        )
+        if replayed:
+            response.headers["Idempotent-Replayed"] = "true"
     if wait_s > 0:
         waited = await run_in_threadpool(services.store.wait_terminal, record.id, wait_s, BY)
         record = waited or record
     return _answer(response, record, trace)
+
+
+def request_digest(body: ExecutionCreate, extra: list[tuple[str, bytes]]) -> str:
+    """SHA-256 of the canonical request: the JSON body, then each multipart file's path and bytes."""
+    digest = hashlib.sha256(json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode())
+    for path, data in extra:
+        digest.update(b"\0" + path.encode() + b"\0" + hashlib.sha256(data).digest())
+    return digest.hexdigest()
+
+
+def _accept_once(
+    services: Services, body: ExecutionCreate, extra: list[tuple[str, bytes]], traceparent: str | None, key: str
+) -> tuple[ExecutionRecord, TraceContext, bool]:
+    """`_accept` under an Idempotency-Key: a retry gets the execution the first request created."""
+    first: list[tuple[ExecutionRecord, TraceContext]] = []
+
+    def create() -> str:
+        first.append(_accept(services, body, extra, traceparent))
+        return first[0][0].id
+
+    outcome = services.idempotency.run(TENANT, "POST /v1/executions", key, request_digest(body, extra), create)
+    if not outcome.replayed:
+        return first[0][0], first[0][1], False
+    record = services.store.refresh(outcome.resource_id, BY)
+    if record is None:
+        raise ExecutionNotFound(outcome.resource_id)
+    return record, from_traceparent(traceparent), True
 
 
 def _accept(
@@ -205,7 +246,6 @@ def _accept_traced(
         keep_until=deadline + services.settings.retention_s,
         ttl_s=services.settings.retention_s,
     )
-    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     record = ExecutionRecord(
         id=new_execution_id(),
         status=ExecutionStatus.QUEUED,
@@ -221,7 +261,7 @@ def _accept_traced(
         inputs=body.inputs,
         outputs_spec=body.outputs,
         expect=body.expect,
-        request_sha256=hashlib.sha256(canonical.encode()).hexdigest(),
+        request_sha256=request_digest(body, extra),
         queue_deadline=deadline,
         transitions=[Transition(status=ExecutionStatus.QUEUED, at=now, by=BY)],
     )

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Header, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
@@ -51,7 +52,18 @@ class FileNotFound(RequestError):
     },
     openapi_extra={"requestBody": _UPLOAD},
 )
-async def upload_file(request: Request, services: ServicesDep) -> FilePublic:
+async def upload_file(
+    request: Request,
+    response: Response,
+    services: ServicesDep,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="Retries with the same key and file return the first upload (`Idempotent-Replayed: true`).",
+        ),
+    ] = None,
+) -> FilePublic:
     form = await request.form(max_files=1, max_fields=1)
     part = form.get("file")
     if not isinstance(part, UploadFile):
@@ -64,7 +76,22 @@ async def upload_file(request: Request, services: ServicesDep) -> FilePublic:
             (FieldProblem("file", f"at most {cap} bytes"),),
         )
     name = (part.filename or "upload").rsplit("/", 1)[-1][:255]
-    return await run_in_threadpool(services.store.put_file, data, name, services.settings.retention_s)
+    ttl = services.settings.retention_s
+    if idempotency_key is None:
+        return await run_in_threadpool(services.store.put_file, data, name, ttl)
+    digest = hashlib.sha256(name.encode() + b"\0" + data).hexdigest()
+
+    def create() -> str:
+        return services.store.put_file(data, name, ttl).id
+
+    outcome = await run_in_threadpool(services.idempotency.run, "default", "POST /v1/files", idempotency_key, digest,
+                                      create)  # fmt: skip
+    meta = await run_in_threadpool(services.store.file_meta, outcome.resource_id)
+    if meta is None:
+        raise FileNotFound(outcome.resource_id)
+    if outcome.replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return meta
 
 
 @router.get(
