@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -29,6 +30,13 @@ HARDENED_RUN = [
     "--tmpfs", "/tmp:size=64m", "--tmpfs", "/workspace:size=64m", "--ulimit", "nofile=1024:1024",
     IMAGE, "python3", "-c", "print(1)",
 ]  # fmt: skip
+
+
+def auth_header() -> dict[str, str]:
+    """The local API key `make up` wrote (or $EXECBOX_API_KEY); none when auth is off."""
+    key_file = Path(__file__).resolve().parents[1] / ".run" / "api-key"
+    key = os.environ.get("EXECBOX_API_KEY") or (key_file.read_text().strip() if key_file.exists() else "")
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -50,7 +58,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=Path("bench/results/latency.json"))
     args = parser.parse_args()
 
-    client = httpx.Client(base_url=args.url, timeout=60)
+    client = httpx.Client(base_url=args.url, timeout=60, headers=auth_header())
     if client.get("/readyz").status_code != 200:
         print(f"execbox at {args.url} is not ready; start it with `make up`", file=sys.stderr)
         return 1

@@ -18,6 +18,12 @@ from pathlib import Path
 import httpx
 
 
+def auth_header() -> dict[str, str]:
+    key_file = Path(__file__).resolve().parents[1] / ".run" / "api-key"
+    key = os.environ.get("EXECBOX_API_KEY") or (key_file.read_text().strip() if key_file.exists() else "")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def level(url: str, clients: int, seconds: float) -> dict[str, float]:
     latencies: list[float] = []
     errors = 0
@@ -26,7 +32,7 @@ def level(url: str, clients: int, seconds: float) -> dict[str, float]:
 
     def client() -> None:
         nonlocal errors
-        with httpx.Client(base_url=url, timeout=60) as http:
+        with httpx.Client(base_url=url, timeout=60, headers=auth_header()) as http:
             while time.monotonic() < stop:
                 start = time.perf_counter()
                 body = http.post("/v1/executions?wait=30", json={"language": "python", "code": "print(1)"}).json()

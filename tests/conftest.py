@@ -49,6 +49,17 @@ def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, ste
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def create_key(env: dict[str, str], tenant: str) -> str:
+    """A real key, issued by the admin command against the session's Redis."""
+    done = subprocess.run([EXECBOX, "keys", "create", "--tenant", tenant], env=env, capture_output=True, text=True,
+                          check=True, timeout=30)  # fmt: skip
+    return done.stdout.strip()
+
+
 def answers_200(url: str) -> bool:
     try:
         return httpx.get(url, timeout=1).status_code == 200
@@ -109,9 +120,11 @@ class Stack:
     prefix: str
     logs: Path
     worker_metrics: list[str]
+    keys: dict[str, str]
+    """API keys by tenant: `alpha` (what the api fixture uses) and `beta`."""
 
-    def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, timeout=120)
+    def client(self, tenant: str = "alpha") -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=120, headers=auth(self.keys[tenant]))
 
 
 class Processes:
@@ -173,7 +186,9 @@ def stack(
         processes.spawn(f"worker-{i}", [EXECBOX, "worker", "--name", f"{prefix}-worker-{i}"], worker_env)
     base_url = f"http://127.0.0.1:{port}"
     wait_until(lambda: answers_200(f"{base_url}/readyz"), 30, "the API's /readyz (Redis + a worker reaching Docker)")
-    return Stack(env=env, base_url=base_url, prefix=prefix, logs=processes.logs, worker_metrics=worker_metrics)
+    keys = {tenant: create_key(env, tenant) for tenant in ("alpha", "beta")}
+    return Stack(env=env, base_url=base_url, prefix=prefix, logs=processes.logs, worker_metrics=worker_metrics,
+                 keys=keys)  # fmt: skip
 
 
 @pytest.fixture
@@ -199,9 +214,10 @@ class Side:
     env: dict[str, str]
     base_url: str
     processes: Processes
+    key: str
 
     def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, timeout=120)
+        return httpx.Client(base_url=self.base_url, timeout=120, headers=auth(self.key))
 
     def worker(self, name: str, **env: str) -> subprocess.Popen[bytes]:
         full = f"{self.env['EXECBOX_QUEUE__NAME']}-{name}"  # starts with the session prefix
@@ -219,6 +235,6 @@ def side_stack(stack: Stack, processes: Processes) -> Callable[..., Side]:
         processes.spawn(f"api-{queue}", [EXECBOX, "api", "--port", str(port)], side_env)
         base_url = f"http://127.0.0.1:{port}"
         wait_until(lambda: answers_200(f"{base_url}/healthz"), 20, "the side API to answer")
-        return Side(side_env, base_url, processes)
+        return Side(side_env, base_url, processes, stack.keys["alpha"])
 
     return make

@@ -29,7 +29,7 @@ def test_openapi_fuzzing_finds_no_server_error_or_spec_violation(side_stack: Cal
     done = subprocess.run(
         [st, "run", f"{side.base_url}/openapi.json", "--checks", "all", "--exclude-checks", "positive_data_acceptance",
          "--exclude-path", "/readyz", "--phases", "examples,fuzzing", "--max-examples", "25", "--seed", "1",
-         "--workers", "1"],
+         "--workers", "1", "--header", f"Authorization: Bearer {side.key}"],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]

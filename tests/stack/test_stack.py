@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,6 +20,7 @@ from tests.conftest import wait_until
 pytestmark = [pytest.mark.stack]
 URL = os.environ.get("EXECBOX_STACK_URL", "http://127.0.0.1:8000")
 PROJECT = "execbox"
+KEY_FILE = Path(__file__).resolve().parents[2] / ".run" / "api-key"  # written by `make up`
 
 
 def compose_containers(service: str) -> list[str]:
@@ -32,7 +34,8 @@ def compose_containers(service: str) -> list[str]:
 
 @pytest.fixture
 def api() -> Any:
-    with httpx.Client(base_url=URL, timeout=120) as client:
+    key = os.environ.get("EXECBOX_API_KEY") or KEY_FILE.read_text().strip()
+    with httpx.Client(base_url=URL, timeout=120, headers={"Authorization": f"Bearer {key}"}) as client:
         if client.get("/readyz").status_code != 200:
             pytest.fail(f"the compose stack is not ready at {URL}: run `make stack-test` (or `make up`)")
         yield client

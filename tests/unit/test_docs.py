@@ -13,4 +13,4 @@ def test_config_reference_is_current() -> None:
     text = DOC.read_text()
     start = text.index("<!-- config-reference:start -->\n") + len("<!-- config-reference:start -->\n")
     end = text.index("<!-- config-reference:end -->")
-    assert text[start:end] == render(), "run: python -m execbox.config_reference, paste into docs/operations.md"
+    assert text[start:end] == render(), "run scripts/config-reference"

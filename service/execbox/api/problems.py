@@ -12,8 +12,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from execbox.errors import BodyTooLarge, FieldProblem, ServiceError
+from execbox.models import Problem
 
 PROBLEM_TYPE = "https://execbox.dev/problems/"
+PROBLEM_DOC: dict[str, object] = {
+    "model": Problem,
+    "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}},
+}
+"""OpenAPI description of a problem+json answer, for routes' `responses`."""
+UNAUTHORIZED_DOC: dict[int | str, dict[str, object]] = {
+    401: {"description": "Missing, unknown or revoked API key.", **PROBLEM_DOC}
+}
 
 
 def problem_response(

@@ -9,15 +9,13 @@ from fastapi import APIRouter, Header, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from execbox.api.deps import ServicesDep
+from execbox.api.deps import ServicesDep, TenantDep
+from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.errors import FieldProblem, InvalidRequest, RequestError
-from execbox.models import FilePublic, Problem
+from execbox.models import FilePublic
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
-_PROBLEM = {
-    "model": Problem,
-    "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}},
-}
+_PROBLEM = PROBLEM_DOC
 _UPLOAD = {
     "required": True,
     "content": {
@@ -49,6 +47,7 @@ class FileNotFound(RequestError):
         400: {"description": "Not a well-formed multipart body.", **_PROBLEM},
         413: {"description": "Too large.", **_PROBLEM},
         422: {"description": "No file part.", **_PROBLEM},
+        **UNAUTHORIZED_DOC,
     },
     openapi_extra={"requestBody": _UPLOAD},
 )
@@ -56,6 +55,7 @@ async def upload_file(
     request: Request,
     response: Response,
     services: ServicesDep,
+    tenant: TenantDep,
     idempotency_key: Annotated[
         str | None,
         Header(
@@ -78,13 +78,13 @@ async def upload_file(
     name = (part.filename or "upload").rsplit("/", 1)[-1][:255]
     ttl = services.settings.retention_s
     if idempotency_key is None:
-        return await run_in_threadpool(services.store.put_file, data, name, ttl)
+        return await run_in_threadpool(services.store.put_file, data, name, ttl, tenant)
     digest = hashlib.sha256(name.encode() + b"\0" + data).hexdigest()
 
     def create() -> str:
-        return services.store.put_file(data, name, ttl).id
+        return services.store.put_file(data, name, ttl, tenant).id
 
-    outcome = await run_in_threadpool(services.idempotency.run, "default", "POST /v1/files", idempotency_key, digest,
+    outcome = await run_in_threadpool(services.idempotency.run, tenant, "POST /v1/files", idempotency_key, digest,
                                       create)  # fmt: skip
     meta = await run_in_threadpool(services.store.file_meta, outcome.resource_id)
     if meta is None:
@@ -98,12 +98,18 @@ async def upload_file(
     "/{file_id}",
     response_model=FilePublic,
     summary="An uploaded file's metadata",
-    responses={404: {"description": "Unknown or expired.", **_PROBLEM}, 422: {"description": "Bad id.", **_PROBLEM}},
+    responses={
+        404: {"description": "Unknown or expired.", **_PROBLEM},
+        422: {"description": "Bad id.", **_PROBLEM},
+        **UNAUTHORIZED_DOC,
+    },
 )
 def get_file(
-    file_id: Annotated[str, Path(pattern=r"^file_[a-z0-9]{26}$", description="File id.")], services: ServicesDep
+    file_id: Annotated[str, Path(pattern=r"^file_[a-z0-9]{26}$", description="File id.")],
+    services: ServicesDep,
+    tenant: TenantDep,
 ) -> FilePublic:
     meta = services.store.file_meta(file_id)
-    if meta is None:
+    if meta is None or meta.tenant != tenant:
         raise FileNotFound(file_id)
     return meta
