@@ -31,14 +31,6 @@ def _b64(value: str, field: str) -> bytes:
         raise InvalidRequest(f"{field} is not valid base64", (FieldProblem(field, "not valid base64"),)) from exc
 
 
-def _over(field: str, what: str, value: int, cap: int, policy: str) -> FieldProblem:
-    return FieldProblem(
-        field,
-        f"{what} {value} is above the cap {cap} of policy {policy!r}; send less, or raise "
-        f"policy.{field.split('[')[0] if '.' not in field else field.split('.')[-1]} up to its ceiling",
-    )
-
-
 def prepare(
     body: ExecutionCreate,
     policy: AppliedPolicy,

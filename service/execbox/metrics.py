@@ -21,7 +21,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from execbox.models import ExecutionRecord
 
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10, 30, 60, 120, 300)
-BYTES_BUCKETS = (0, 1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 23, 1 << 26)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import redis
 from rq import Queue
-from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from execbox.models import ExecutionRecord
@@ -50,4 +49,4 @@ def depth(queue: Queue) -> int:
         return int(queue.count)
 
 
-__all__ = ["TASK", "Job", "cancel_queued", "depth", "enqueue", "make_queue"]
+__all__ = ["TASK", "cancel_queued", "depth", "enqueue", "make_queue"]

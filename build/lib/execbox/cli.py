@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from execbox.settings import Settings
 
@@ -18,6 +19,12 @@ def main(argv: list[str] | None = None) -> int:
     worker.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     worker.add_argument("--name", help="worker name (default: host.pid)")
     sub.add_parser("reap", help="run one reaper sweep and print what it did")
+    keys = sub.add_parser("keys", help="manage API keys").add_subparsers(dest="keys_command", required=True)
+    create = keys.add_parser("create", help="issue a key for a tenant and print it (shown once)")
+    create.add_argument("--tenant", required=True)
+    keys.add_parser("list", help="list keys (ids and tenants, never the keys)")
+    revoke = keys.add_parser("revoke", help="revoke a key by its id")
+    revoke.add_argument("key_id")
     args = parser.parse_args(argv)
     settings = Settings()
 
@@ -31,6 +38,21 @@ def main(argv: list[str] | None = None) -> int:
         from execbox.worker.main import run_worker
 
         run_worker(settings, burst=args.burst, name=args.name)
+    elif args.command == "keys":
+        from execbox.auth import ApiKeys
+        from execbox.store import connect
+
+        api_keys = ApiKeys(connect(settings), settings.redis.key_prefix)
+        if args.keys_command == "create":
+            key, info = api_keys.create(args.tenant)
+            print(key)
+            print(f"key id {info.key_id} for tenant {info.tenant}", file=sys.stderr)
+        elif args.keys_command == "list":
+            for info in api_keys.list():
+                print(f"{info.key_id}  {info.tenant}  {'revoked' if info.revoked else 'active'}")
+        elif not api_keys.revoke(args.key_id):
+            print(f"no key {args.key_id}", file=sys.stderr)
+            return 1
     elif args.command == "reap":
         from execbox.worker import reaper
         from execbox.worker.context import WorkerContext

@@ -47,6 +47,7 @@ def prepare(
     extra: list[tuple[str, bytes]],
     keep_until: float,
     ttl_s: int,
+    tenant: str,
 ) -> PreparedInputs:
     """Check caps, store inline and multipart files, and return references for the record.
 
@@ -73,7 +74,7 @@ def prepare(
         field = f"files.{index}"
         if item.file_id is not None:
             meta = store.file_meta(item.file_id)
-            if meta is None:
+            if meta is None or meta.tenant != tenant:
                 problems.append(
                     FieldProblem(
                         f"{field}.file_id",
@@ -141,7 +142,7 @@ def prepare(
     if problems:
         raise PolicyExceeded(tuple(problems))
     for path, data in pending:
-        meta = store.put_file(data, path.rsplit("/", 1)[-1], ttl_s)
+        meta = store.put_file(data, path.rsplit("/", 1)[-1], ttl_s, tenant)
         refs.append(InputFileRef(path=path, file_id=meta.id, size=meta.size, sha256=meta.sha256))
     for ref in refs:
         store.keep_file(ref.file_id, keep_until)

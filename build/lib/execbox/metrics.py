@@ -9,12 +9,13 @@ multiprocess mode is needed and nothing is lost between jobs. Gauges that descri
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from execbox.models import ExecutionRecord
@@ -127,9 +128,35 @@ class SharedStateCollector(Collector):
 class HttpMetrics:
     """ASGI middleware: requests by route template (never the raw path), method and status code."""
 
-    def __init__(self, app: ASGIApp, metrics: ApiMetrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: ApiMetrics, routes: Sequence[BaseRoute]) -> None:
         self.app = app
         self.metrics = metrics
+        self.routes = routes  # the application's live route list
+        self._flattened: list[BaseRoute] | None = None
+
+    def _flat(self) -> list[BaseRoute]:
+        if self._flattened is None:  # routes are fixed once the app serves; flatten included routers once
+            flat: list[BaseRoute] = []
+            pending = list(self.routes)
+            while pending:
+                route = pending.pop(0)
+                inner = getattr(route, "original_router", None)
+                if inner is not None:
+                    pending[:0] = list(inner.routes)
+                else:
+                    flat.append(route)
+            self._flattened = flat
+        return self._flattened
+
+    def _template(self, scope: Scope) -> str:
+        partial = None
+        for route in self._flat():
+            match, _ = route.matches(scope)
+            if match is Match.FULL:
+                return str(getattr(route, "path", "unmatched"))
+            if match is Match.PARTIAL and partial is None:
+                partial = str(getattr(route, "path", "unmatched"))
+        return partial or "unmatched"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -147,7 +174,7 @@ class HttpMetrics:
         try:
             await self.app(scope, receive, observed)
         finally:
-            route = getattr(scope.get("route"), "path", "unmatched")
+            route = self._template(scope)
             method = scope["method"]
             self.metrics.requests.labels(route, method, str(status)).inc()
             self.metrics.request_seconds.labels(route, method).observe(time.perf_counter() - start)

@@ -380,11 +380,13 @@ class FilePublic(BaseModel):
     sha256: str = Field(description="SHA-256 of the content, hex.")
     created_at: float = Field(description="Unix time of the upload.")
     expires_at: float = Field(description="Unix time after which it is gone.")
+    tenant: str = Field("default", description="Tenant that owns it.")
 
 
 class ExecutionRecord(ExecutionPublic):
     """What Redis stores: the public view plus what only the service needs."""
 
+    tenant: str = Field("default", description="Tenant that owns it.")
     code: str = Field(description="Program source.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment.")
     files: list[InputFileRef] = Field(default_factory=list, description="Input files, stored as file objects.")

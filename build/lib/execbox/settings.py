@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +49,19 @@ class WorkerSettings(BaseModel):
     )
 
 
+class AuthSettings(BaseModel):
+    enabled: bool = Field(
+        True,
+        description="Require an API key on every /v1 request. Turn off only for local "
+        "development: every request is then tenant `default`.",
+    )
+    admin_token: SecretStr | None = Field(
+        None,
+        description="Bearer token for /v1/admin (key management). Unset: "
+        "the admin endpoints answer 404; use `execbox keys`.",
+    )
+
+
 class TelemetrySettings(BaseModel):
     worker_metrics_port: int | None = Field(
         None, ge=0, le=65535, description="Port of this worker process's /metrics (unset: not served)."
@@ -62,6 +75,7 @@ class TelemetrySettings(BaseModel):
 
 
 class ApiSettings(BaseModel):
+    idempotency_ttl_s: int = Field(24 * 3600, ge=60, description="How long an Idempotency-Key is remembered.")
     max_wait_s: float = Field(60.0, ge=0, description="Longest a client may ask POST/GET to wait for completion.")
     max_body_bytes: int = Field(
         160 * 1024 * 1024, gt=0, description="Largest request body accepted (413 above); input files ride in it."
@@ -79,6 +93,7 @@ class Settings(BaseSettings):
     worker: WorkerSettings = WorkerSettings()
     api: ApiSettings = ApiSettings()
     telemetry: TelemetrySettings = TelemetrySettings()
+    auth: AuthSettings = AuthSettings()
     retention_s: int = Field(24 * 3600, gt=0, description="How long finished executions are kept.")
     policies_dir: Path = Field(_REPO_ROOT / "policies", description="Directory of policy YAML files.")
     artifacts_dir: Path = Field(

@@ -201,7 +201,7 @@ class ExecutionStore:
 
     # -- uploaded and inline input files ----------------------------------------------------
 
-    def put_file(self, data: bytes, name: str, ttl_s: int) -> FilePublic:
+    def put_file(self, data: bytes, name: str, ttl_s: int, tenant: str) -> FilePublic:
         now = time.time()
         meta = FilePublic(
             id="file_" + base64.b32encode(secrets.token_bytes(16)).decode().rstrip("=").lower(),
@@ -210,6 +210,7 @@ class ExecutionStore:
             sha256=hashlib.sha256(data).hexdigest(),
             created_at=now,
             expires_at=now + ttl_s,
+            tenant=tenant,
         )
         key = self._key("file", meta.id)
         with redis_errors(), self.redis.pipeline() as pipe:

@@ -10,8 +10,10 @@ from rq import Queue
 from execbox import __version__, logs
 from execbox.api import problems
 from execbox.api.deps import Services
-from execbox.api.routes import executions, files, health, languages
+from execbox.api.routes import admin, executions, files, health, languages
 from execbox.artifact_store import LocalArtifactStore
+from execbox.auth import ApiKeys
+from execbox.idempotency import IdempotencyKeys
 from execbox.languages import Languages
 from execbox.metrics import HttpMetrics, SharedStateCollector, api_metrics
 from execbox.models import ExecutionCreate
@@ -50,11 +52,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         metrics=metrics,
         registry=registry,
         spans=setup_tracing(settings.telemetry.otlp_endpoint, "execbox-api"),
+        idempotency=IdempotencyKeys(client, settings.redis.key_prefix, settings.api.idempotency_ttl_s),
+        keys=ApiKeys(client, settings.redis.key_prefix),
     )
     problems.install(app, settings.api.max_body_bytes)
-    app.add_middleware(HttpMetrics, metrics=metrics)
+    app.add_middleware(HttpMetrics, metrics=metrics, routes=app.routes)
     app.include_router(executions.router)
     app.include_router(files.router)
+    app.include_router(admin.router)
     app.include_router(languages.router)
     app.include_router(health.router)
     _document_request_models(app)

@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 from prometheus_client import CollectorRegistry
 from rq import Queue
 
 from execbox.artifact_store import ArtifactStore
+from execbox.auth import DEFAULT_TENANT, ApiKeys
+from execbox.idempotency import IdempotencyKeys
 from execbox.languages import Languages
 from execbox.metrics import ApiMetrics
 from execbox.policies import PolicySet
@@ -29,6 +31,8 @@ class Services:
     metrics: ApiMetrics
     registry: CollectorRegistry
     spans: Spans
+    idempotency: IdempotencyKeys
+    keys: ApiKeys
 
 
 def _services(request: Request) -> Services:
@@ -37,3 +41,16 @@ def _services(request: Request) -> Services:
 
 
 ServicesDep = Annotated[Services, Depends(_services)]
+
+
+def _tenant(
+    request: Request, authorization: Annotated[str | None, Header(description="`Bearer <API key>`")] = None
+) -> str:
+    services = _services(request)
+    if not services.settings.auth.enabled:
+        return DEFAULT_TENANT
+    return services.keys.tenant_of(authorization)
+
+
+TenantDep = Annotated[str, Depends(_tenant)]
+"""The calling tenant, from its API key (401 without a valid one)."""

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from execbox.errors import BodyTooLarge, FieldProblem, ServiceError
+from execbox.models import Problem
 
 PROBLEM_TYPE = "https://execbox.dev/problems/"
+PROBLEM_DOC: dict[str, object] = {
+    "model": Problem,
+    "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}},
+}
+"""OpenAPI description of a problem+json answer, for routes' `responses`."""
+UNAUTHORIZED_DOC: dict[int | str, dict[str, object]] = {
+    401: {"description": "Missing, unknown or revoked API key.", **PROBLEM_DOC}
+}
 
 
 def problem_response(
@@ -20,7 +31,7 @@ def problem_response(
     detail: str,
     retryable: bool,
     problems: tuple[FieldProblem, ...] = (),
-    headers: dict[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     body: dict[str, Any] = {
         "type": PROBLEM_TYPE + code,
@@ -45,6 +56,20 @@ async def _service_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ServiceError)
     headers = {"Retry-After": "1"} if exc.http_status == 503 else None
     return problem_response(exc.http_status, exc.code, exc.message, exc.retryable, exc.problems, headers)
+
+
+_HTTP_CODES = {400: "request.malformed", 404: "not_found", 405: "method_not_allowed", 413: "request.too_large"}
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = _HTTP_CODES.get(exc.status_code, "http.error")
+    detail = str(exc.detail)
+    if exc.status_code == 404:
+        detail = f"no such resource: {request.url.path}; see /docs for the API"
+    elif exc.status_code == 405:
+        detail = f"{request.method} is not allowed on {request.url.path}"
+    return problem_response(exc.status_code, code, detail, False, headers=exc.headers)
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -105,4 +130,5 @@ class _TooLarge(Exception):
 def install(app: FastAPI, max_body_bytes: int) -> None:
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)

@@ -18,7 +18,8 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from execbox.api.deps import Services, ServicesDep
+from execbox.api.deps import Services, ServicesDep, TenantDep
+from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.errors import ConflictError, ExecutionNotFound, FieldProblem, InvalidRequest, RequestError
 from execbox.inputs import prepare
 from execbox.models import (
@@ -29,7 +30,6 @@ from execbox.models import (
     ExecutionPublic,
     ExecutionRecord,
     ExecutionStatus,
-    Problem,
     RunRecord,
     Transition,
     check_input_path,
@@ -52,10 +52,12 @@ WaitQuery = Annotated[
 ]
 PreferHeader = Annotated[str | None, Header(description="RFC 7240 `wait=SECONDS`, like ?wait=.")]
 TraceHeader = Annotated[str | None, Header(description="W3C trace context; a new trace starts without it.")]
-_PROBLEM: dict[str, object] = {
-    "model": Problem,
-    "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}},
-}
+IdempotencyHeader = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", description="Retries with the same key and body return the first execution "
+           "(with `Idempotent-Replayed: true`); a different body is refused with 422 `idempotency.mismatch`."),
+]  # fmt: skip
+_PROBLEM = PROBLEM_DOC
 _RESPONSES: dict[int | str, dict[str, object]] = {
     200: {"description": "Finished within the wait.", "model": ExecutionPublic},
     202: {"description": "Accepted (or not finished within the wait).", "model": ExecutionPublic},
@@ -65,6 +67,7 @@ _RESPONSES: dict[int | str, dict[str, object]] = {
     413: {"description": "The body is too large.", **_PROBLEM},
     422: {"description": "A field is invalid or above a policy ceiling.", **_PROBLEM},
     503: {"description": "Redis unavailable; retry after Retry-After.", **_PROBLEM},
+    **UNAUTHORIZED_DOC,
 }
 
 
@@ -168,29 +171,75 @@ async def create_execution(
     request: Request,
     response: Response,
     services: ServicesDep,
+    tenant: TenantDep,
     wait: WaitQuery = None,
     prefer: PreferHeader = None,
     traceparent: TraceHeader = None,
+    idempotency_key: IdempotencyHeader = None,
 ) -> ExecutionPublic:
     wait_s = _wait_seconds(services, wait, prefer)
     body, extra = await _read_body(request, services.policies.max_ceiling("input_files"))
-    record, trace = await run_in_threadpool(_accept, services, body, extra, traceparent)
+    if idempotency_key is None:
+        record, trace = await run_in_threadpool(_accept, services, tenant, body, extra, traceparent)
+    else:
+        record, trace, replayed = await run_in_threadpool(
+            _accept_once, services, tenant, body, extra, traceparent, idempotency_key
+        )
+        if replayed:
+            response.headers["Idempotent-Replayed"] = "true"
     if wait_s > 0:
         waited = await run_in_threadpool(services.store.wait_terminal, record.id, wait_s, BY)
         record = waited or record
     return _answer(response, record, trace)
 
 
+def request_digest(body: ExecutionCreate, extra: list[tuple[str, bytes]]) -> str:
+    """SHA-256 of the canonical request: the JSON body, then each multipart file's path and bytes."""
+    digest = hashlib.sha256(json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode())
+    for path, data in extra:
+        digest.update(b"\0" + path.encode() + b"\0" + hashlib.sha256(data).digest())
+    return digest.hexdigest()
+
+
+def _accept_once(
+    services: Services,
+    tenant: str,
+    body: ExecutionCreate,
+    extra: list[tuple[str, bytes]],
+    traceparent: str | None,
+    key: str,
+) -> tuple[ExecutionRecord, TraceContext, bool]:
+    """`_accept` under an Idempotency-Key: a retry gets the execution the first request created."""
+    first: list[tuple[ExecutionRecord, TraceContext]] = []
+
+    def create() -> str:
+        first.append(_accept(services, tenant, body, extra, traceparent))
+        return first[0][0].id
+
+    outcome = services.idempotency.run(tenant, "POST /v1/executions", key, request_digest(body, extra), create)
+    if not outcome.replayed:
+        return first[0][0], first[0][1], False
+    return _owned(services, tenant, outcome.resource_id), from_traceparent(traceparent), True
+
+
+def _owned(services: Services, tenant: str, execution_id: str) -> ExecutionRecord:
+    """The execution, settled if due; 404 when it is missing or another tenant's (never 403: no leak)."""
+    record = services.store.refresh(execution_id, BY)
+    if record is None or record.tenant != tenant:
+        raise ExecutionNotFound(execution_id)
+    return record
+
+
 def _accept(
-    services: Services, body: ExecutionCreate, extra: list[tuple[str, bytes]], traceparent: str | None
+    services: Services, tenant: str, body: ExecutionCreate, extra: list[tuple[str, bytes]], traceparent: str | None
 ) -> tuple[ExecutionRecord, TraceContext]:
     trace = from_traceparent(traceparent)
     with services.spans.span("execbox.api.create_execution", trace):
-        return _accept_traced(services, body, extra, trace)
+        return _accept_traced(services, tenant, body, extra, trace)
 
 
 def _accept_traced(
-    services: Services, body: ExecutionCreate, extra: list[tuple[str, bytes]], trace: TraceContext
+    services: Services, tenant: str, body: ExecutionCreate, extra: list[tuple[str, bytes]], trace: TraceContext
 ) -> tuple[ExecutionRecord, TraceContext]:
     language = services.languages.get(body.language)
     policy = services.policies.resolve(body.policy, len(body.code.encode()))
@@ -204,10 +253,11 @@ def _accept_traced(
         extra,
         keep_until=deadline + services.settings.retention_s,
         ttl_s=services.settings.retention_s,
+        tenant=tenant,
     )
-    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     record = ExecutionRecord(
         id=new_execution_id(),
+        tenant=tenant,
         status=ExecutionStatus.QUEUED,
         language=language.name,
         trace_id=trace.trace_id,
@@ -221,7 +271,7 @@ def _accept_traced(
         inputs=body.inputs,
         outputs_spec=body.outputs,
         expect=body.expect,
-        request_sha256=hashlib.sha256(canonical.encode()).hexdigest(),
+        request_sha256=request_digest(body, extra),
         queue_deadline=deadline,
         transitions=[Transition(status=ExecutionStatus.QUEUED, at=now, by=BY)],
     )
@@ -238,17 +288,15 @@ def get_execution(
     execution_id: ExecutionId,
     response: Response,
     services: ServicesDep,
+    tenant: TenantDep,
     wait: WaitQuery = None,
     prefer: PreferHeader = None,
     traceparent: TraceHeader = None,
 ) -> ExecutionPublic:
     wait_s = _wait_seconds(services, wait, prefer)
+    record = _owned(services, tenant, execution_id)
     if wait_s > 0:
-        record = services.store.wait_terminal(execution_id, wait_s, BY)
-    else:
-        record = services.store.refresh(execution_id, BY)
-    if record is None:
-        raise ExecutionNotFound(execution_id)
+        record = services.store.wait_terminal(execution_id, wait_s, BY) or record
     return _answer(response, record, from_traceparent(traceparent), status=200)
 
 
@@ -256,12 +304,16 @@ def get_execution(
     "/{execution_id}/record",
     response_model=RunRecord,
     summary="The run record: request hash, policy, image, worker, transitions, resources, outcome",
-    responses={404: {"description": "No such execution.", **_PROBLEM}, 422: {"description": "Bad id.", **_PROBLEM}},
+    responses={
+        404: {"description": "No such execution.", **_PROBLEM},
+        422: {"description": "Bad id.", **_PROBLEM},
+        **UNAUTHORIZED_DOC,
+    },
 )
-def get_run_record(execution_id: ExecutionId, response: Response, services: ServicesDep) -> RunRecord:
-    record = services.store.refresh(execution_id, BY)
-    if record is None:
-        raise ExecutionNotFound(execution_id)
+def get_run_record(
+    execution_id: ExecutionId, response: Response, services: ServicesDep, tenant: TenantDep
+) -> RunRecord:
+    record = _owned(services, tenant, execution_id)
     response.headers["X-Trace-Id"] = record.trace_id
     return RunRecord.of(record)
 
@@ -274,7 +326,11 @@ def get_run_record(execution_id: ExecutionId, response: Response, services: Serv
     summary="Cancel a queued or running execution",
 )
 def cancel_execution(
-    execution_id: ExecutionId, response: Response, services: ServicesDep, traceparent: TraceHeader = None
+    execution_id: ExecutionId,
+    response: Response,
+    services: ServicesDep,
+    tenant: TenantDep,
+    traceparent: TraceHeader = None,
 ) -> ExecutionPublic:
     store = services.store
 
@@ -285,9 +341,7 @@ def cancel_execution(
         )
         return ExecutionStatus.CANCELLED
 
-    record = store.refresh(execution_id, BY)
-    if record is None:
-        raise ExecutionNotFound(execution_id)
+    record = _owned(services, tenant, execution_id)
     if record.status is ExecutionStatus.QUEUED:
         done = store.transition(execution_id, {ExecutionStatus.QUEUED}, BY, cancel_queued_record)
         if done is not None:
@@ -317,12 +371,13 @@ class ArtifactNotFound(RequestError):
         200: {"content": {"application/octet-stream": {}}, "description": "The artifact's bytes."},
         404: {"description": "No such execution or artifact.", **_PROBLEM},
         422: {"description": "Malformed execution id.", **_PROBLEM},
+        **UNAUTHORIZED_DOC,
     },
 )
-def download_artifact(execution_id: ExecutionId, name: str, services: ServicesDep) -> StreamingResponse:
-    record = services.store.get(execution_id)
-    if record is None:
-        raise ExecutionNotFound(execution_id)
+def download_artifact(
+    execution_id: ExecutionId, name: str, services: ServicesDep, tenant: TenantDep
+) -> StreamingResponse:
+    record = _owned(services, tenant, execution_id)
     artifact = next((a for a in record.artifacts if a.name == name), None)
     if artifact is None:
         raise ArtifactNotFound(execution_id, name)

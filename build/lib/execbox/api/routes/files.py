@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Header, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from execbox.api.deps import ServicesDep
+from execbox.api.deps import ServicesDep, TenantDep
+from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.errors import FieldProblem, InvalidRequest, RequestError
-from execbox.models import FilePublic, Problem
+from execbox.models import FilePublic
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
-_PROBLEM = {
-    "model": Problem,
-    "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}},
-}
+_PROBLEM = PROBLEM_DOC
 _UPLOAD = {
     "required": True,
     "content": {
@@ -44,10 +43,27 @@ class FileNotFound(RequestError):
     status_code=201,
     response_model=FilePublic,
     summary="Upload a file to use in executions by id",
-    responses={413: {"description": "Too large.", **_PROBLEM}, 422: {"description": "No file part.", **_PROBLEM}},
+    responses={
+        400: {"description": "Not a well-formed multipart body.", **_PROBLEM},
+        413: {"description": "Too large.", **_PROBLEM},
+        422: {"description": "No file part.", **_PROBLEM},
+        **UNAUTHORIZED_DOC,
+    },
     openapi_extra={"requestBody": _UPLOAD},
 )
-async def upload_file(request: Request, services: ServicesDep) -> FilePublic:
+async def upload_file(
+    request: Request,
+    response: Response,
+    services: ServicesDep,
+    tenant: TenantDep,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="Retries with the same key and file return the first upload (`Idempotent-Replayed: true`).",
+        ),
+    ] = None,
+) -> FilePublic:
     form = await request.form(max_files=1, max_fields=1)
     part = form.get("file")
     if not isinstance(part, UploadFile):
@@ -60,19 +76,40 @@ async def upload_file(request: Request, services: ServicesDep) -> FilePublic:
             (FieldProblem("file", f"at most {cap} bytes"),),
         )
     name = (part.filename or "upload").rsplit("/", 1)[-1][:255]
-    return await run_in_threadpool(services.store.put_file, data, name, services.settings.retention_s)
+    ttl = services.settings.retention_s
+    if idempotency_key is None:
+        return await run_in_threadpool(services.store.put_file, data, name, ttl, tenant)
+    digest = hashlib.sha256(name.encode() + b"\0" + data).hexdigest()
+
+    def create() -> str:
+        return services.store.put_file(data, name, ttl, tenant).id
+
+    outcome = await run_in_threadpool(services.idempotency.run, tenant, "POST /v1/files", idempotency_key, digest,
+                                      create)  # fmt: skip
+    meta = await run_in_threadpool(services.store.file_meta, outcome.resource_id)
+    if meta is None:
+        raise FileNotFound(outcome.resource_id)
+    if outcome.replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return meta
 
 
 @router.get(
     "/{file_id}",
     response_model=FilePublic,
     summary="An uploaded file's metadata",
-    responses={404: {"description": "Unknown or expired.", **_PROBLEM}, 422: {"description": "Bad id.", **_PROBLEM}},
+    responses={
+        404: {"description": "Unknown or expired.", **_PROBLEM},
+        422: {"description": "Bad id.", **_PROBLEM},
+        **UNAUTHORIZED_DOC,
+    },
 )
 def get_file(
-    file_id: Annotated[str, Path(pattern=r"^file_[a-z0-9]{26}$", description="File id.")], services: ServicesDep
+    file_id: Annotated[str, Path(pattern=r"^file_[a-z0-9]{26}$", description="File id.")],
+    services: ServicesDep,
+    tenant: TenantDep,
 ) -> FilePublic:
     meta = services.store.file_meta(file_id)
-    if meta is None:
+    if meta is None or meta.tenant != tenant:
         raise FileNotFound(file_id)
     return meta

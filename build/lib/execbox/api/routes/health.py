@@ -19,12 +19,24 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/metrics", summary="Prometheus metrics of this API process and the shared queue state")
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics of this API process and the shared queue state",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format."}},
+)
 def metrics(services: ServicesDep) -> Response:
     return Response(generate_latest(services.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/readyz", summary="Readiness: Redis answers and a live worker reaches its Docker engine")
+_READY = {"description": "`status` and one entry per dependency in `checks` (redis, workers, docker, images)."}
+
+
+@router.get(
+    "/readyz",
+    summary="Readiness: Redis answers and a live worker reaches its Docker engine and has the images",
+    responses={200: _READY, 503: _READY},
+)
 def readyz(services: ServicesDep) -> JSONResponse:
     checks: dict[str, Any] = {}
     try:

@@ -1,0 +1,87 @@
+"""/v1/admin/keys: issue, list and revoke API keys, with the operator's admin token."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Path
+from pydantic import BaseModel, Field
+
+from execbox.api.deps import ServicesDep
+from execbox.api.problems import PROBLEM_DOC
+from execbox.auth import TENANT_PATTERN, InvalidKey
+from execbox.errors import RequestError
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"])
+_PROBLEM = PROBLEM_DOC
+_RESPONSES: dict[int | str, dict[str, object]] = {
+    400: {"description": "The body is not JSON.", **_PROBLEM},
+    401: {"description": "Missing or wrong admin token.", **_PROBLEM},
+    404: {"description": "Admin endpoints are off (no admin token configured) or no such key.", **_PROBLEM},
+    422: {"description": "Invalid input.", **_PROBLEM},
+}
+
+
+class KeyCreate(BaseModel):
+    tenant: str = Field(pattern=TENANT_PATTERN.pattern, description="Tenant the key acts for.")
+
+
+class KeyPublic(BaseModel):
+    key_id: str = Field(description="Names the key in listings and revocations.")
+    tenant: str = Field(description="Tenant the key acts for.")
+    created_at: float = Field(description="Unix time of issue.")
+    revoked: bool = Field(description="Revoked keys are refused.")
+    key: str | None = Field(None, description="The key itself: returned once, at creation, never again.")
+
+
+class AdminOff(RequestError):
+    code = "admin.disabled"
+    http_status = 404
+
+    def __init__(self) -> None:
+        super().__init__("admin endpoints are off: set EXECBOX_AUTH__ADMIN_TOKEN, or use `execbox keys`")
+
+
+class KeyNotFound(RequestError):
+    code = "admin.key_not_found"
+    http_status = 404
+
+    def __init__(self, key_id: str) -> None:
+        super().__init__(f"no API key {key_id}")
+
+
+def _admin(services: ServicesDep, authorization: str | None) -> None:
+    token = services.settings.auth.admin_token
+    if token is None:
+        raise AdminOff()
+    scheme, _, given = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip(), token.get_secret_value()):
+        raise InvalidKey("wrong admin token")
+
+
+AdminHeader = Annotated[str | None, Header(alias="Authorization", description="`Bearer <admin token>`")]
+
+
+@router.post("/keys", status_code=201, response_model=KeyPublic, responses=_RESPONSES, summary="Issue an API key")
+def create_key(body: KeyCreate, services: ServicesDep, authorization: AdminHeader = None) -> KeyPublic:
+    _admin(services, authorization)
+    key, info = services.keys.create(body.tenant)
+    return KeyPublic(**info.__dict__, key=key)
+
+
+@router.get("/keys", response_model=list[KeyPublic], responses=_RESPONSES, summary="List API keys (never the keys)")
+def list_keys(services: ServicesDep, authorization: AdminHeader = None) -> list[KeyPublic]:
+    _admin(services, authorization)
+    return [KeyPublic(**info.__dict__) for info in services.keys.list()]
+
+
+@router.delete("/keys/{key_id}", status_code=204, responses=_RESPONSES, summary="Revoke an API key")
+def revoke_key(
+    key_id: Annotated[str, Path(pattern=r"^[0-9a-f]{8}$", description="Key id.")],
+    services: ServicesDep,
+    authorization: AdminHeader = None,
+) -> None:
+    _admin(services, authorization)
+    if not services.keys.revoke(key_id):
+        raise KeyNotFound(key_id)

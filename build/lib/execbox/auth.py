@@ -1,0 +1,101 @@
+"""API keys: issued per tenant, stored only as SHA-256 hashes in Redis, revocable.
+
+A key looks like `ebx_<key id>_<secret>`; the key id (8 characters) names it in listings and
+revocations, the whole key is never stored. Auth is on unless EXECBOX_AUTH__ENABLED=false (for
+local development only; every request is then tenant `default`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+import time
+from dataclasses import dataclass
+
+import redis
+
+from execbox.errors import RequestError
+from execbox.store import redis_errors
+
+TENANT_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+DEFAULT_TENANT = "default"
+
+
+class InvalidKey(RequestError):
+    code = "auth.invalid_key"
+    http_status = 401
+
+    def __init__(self, why: str) -> None:
+        super().__init__(f"{why}; send `Authorization: Bearer <API key>` (keys: `execbox keys create --tenant T`)")
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    key_id: str
+    tenant: str
+    created_at: float
+    revoked: bool = False
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class ApiKeys:
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self._redis = client
+        self._prefix = prefix
+
+    def _key(self, digest: str) -> str:
+        return f"{self._prefix}:apikey:{digest}"
+
+    def _index(self) -> str:
+        return f"{self._prefix}:apikeys"
+
+    def create(self, tenant: str) -> tuple[str, KeyInfo]:
+        """A new key for tenant: (the key, shown once; its info)."""
+        if not TENANT_PATTERN.match(tenant):
+            raise ValueError(f"tenant {tenant!r} must match {TENANT_PATTERN.pattern}")
+        key_id = secrets.token_hex(4)
+        key = f"ebx_{key_id}_{secrets.token_urlsafe(32)}"
+        info = KeyInfo(key_id, tenant, time.time())
+        with redis_errors(), self._redis.pipeline() as pipe:
+            pipe.set(self._key(_digest(key)), json.dumps(info.__dict__))
+            pipe.hset(self._index(), key_id, _digest(key))
+            pipe.execute()
+        return key, info
+
+    def revoke(self, key_id: str) -> bool:
+        with redis_errors():
+            digest = self._redis.hget(self._index(), key_id)
+            if digest is None:
+                return False
+            text = digest.decode() if isinstance(digest, bytes) else str(digest)
+            raw = self._redis.get(self._key(text))
+            if raw is None:
+                return False
+            info = json.loads(raw) | {"revoked": True}
+            self._redis.set(self._key(text), json.dumps(info))
+        return True
+
+    def list(self) -> list[KeyInfo]:
+        with redis_errors():
+            digests = list(self._redis.hvals(self._index()))
+            raws = self._redis.mget([self._key(d.decode() if isinstance(d, bytes) else str(d)) for d in digests])
+        return sorted((KeyInfo(**json.loads(r)) for r in raws if r), key=lambda k: k.created_at)
+
+    def tenant_of(self, authorization: str | None) -> str:
+        """The tenant an `Authorization: Bearer` header belongs to; InvalidKey otherwise."""
+        scheme, _, key = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise InvalidKey("no API key")
+        with redis_errors():
+            raw = self._redis.get(self._key(_digest(key.strip())))
+        if raw is None:
+            raise InvalidKey("unknown API key")
+        info = json.loads(raw)
+        if info.get("revoked"):
+            raise InvalidKey("this API key was revoked")
+        return str(info["tenant"])

@@ -1,0 +1,119 @@
+"""Idempotency keys for POSTs that create something (API side, state in Redis).
+
+A client that retries a POST with the same `Idempotency-Key` and the same body gets the resource
+the first attempt created (`Idempotent-Replayed: true`), however many retries arrive and however
+concurrently; the same key with a different body is refused (422 `idempotency.mismatch`). The
+first attempt claims the key atomically (SET NX); concurrent retries wait for it to finish.
+Keys are scoped per tenant and route and kept for `EXECBOX_API__IDEMPOTENCY_TTL_S`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+
+from execbox.errors import FieldProblem, InfrastructureError, RequestError
+from execbox.store import redis_errors
+
+KEY_PATTERN = re.compile(r"^[\x21-\x7e]{1,255}$")
+_PENDING = "pending"
+
+
+class IdempotencyMismatch(RequestError):
+    code = "idempotency.mismatch"
+
+    def __init__(self, key: str) -> None:
+        super().__init__(
+            f"Idempotency-Key {key!r} was already used with a different request; use a new key for a new request",
+            (FieldProblem("header.Idempotency-Key", "already used with a different body"),),
+        )
+
+
+class IdempotencyInProgress(InfrastructureError):
+    code = "idempotency.in_progress"
+    http_status = 409
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"the first request with Idempotency-Key {key!r} is still being processed; retry shortly")
+
+
+def check_key(key: str) -> str:
+    if not KEY_PATTERN.match(key):
+        raise RequestError(
+            "Idempotency-Key must be 1-255 printable ASCII characters without spaces",
+            (FieldProblem("header.Idempotency-Key", "1-255 printable ASCII characters"),),
+        )
+    return key
+
+
+@dataclass(frozen=True)
+class Outcome:
+    resource_id: str
+    replayed: bool
+
+
+class IdempotencyKeys:
+    def __init__(self, client: redis.Redis, prefix: str, ttl_s: int, wait_s: float = 30.0) -> None:
+        self._redis = client
+        self._prefix = prefix
+        self._ttl_s = ttl_s
+        self._wait_s = wait_s
+
+    def _key(self, tenant: str, route: str, key: str) -> str:
+        return f"{self._prefix}:idem:{tenant}:{route}:{key}"
+
+    def run(self, tenant: str, route: str, key: str, request_hash: str, create: Callable[[], str]) -> Outcome:
+        """Create once per (tenant, route, key): `create` runs for the first request only."""
+        redis_key = self._key(tenant, route, check_key(key))
+        pending = json.dumps({"state": _PENDING, "hash": request_hash})
+        deadline = time.monotonic() + self._wait_s
+        while True:
+            with redis_errors():
+                claimed = self._redis.set(redis_key, pending, nx=True, ex=self._ttl_s)
+            if claimed:
+                return Outcome(self._create(redis_key, request_hash, create), replayed=False)
+            resource_id = self._await(redis_key, key, request_hash, deadline)
+            if resource_id is not None:
+                return Outcome(resource_id, replayed=True)
+            # The first attempt failed and released the key: this request may try to create.
+
+    def _create(self, redis_key: str, request_hash: str, create: Callable[[], str]) -> str:
+        try:
+            resource_id = create()
+        except BaseException:
+            with redis_errors():
+                self._redis.delete(redis_key)  # let a retry try again
+            raise
+        done = json.dumps({"state": "done", "hash": request_hash, "id": resource_id})
+        with redis_errors(), self._redis.pipeline() as pipe:
+            pipe.set(redis_key, done, ex=self._ttl_s)
+            pipe.publish(redis_key, resource_id)
+            pipe.execute()
+        return resource_id
+
+    def _await(self, redis_key: str, key: str, request_hash: str, deadline: float) -> str | None:
+        """The resource id once the first attempt finishes; None if it gave the key up."""
+        with redis_errors():
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+            try:
+                pubsub.subscribe(redis_key)
+                while True:
+                    raw = self._redis.get(redis_key)
+                    if raw is None:
+                        return None
+                    entry = json.loads(raw)
+                    if entry["hash"] != request_hash:
+                        raise IdempotencyMismatch(key)
+                    if entry["state"] != _PENDING:
+                        return str(entry["id"])
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise IdempotencyInProgress(key)
+                    pubsub.get_message(timeout=min(remaining, 1.0))
+            finally:
+                pubsub.close()
