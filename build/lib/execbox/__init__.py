@@ -1,3 +1,0 @@
-"""execbox: sandboxed code execution for AI agents."""
-
-__version__ = "0.1.0"

@@ -1,1 +1,0 @@
-"""The worker side: RQ entry point, worker process, reaper."""
