@@ -12,6 +12,7 @@ category (models.ErrorCategory); only the faults below raise.
     │   ├── PolicyExceeded          request.policy_exceeded (422)
     │   └── ExecutionNotFound       execution.not_found (404)
     ├── ConflictError               execution.finished (409)
+    ├── CapacityError               429/503 with Retry-After, retryable (quotas: rate_limited, queue_full)
     └── InfrastructureError         5xx, retryable
         ├── QueueUnavailable        service.queue_unavailable (503)
         ├── RuntimeUnavailable      sandbox.runtime_unavailable (503)
@@ -36,10 +37,13 @@ class ServiceError(Exception):
     http_status = 500
     retryable = False
 
-    def __init__(self, message: str, problems: tuple[FieldProblem, ...] = ()) -> None:
+    def __init__(
+        self, message: str, problems: tuple[FieldProblem, ...] = (), headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.problems = problems
+        self.headers = headers or {}
 
 
 class RequestError(ServiceError):
@@ -97,6 +101,12 @@ class ExecutionNotFound(RequestError):
 class ConflictError(ServiceError):
     code = "execution.finished"
     http_status = 409
+
+
+class CapacityError(ServiceError):
+    code = "capacity"
+    http_status = 429
+    retryable = True
 
 
 class InfrastructureError(ServiceError):

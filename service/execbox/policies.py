@@ -17,6 +17,7 @@ from execbox.errors import FieldProblem, PolicyExceeded, UnknownPolicy
 from execbox.models import AppliedPolicy, PolicyRequest
 
 DEFAULT_POLICY = "default"
+NOT_POLICIES = {"tenants.yaml"}  # per-tenant quotas live next to the policies (execbox.quotas)
 
 
 class _Limits(BaseModel):
@@ -86,7 +87,7 @@ class PolicySet:
             raise PolicyConfigError(f"{base_path} is missing; it defines every default and ceiling")
         base = _read(base_path)
         policies: dict[str, Policy] = {}
-        for path in sorted(directory.glob("*.yaml")):
+        for path in sorted(p for p in directory.glob("*.yaml") if p.name not in NOT_POLICIES):
             layer = base if path == base_path else _read(path)
             defaults = base.defaults.model_dump() | layer.defaults.model_dump(exclude_none=True)
             ceilings = base.ceilings.model_dump() | layer.ceilings.model_dump(exclude_none=True)

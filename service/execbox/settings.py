@@ -27,6 +27,7 @@ class DockerSettings(BaseModel):
 class QueueSettings(BaseModel):
     name: str = Field("execbox", description="RQ queue the API enqueues to and workers listen on.")
     setup_margin_s: int = Field(60, ge=5, description="RQ job timeout = run timeout + this margin (last resort only).")
+    max_depth: int = Field(10000, ge=1, description="Executions the queue may hold; above it POST answers 503.")
 
 
 class WorkerSettings(BaseModel):

@@ -127,6 +127,7 @@ class ExecutionStore:
             pipe.zrem(self._key("deadlines"), record.id)
             pipe.sadd(self._key("running"), record.id)
         elif record.status.terminal:
+            pipe.srem(self._key("active", record.tenant), record.id)
             pipe.zrem(self._key("deadlines"), record.id)
             pipe.srem(self._key("running"), record.id)
             pipe.delete(self._key("lease", record.id), self._key("cancel", record.id))
@@ -233,6 +234,31 @@ class ExecutionStore:
         """Make sure a file outlives an execution that refers to it."""
         with redis_errors():
             self.redis.expireat(self._key("file", file_id), int(until) + 1, gt=True)
+
+    # -- tenant quotas ------------------------------------------------------------------------
+
+    def count_submission(self, tenant: str, minute: int) -> int:
+        """Count one submission in the tenant's current minute; return the minute's count."""
+        key = self._key("rate", f"{tenant}:{minute}")
+        with redis_errors(), self.redis.pipeline() as pipe:
+            pipe.incr(key)
+            pipe.expire(key, 120)
+            count, _ = pipe.execute()
+        return int(count)
+
+    def take_slot(self, tenant: str, execution_id: str, limit: int) -> bool:
+        """Count execution_id among the tenant's queued or running ones, unless that passes limit."""
+        key = self._key("active", tenant)
+        with redis_errors():
+            self.redis.sadd(key, execution_id)
+            if int(self.redis.scard(key)) > limit:
+                self.redis.srem(key, execution_id)
+                return False
+        return True
+
+    def release_slot(self, tenant: str, execution_id: str) -> None:
+        with redis_errors():
+            self.redis.srem(self._key("active", tenant), execution_id)
 
     # -- worker heartbeats ------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from execbox.metrics import HttpMetrics, SharedStateCollector, api_metrics
 from execbox.models import ExecutionCreate
 from execbox.policies import PolicySet
 from execbox.queue import depth, make_queue
+from execbox.quotas import Quotas
 from execbox.settings import Settings
 from execbox.store import ExecutionStore, connect
 from execbox.tracing import setup as setup_tracing
@@ -54,6 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         spans=setup_tracing(settings.telemetry.otlp_endpoint, "execbox-api"),
         idempotency=IdempotencyKeys(client, settings.redis.key_prefix, settings.api.idempotency_ttl_s),
         keys=ApiKeys(client, settings.redis.key_prefix),
+        quotas=Quotas.load(settings.policies_dir / "tenants.yaml", store, settings.queue.max_depth),
     )
     problems.install(app, settings.api.max_body_bytes)
     app.add_middleware(HttpMetrics, metrics=metrics, routes=app.routes)

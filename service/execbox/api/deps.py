@@ -15,6 +15,7 @@ from execbox.idempotency import IdempotencyKeys
 from execbox.languages import Languages
 from execbox.metrics import ApiMetrics
 from execbox.policies import PolicySet
+from execbox.quotas import Quotas
 from execbox.settings import Settings
 from execbox.store import ExecutionStore
 from execbox.tracing import Spans
@@ -33,6 +34,7 @@ class Services:
     spans: Spans
     idempotency: IdempotencyKeys
     keys: ApiKeys
+    quotas: Quotas
 
 
 def _services(request: Request) -> Services:

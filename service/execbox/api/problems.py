@@ -54,8 +54,9 @@ def _field(loc: tuple[Any, ...]) -> str:
 
 async def _service_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ServiceError)
-    headers = {"Retry-After": "1"} if exc.http_status == 503 else None
-    return problem_response(exc.http_status, exc.code, exc.message, exc.retryable, exc.problems, headers)
+    headers = {"Retry-After": "1"} if exc.http_status == 503 else {}
+    return problem_response(exc.http_status, exc.code, exc.message, exc.retryable, exc.problems,
+                            {**headers, **exc.headers})  # fmt: skip
 
 
 _HTTP_CODES = {400: "request.malformed", 404: "not_found", 405: "method_not_allowed", 413: "request.too_large"}

@@ -8,6 +8,7 @@ import json
 import re
 import secrets
 import time
+from dataclasses import dataclass
 from typing import Annotated
 from urllib.parse import quote
 
@@ -34,7 +35,7 @@ from execbox.models import (
     Transition,
     check_input_path,
 )
-from execbox.queue import cancel_queued, enqueue
+from execbox.queue import cancel_queued, depth, enqueue
 from execbox.tracing import TraceContext, from_traceparent
 
 router = APIRouter(prefix="/v1/executions", tags=["executions"])
@@ -66,7 +67,9 @@ _RESPONSES: dict[int | str, dict[str, object]] = {
     409: {"description": "The execution already ended.", **_PROBLEM},
     413: {"description": "The body is too large.", **_PROBLEM},
     422: {"description": "A field is invalid or above a policy ceiling.", **_PROBLEM},
-    503: {"description": "Redis unavailable; retry after Retry-After.", **_PROBLEM},
+    403: {"description": "The tenant may not use the named policy.", **_PROBLEM},
+    429: {"description": "A tenant quota was passed; see Retry-After and RateLimit-*.", **_PROBLEM},
+    503: {"description": "The queue is full or Redis unavailable; retry after Retry-After.", **_PROBLEM},
     **UNAUTHORIZED_DOC,
 }
 
@@ -180,13 +183,15 @@ async def create_execution(
     wait_s = _wait_seconds(services, wait, prefer)
     body, extra = await _read_body(request, services.policies.max_ceiling("input_files"))
     if idempotency_key is None:
-        record, trace = await run_in_threadpool(_accept, services, tenant, body, extra, traceparent)
+        accepted = await run_in_threadpool(_accept, services, tenant, body, extra, traceparent)
     else:
-        record, trace, replayed = await run_in_threadpool(
+        accepted, replayed = await run_in_threadpool(
             _accept_once, services, tenant, body, extra, traceparent, idempotency_key
         )
         if replayed:
             response.headers["Idempotent-Replayed"] = "true"
+    response.headers.update(accepted.headers)
+    record, trace = accepted.record, accepted.trace
     if wait_s > 0:
         waited = await run_in_threadpool(services.store.wait_terminal, record.id, wait_s, BY)
         record = waited or record
@@ -208,18 +213,18 @@ def _accept_once(
     extra: list[tuple[str, bytes]],
     traceparent: str | None,
     key: str,
-) -> tuple[ExecutionRecord, TraceContext, bool]:
+) -> tuple[Accepted, bool]:
     """`_accept` under an Idempotency-Key: a retry gets the execution the first request created."""
-    first: list[tuple[ExecutionRecord, TraceContext]] = []
+    first: list[Accepted] = []
 
     def create() -> str:
         first.append(_accept(services, tenant, body, extra, traceparent))
-        return first[0][0].id
+        return first[0].record.id
 
     outcome = services.idempotency.run(tenant, "POST /v1/executions", key, request_digest(body, extra), create)
     if not outcome.replayed:
-        return first[0][0], first[0][1], False
-    return _owned(services, tenant, outcome.resource_id), from_traceparent(traceparent), True
+        return first[0], False
+    return Accepted(_owned(services, tenant, outcome.resource_id), from_traceparent(traceparent), {}), True
 
 
 def _owned(services: Services, tenant: str, execution_id: str) -> ExecutionRecord:
@@ -230,9 +235,17 @@ def _owned(services: Services, tenant: str, execution_id: str) -> ExecutionRecor
     return record
 
 
+@dataclass(frozen=True)
+class Accepted:
+    record: ExecutionRecord
+    trace: TraceContext
+    headers: dict[str, str]
+    """RateLimit-* headers of the admission (none for an idempotent replay)."""
+
+
 def _accept(
     services: Services, tenant: str, body: ExecutionCreate, extra: list[tuple[str, bytes]], traceparent: str | None
-) -> tuple[ExecutionRecord, TraceContext]:
+) -> Accepted:
     trace = from_traceparent(traceparent)
     with services.spans.span("execbox.api.create_execution", trace):
         return _accept_traced(services, tenant, body, extra, trace)
@@ -240,11 +253,12 @@ def _accept(
 
 def _accept_traced(
     services: Services, tenant: str, body: ExecutionCreate, extra: list[tuple[str, bytes]], trace: TraceContext
-) -> tuple[ExecutionRecord, TraceContext]:
+) -> Accepted:
     language = services.languages.get(body.language)
     policy = services.policies.resolve(body.policy, len(body.code.encode()))
     now = time.time()
     deadline = now + policy.queue_timeout_s
+    record_id = new_execution_id()
     prepared = prepare(
         body,
         policy,
@@ -255,8 +269,9 @@ def _accept_traced(
         ttl_s=services.settings.retention_s,
         tenant=tenant,
     )
+    admission = services.quotas.admit(tenant, policy.name, record_id, depth(services.queue))
     record = ExecutionRecord(
-        id=new_execution_id(),
+        id=record_id,
         tenant=tenant,
         status=ExecutionStatus.QUEUED,
         language=language.name,
@@ -275,12 +290,15 @@ def _accept_traced(
         queue_deadline=deadline,
         transitions=[Transition(status=ExecutionStatus.QUEUED, at=now, by=BY)],
     )
-    services.store.create(record)
-    job_context = trace.child()
-    with services.spans.span("execbox.enqueue", trace, {"execution.id": record.id}):
-        enqueue(services.queue, record, job_context.traceparent, services.settings)
+    try:
+        services.store.create(record)
+        with services.spans.span("execbox.enqueue", trace, {"execution.id": record.id}):
+            enqueue(services.queue, record, trace.child().traceparent, services.settings)
+    except BaseException:
+        services.store.release_slot(tenant, record_id)
+        raise
     services.metrics.accepted.labels(language.name).inc()
-    return record, trace
+    return Accepted(record, trace, admission.headers)
 
 
 @router.get("/{execution_id}", response_model=ExecutionPublic, responses=_RESPONSES, summary="Get an execution")

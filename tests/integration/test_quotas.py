@@ -1,0 +1,73 @@
+"""Tenant quotas: rate per minute, executions at once, allowed policies, and the queue's depth."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import ROOT, Side, auth, create_key
+
+pytestmark = [pytest.mark.redis]
+BODY = {"language": "python", "code": "print(1)"}
+
+
+@pytest.fixture
+def limited(side_stack: Callable[..., Side], tmp_path: Path) -> tuple[Side, dict[str, str]]:
+    policies = tmp_path / "policies"
+    shutil.copytree(ROOT / "policies", policies)
+    (policies / "tenants.yaml").write_text(
+        "default: {running: 100, per_minute: 1000, policies: [default, large]}\n"
+        "tenants:\n"
+        "  rated: {running: 100, per_minute: 3, policies: [default]}\n"
+        "  narrow: {running: 2, per_minute: 1000, policies: [default]}\n"
+    )
+    side = side_stack(EXECBOX_POLICIES_DIR=str(policies))  # no worker: accepted executions stay queued
+    keys = {tenant: create_key(side.env, tenant) for tenant in ("rated", "narrow", "other")}
+    return side, keys
+
+
+def test_tenant_over_its_rate_gets_429_while_another_is_served(limited: tuple[Side, dict[str, str]]) -> None:
+    side, keys = limited
+    with httpx.Client(base_url=side.base_url, timeout=30) as http:
+        accepted = [http.post("/v1/executions", json=BODY, headers=auth(keys["rated"])) for _ in range(3)]
+        assert [r.status_code for r in accepted] == [202, 202, 202]
+        assert [r.headers["ratelimit-remaining"] for r in accepted] == ["2", "1", "0"]
+        refused = http.post("/v1/executions", json=BODY, headers=auth(keys["rated"]))
+        other = http.post("/v1/executions", json=BODY, headers=auth(keys["other"]))
+    assert refused.status_code == 429 and refused.json()["code"] == "rate_limited" and refused.json()["retryable"]
+    assert refused.headers["ratelimit-limit"] == "3" and refused.headers["ratelimit-remaining"] == "0"
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    assert refused.headers["retry-after"] == refused.headers["ratelimit-reset"]
+    assert other.status_code == 202
+
+
+def test_running_quota_frees_when_an_execution_ends(limited: tuple[Side, dict[str, str]]) -> None:
+    side, keys = limited
+    with httpx.Client(base_url=side.base_url, timeout=30, headers=auth(keys["narrow"])) as http:
+        first = http.post("/v1/executions", json=BODY).json()["id"]
+        assert http.post("/v1/executions", json=BODY).status_code == 202
+        full = http.post("/v1/executions", json=BODY)
+        assert full.status_code == 429 and full.headers["retry-after"] == "1"
+        assert http.post(f"/v1/executions/{first}/cancel").json()["status"] == "cancelled"
+        assert http.post("/v1/executions", json=BODY).status_code == 202
+
+
+def test_policy_not_allowed_for_tenant_is_403(limited: tuple[Side, dict[str, str]]) -> None:
+    side, keys = limited
+    with httpx.Client(base_url=side.base_url, timeout=30) as http:
+        refused = http.post("/v1/executions", json={**BODY, "policy": {"name": "large"}}, headers=auth(keys["narrow"]))
+        allowed = http.post("/v1/executions", json={**BODY, "policy": {"name": "large"}}, headers=auth(keys["other"]))
+    assert refused.status_code == 403 and refused.json()["code"] == "request.policy_not_allowed"
+    assert "policy.name" in {e["field"] for e in refused.json()["errors"]}
+    assert allowed.status_code == 202
+
+
+def test_full_queue_is_503(side_stack: Callable[..., Side]) -> None:
+    with side_stack(EXECBOX_QUEUE__MAX_DEPTH="1").client() as http:
+        assert http.post("/v1/executions", json=BODY).status_code == 202
+        full = http.post("/v1/executions", json=BODY)
+    assert full.status_code == 503 and full.json()["code"] == "queue_full" and full.headers["retry-after"] == "5"
