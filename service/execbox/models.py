@@ -203,6 +203,31 @@ class Expect(BaseModel):
         return value
 
 
+class Webhook(BaseModel):
+    """Where to POST the finished execution, signed with the client's secret."""
+
+    model_config = _STRICT
+
+    url: str = Field(
+        max_length=2048,
+        pattern=r"^https?://[^\s/$.?#][^\s]*$",
+        description="http(s) URL whose host the operator allows (EXECBOX_WEBHOOKS__ALLOW_HOSTS).",
+    )
+    secret: str = Field(
+        min_length=16,
+        max_length=256,
+        description="Shared secret for the `Execbox-Signature` "
+        "header: `t=<unix time>,v1=<hex HMAC-SHA256(secret, '<t>.' + body)>`.",
+    )
+
+
+class WebhookDelivery(BaseModel):
+    attempt: int = Field(description="1 for the first try.")
+    at: float = Field(description="Unix time of the attempt.")
+    status_code: int | None = Field(None, description="The receiver's answer, if any.")
+    error: str | None = Field(None, description="Why the attempt failed, if it did.")
+
+
 class ExecutionCreate(BaseModel):
     """A request to run code once in a fresh sandbox."""
 
@@ -237,6 +262,7 @@ class ExecutionCreate(BaseModel):
     )
     outputs: OutputsSpec = Field(default_factory=OutputsSpec, description="Which produced files come back.")
     expect: Expect | None = Field(None, description="Expectations the run must meet.")
+    webhook: Webhook | None = Field(None, description="POST the finished execution here (retried with backoff).")
 
     @model_validator(mode="after")
     def _one_stdin(self) -> ExecutionCreate:
@@ -361,6 +387,9 @@ class ExecutionPublic(BaseModel):
     policy: AppliedPolicy = Field(description="The policy actually applied.")
     image: str | None = Field(None, description="Digest (image id) of the sandbox image that ran the code.")
     worker: str | None = Field(None, description="Name of the worker that ran it.")
+    webhook_deliveries: list[WebhookDelivery] = Field(
+        default_factory=list, description="Every attempt to deliver the webhook, in order."
+    )
     attempt: int = Field(0, description="How many times a worker started it (0 while queued).")
 
 
@@ -394,6 +423,7 @@ class ExecutionRecord(ExecutionPublic):
     inputs: Any = Field(None, description="JSON inputs.")
     outputs_spec: OutputsSpec = Field(default_factory=OutputsSpec, description="Which files come back.")
     expect: Expect | None = Field(None, description="Expectations.")
+    webhook: Webhook | None = Field(None, description="Callback and its secret.")
     request_sha256: str = Field(description="SHA-256 of the canonical request.")
     queue_deadline: float = Field(description="Unix time after which a queued execution expires.")
     transitions: list[Transition] = Field(default_factory=list, description="Every status change.")

@@ -6,6 +6,8 @@ source of truth, so a job that outlives its execution's deadline or cancellation
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import redis
 from rq import Queue
 from rq.serializers import JSONSerializer
@@ -15,10 +17,30 @@ from execbox.settings import Settings
 from execbox.store import redis_errors
 
 TASK = "execbox.worker.tasks.run_execution"
+WEBHOOK_TASK = "execbox.worker.webhooks.deliver"
 
 
 def make_queue(client: redis.Redis, settings: Settings) -> Queue:
     return Queue(settings.queue.name, connection=client, serializer=JSONSerializer)
+
+
+def make_webhook_queue(client: redis.Redis, settings: Settings) -> Queue:
+    """Webhook deliveries: workers take them when no execution waits."""
+    return Queue(f"{settings.queue.name}-webhooks", connection=client, serializer=JSONSerializer)
+
+
+def enqueue_webhook(queue: Queue, execution_id: str, settings: Settings) -> None:
+    hooks = settings.webhooks
+    budget = hooks.max_attempts * hooks.timeout_s + 1.5 * hooks.backoff_s * 2**hooks.max_attempts
+    with redis_errors():
+        queue.enqueue_call(
+            WEBHOOK_TASK,
+            args=({"execution_id": execution_id},),
+            job_id=f"webhook-{execution_id}",
+            timeout=int(min(budget + 30, 3600)),
+            result_ttl=60,
+            failure_ttl=settings.retention_s,
+        )
 
 
 def enqueue(queue: Queue, record: ExecutionRecord, traceparent: str, settings: Settings) -> None:
@@ -49,4 +71,23 @@ def depth(queue: Queue) -> int:
         return int(queue.count)
 
 
-__all__ = ["TASK", "cancel_queued", "depth", "enqueue", "make_queue"]
+__all__ = [
+    "TASK",
+    "WEBHOOK_TASK",
+    "cancel_queued",
+    "depth",
+    "enqueue",
+    "enqueue_webhook",
+    "make_queue",
+    "make_webhook_queue",
+]
+
+
+def webhook_notifier(queue: Queue, settings: Settings) -> Callable[[ExecutionRecord], None]:
+    """A store terminal hook: queue a delivery for executions that asked for a webhook."""
+
+    def notify(record: ExecutionRecord) -> None:
+        if record.webhook is not None:
+            enqueue_webhook(queue, record.id, settings)
+
+    return notify

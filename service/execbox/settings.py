@@ -50,6 +50,17 @@ class WorkerSettings(BaseModel):
     )
 
 
+class WebhookSettings(BaseModel):
+    allow_hosts: list[str] = Field(
+        default_factory=list,
+        description='Host patterns (fnmatch) callbacks may target, e.g. ["hooks.example.com", "*.corp"]. '
+        "Empty: webhooks are refused (422), so a callback can never reach an internal service by default.",
+    )
+    max_attempts: int = Field(5, ge=1, le=20, description="Tries per delivery before giving up.")
+    backoff_s: float = Field(1.0, gt=0, description="First retry delay; doubles each try, plus up to 50% jitter.")
+    timeout_s: float = Field(10.0, gt=0, description="Timeout of each delivery request.")
+
+
 class AuthSettings(BaseModel):
     enabled: bool = Field(
         True,
@@ -95,6 +106,7 @@ class Settings(BaseSettings):
     api: ApiSettings = ApiSettings()
     telemetry: TelemetrySettings = TelemetrySettings()
     auth: AuthSettings = AuthSettings()
+    webhooks: WebhookSettings = WebhookSettings()
     retention_s: int = Field(24 * 3600, gt=0, description="How long finished executions are kept.")
     policies_dir: Path = Field(_REPO_ROOT / "policies", description="Directory of policy YAML files.")
     artifacts_dir: Path = Field(

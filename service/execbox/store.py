@@ -57,8 +57,8 @@ class ExecutionStore:
         self._p = settings.redis.key_prefix
         self._retention_s = settings.retention_s
         self._lease_s = settings.worker.lease_s
-        self.on_terminal: Callable[[ExecutionRecord], None] | None = None
-        """Called once per execution this process settles (for outcome metrics)."""
+        self.terminal_hooks: list[Callable[[ExecutionRecord], None]] = []
+        """Called once per execution this process settles (outcome metrics, webhook jobs)."""
 
     def _key(self, kind: str, execution_id: str = "") -> str:
         return f"{self._p}:{kind}:{execution_id}" if execution_id else f"{self._p}:{kind}"
@@ -113,8 +113,27 @@ class ExecutionStore:
                     pipe.execute()
                     if new.terminal:
                         self.redis.publish(self.done_channel(execution_id), new.value)
-                        if self.on_terminal is not None:
-                            self.on_terminal(record)
+                        for hook in self.terminal_hooks:
+                            hook(record)
+                    return record
+                except WatchError:
+                    continue
+
+    def update(self, execution_id: str, mutate: Callable[[ExecutionRecord], None]) -> ExecutionRecord | None:
+        """Edit a record without changing its status (e.g. append a webhook delivery)."""
+        key = self._key("exe", execution_id)
+        with redis_errors(), self.redis.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(key)  # type: ignore[no-untyped-call]
+                    raw = pipe.get(key)
+                    if raw is None:
+                        return None
+                    record = ExecutionRecord.model_validate_json(raw)
+                    mutate(record)
+                    pipe.multi()
+                    pipe.set(key, record.model_dump_json(), keepttl=True)
+                    pipe.execute()
                     return record
                 except WatchError:
                     continue

@@ -13,6 +13,7 @@ from execbox import store as store_mod
 from execbox.artifact_store import ArtifactStore, LocalArtifactStore
 from execbox.languages import Languages
 from execbox.metrics import WorkerMetrics, worker_metrics
+from execbox.queue import make_webhook_queue, webhook_notifier
 from execbox.sandbox.base import Runtime
 from execbox.sandbox.docker import DockerRuntime
 from execbox.settings import Settings
@@ -47,7 +48,10 @@ class WorkerContext:
             registry=registry,
             spans=setup_tracing(settings.telemetry.otlp_endpoint, "execbox-worker"),
         )
-        context.store.on_terminal = context.metrics.outcomes.observe
+        context.store.terminal_hooks += [
+            context.metrics.outcomes.observe,
+            webhook_notifier(make_webhook_queue(context.store.redis, settings), settings),
+        ]
         return context
 
 

@@ -17,7 +17,7 @@ from rq.serializers import JSONSerializer
 
 from execbox import logs
 from execbox.errors import ServiceError
-from execbox.queue import make_queue
+from execbox.queue import make_queue, make_webhook_queue
 from execbox.settings import Settings
 from execbox.tracing import parse_traceparent
 from execbox.worker import reaper
@@ -52,7 +52,7 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
     stop = threading.Event()
     reaper.start(ctx, stop)
     worker = _Worker(
-        [make_queue(ctx.store.redis, settings)],
+        [make_queue(ctx.store.redis, settings), make_webhook_queue(ctx.store.redis, settings)],
         connection=ctx.store.redis,
         serializer=JSONSerializer,
         name=ctx.name,

@@ -37,6 +37,7 @@ from execbox.models import (
 )
 from execbox.queue import cancel_queued, depth, enqueue
 from execbox.tracing import TraceContext, from_traceparent
+from execbox.webhook_policy import host_allowed
 
 router = APIRouter(prefix="/v1/executions", tags=["executions"])
 BY = "api"
@@ -256,6 +257,11 @@ def _accept_traced(
 ) -> Accepted:
     language = services.languages.get(body.language)
     policy = services.policies.resolve(body.policy, len(body.code.encode()))
+    if body.webhook is not None and not host_allowed(body.webhook.url, services.settings.webhooks.allow_hosts):
+        raise InvalidRequest(
+            "the webhook's host is not one the operator allows (EXECBOX_WEBHOOKS__ALLOW_HOSTS)",
+            (FieldProblem("webhook.url", "host not allowed for callbacks"),),
+        )
     now = time.time()
     deadline = now + policy.queue_timeout_s
     record_id = new_execution_id()
@@ -286,6 +292,7 @@ def _accept_traced(
         inputs=body.inputs,
         outputs_spec=body.outputs,
         expect=body.expect,
+        webhook=body.webhook,
         request_sha256=request_digest(body, extra),
         queue_deadline=deadline,
         transitions=[Transition(status=ExecutionStatus.QUEUED, at=now, by=BY)],
