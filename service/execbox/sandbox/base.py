@@ -11,6 +11,7 @@ MANAGED_LABEL = "execbox.managed"
 EXECUTION_LABEL = "execbox.execution_id"
 TRACE_LABEL = "execbox.trace_id"
 WORKER_LABEL = "execbox.worker"
+DEPLOYMENT_LABEL = "execbox.deployment"
 WORKDIR = "/workspace"
 SANDBOX_UID = 65534
 
@@ -41,6 +42,8 @@ class RunSpec:
     env: tuple[tuple[str, str], ...]
     limits: Limits
     language: str = ""
+    deployment: str = "execbox"
+    """Which execbox installation made the container; reapers only touch their own."""
     input_archive: bytes | None = None
     """A tar of the request's input files, copied into /workspace through the engine's archive API."""
     stdin: bytes = b""
@@ -111,8 +114,8 @@ class Runtime(Protocol):
     def image_id(self, image: str) -> str:
         """The image's id; ImageUnavailable when the engine does not have it."""
 
-    def managed_containers(self) -> list[ContainerInfo]:
-        """Every execbox sandbox container on this engine."""
+    def managed_containers(self, deployment: str) -> list[ContainerInfo]:
+        """Every sandbox container this deployment made on this engine."""
 
     def remove(self, container_id: str) -> None:
         """Kill and remove a container; a missing one is not an error."""

@@ -28,6 +28,7 @@ from docker.utils.socket import frames_iter
 
 from execbox.errors import ImageUnavailable, RuntimeUnavailable
 from execbox.sandbox.base import (
+    DEPLOYMENT_LABEL,
     EXECUTION_LABEL,
     MANAGED_LABEL,
     SANDBOX_UID,
@@ -222,6 +223,7 @@ class DockerRuntime:
             network_disabled=True,
             labels={
                 MANAGED_LABEL: "true",
+                DEPLOYMENT_LABEL: spec.deployment,
                 EXECUTION_LABEL: spec.execution_id,
                 TRACE_LABEL: spec.trace_id,
                 WORKER_LABEL: spec.worker,
@@ -352,9 +354,10 @@ class DockerRuntime:
             # The reaper finds it later by its label; the run's outcome is unaffected.
             log.warning("could not remove container %s: %s", container_id[:12], exc)
 
-    def managed_containers(self) -> list[ContainerInfo]:
+    def managed_containers(self, deployment: str) -> list[ContainerInfo]:
+        labels = [f"{MANAGED_LABEL}=true", f"{DEPLOYMENT_LABEL}={deployment}"]
         with _docker_errors():
-            found = self.api.containers(all=True, filters={"label": f"{MANAGED_LABEL}=true"})
+            found = self.api.containers(all=True, filters={"label": labels})
         return [
             ContainerInfo(
                 id=c["Id"],

@@ -7,10 +7,13 @@ the reaper then settle. Run several processes (or containers) for parallelism.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
+import time
 
 from prometheus_client import start_http_server
+from redis.exceptions import ConnectionError as RedisConnectionError
 from rq import Queue, SimpleWorker
 from rq.job import Job
 from rq.serializers import JSONSerializer
@@ -51,14 +54,34 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
         )
     stop = threading.Event()
     reaper.start(ctx, stop)
-    worker = _Worker(
-        [make_queue(ctx.store.redis, settings), make_webhook_queue(ctx.store.redis, settings)],
-        connection=ctx.store.redis,
-        serializer=JSONSerializer,
-        name=ctx.name,
-    )
-    log.info("worker %s listening on queue %s", ctx.name, settings.queue.name)
     try:
-        worker.work(burst=burst, logging_level=settings.log_level.upper(), with_scheduler=False)
+        for generation in itertools.count():
+            worker = _Worker(
+                [make_queue(ctx.store.redis, settings), make_webhook_queue(ctx.store.redis, settings)],
+                connection=ctx.store.redis,
+                serializer=JSONSerializer,
+                # RQ keeps a dead worker's name registered for a while; a restarted loop takes a new one.
+                name=ctx.name if generation == 0 else f"{ctx.name}.{generation}",
+            )
+            log.info("worker %s listening on queue %s", worker.name, settings.queue.name)
+            try:
+                worker.work(burst=burst, logging_level=settings.log_level.upper(), with_scheduler=False)
+                return
+            except RedisConnectionError as exc:
+                # Redis went away (restart, failover): wait for it, then serve again instead of dying.
+                log.error("lost Redis (%s); waiting for it to come back", exc)
+                _wait_for_redis(ctx)
     finally:
         stop.set()
+
+
+def _wait_for_redis(ctx: WorkerContext) -> None:
+    delay = 0.5
+    while True:
+        try:
+            ctx.store.ping()
+            log.info("Redis is back")
+            return
+        except ServiceError:
+            time.sleep(delay)  # nothing to block on while the server is down
+            delay = min(delay * 2, 10.0)

@@ -34,7 +34,9 @@ def report_health(ctx: WorkerContext) -> None:
     ctx.store.report_worker(ctx.name, ok, detail, ttl_s=3 * ctx.settings.worker.reaper_interval_s, missing=missing)
 
 
-def sweep(ctx: WorkerContext) -> dict[str, int]:
+def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[str, int]:
+    """One sweep. `unowned_before` carries the containers the previous sweep found without an owner
+    (the periodic loop passes its own set); None removes unowned containers at once (`execbox reap`)."""
     counts = {"expired": 0, "lost": 0, "containers": 0, "artifact_dirs": 0}
     for execution_id in ctx.store.due_for_expiry():
         if ctx.store.expire_if_due(execution_id, BY) is not None:
@@ -43,12 +45,21 @@ def sweep(ctx: WorkerContext) -> dict[str, int]:
         if ctx.store.fail_if_lost(execution_id, BY) is not None:
             counts["lost"] += 1
     now = time.time()
-    for container in ctx.runtime.managed_containers():
+    unowned_now: set[str] = set()
+    for container in ctx.runtime.managed_containers(ctx.settings.redis.key_prefix):
         owned = container.execution_id is not None and ctx.store.lease_alive(container.execution_id)
-        if not owned and now - container.created_at >= ctx.settings.worker.orphan_grace_s:
+        if owned or now - container.created_at < ctx.settings.worker.orphan_grace_s:
+            continue
+        unowned_now.add(container.id)
+        # Removed only when unowned in two sweeps in a row: a live worker whose lease lapsed while
+        # Redis was away renews it within a third of the lease period once Redis is back.
+        if unowned_before is None or container.id in unowned_before:
             log.info("removing orphaned sandbox container %s of %s", container.id[:12], container.execution_id)
             ctx.runtime.remove(container.id)
             counts["containers"] += 1
+    if unowned_before is not None:
+        unowned_before.clear()
+        unowned_before.update(unowned_now)
     counts["artifact_dirs"] = ctx.artifacts.delete_older_than(now - ctx.settings.retention_s)
     if any(counts.values()):
         log.info("reaper sweep", extra=counts)
@@ -57,10 +68,11 @@ def sweep(ctx: WorkerContext) -> dict[str, int]:
 
 def start(ctx: WorkerContext, stop: threading.Event) -> threading.Thread:
     def loop() -> None:
+        unowned: set[str] = set()
         while True:
             try:
                 report_health(ctx)
-                sweep(ctx)
+                sweep(ctx, unowned)
             except ServiceError as exc:
                 log.warning("reaper sweep failed: %s", exc.message)
             if stop.wait(ctx.settings.worker.reaper_interval_s):

@@ -159,6 +159,7 @@ def _spec(ctx: WorkerContext, record: ExecutionRecord, limits: Limits, collector
         env=tuple(sorted(env.items())),
         limits=limits,
         language=language.name,
+        deployment=ctx.settings.redis.key_prefix,
         input_archive=_input_archive(ctx, record) if record.files else None,
         stdin=base64.b64decode(record.stdin_b64),
         collect_path="" if collector.root == "workspace" else "out",
