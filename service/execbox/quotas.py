@@ -72,7 +72,7 @@ class Quotas:
     def load(cls, path: Path, store: ExecutionStore, max_queue_depth: int) -> Quotas:
         try:
             raw = yaml.safe_load(path.read_text()) if path.is_file() else None
-            quotas = _QuotaFile.model_validate(raw or {"default": {"running": 16, "per_minute": 240,
+            quotas = _QuotaFile.model_validate(raw or {"default": {"running": 64, "per_minute": 600,
                                                                    "policies": ["default"]}})  # fmt: skip
         except (OSError, yaml.YAMLError, ValidationError) as exc:
             raise PolicyConfigError(f"{path}: {exc}") from exc
