@@ -82,14 +82,12 @@ class ExecutionStore:
             raw = self.redis.get(self._key("exe", execution_id))
         return None if raw is None else ExecutionRecord.model_validate_json(raw)
 
-    def transition(
-        self, execution_id: str, allowed: set[ExecutionStatus], by: str, mutate: Mutation
+    def _compare_and_set(
+        self, execution_id: str, change: Callable[[ExecutionRecord, redis.client.Pipeline], bool]
     ) -> ExecutionRecord | None:
-        """Move an execution out of one of the `allowed` statuses atomically.
+        """Read, let `change` edit the record and queue its writes, commit unless the record moved.
 
-        `mutate` edits the record and returns the new status, or None to abandon the change.
-        Returns the new record, or None when the execution is missing, not in an allowed
-        status, or the change was abandoned.
+        `change` returns False to abandon. Retried on a concurrent write (WATCH/MULTI).
         """
         key = self._key("exe", execution_id)
         with redis_errors(), self.redis.pipeline() as pipe:
@@ -100,43 +98,54 @@ class ExecutionStore:
                     if raw is None:
                         return None
                     record = ExecutionRecord.model_validate_json(raw)
-                    if record.status not in allowed:
-                        return None
-                    new = mutate(record)
-                    if new is None:
-                        return None
-                    now = time.time()
-                    record.status = new
-                    record.transitions.append(Transition(status=new, at=now, by=by))
                     pipe.multi()
-                    self._write(pipe, record, now)
+                    if not change(record, pipe):
+                        pipe.reset()
+                        return None
                     pipe.execute()
-                    if new.terminal:
-                        self.redis.publish(self.done_channel(execution_id), new.value)
-                        for hook in self.terminal_hooks:
-                            hook(record)
                     return record
                 except WatchError:
                     continue
 
+    def transition(
+        self, execution_id: str, allowed: set[ExecutionStatus], by: str, mutate: Mutation
+    ) -> ExecutionRecord | None:
+        """Move an execution out of one of the `allowed` statuses atomically.
+
+        `mutate` edits the record and returns the new status, or None to abandon the change.
+        Returns the new record, or None when the execution is missing, not in an allowed
+        status, or the change was abandoned.
+        """
+
+        def change(record: ExecutionRecord, pipe: redis.client.Pipeline) -> bool:
+            if record.status not in allowed:
+                return False
+            new = mutate(record)
+            if new is None:
+                return False
+            now = time.time()
+            record.status = new
+            record.transitions.append(Transition(status=new, at=now, by=by))
+            self._write(pipe, record, now)
+            return True
+
+        record = self._compare_and_set(execution_id, change)
+        if record is not None and record.status.terminal:
+            with redis_errors():
+                self.redis.publish(self.done_channel(execution_id), record.status.value)
+            for hook in self.terminal_hooks:
+                hook(record)
+        return record
+
     def update(self, execution_id: str, mutate: Callable[[ExecutionRecord], None]) -> ExecutionRecord | None:
         """Edit a record without changing its status (e.g. append a webhook delivery)."""
-        key = self._key("exe", execution_id)
-        with redis_errors(), self.redis.pipeline() as pipe:
-            while True:
-                try:
-                    pipe.watch(key)  # type: ignore[no-untyped-call]
-                    raw = pipe.get(key)
-                    if raw is None:
-                        return None
-                    record = ExecutionRecord.model_validate_json(raw)
-                    mutate(record)
-                    pipe.multi()
-                    pipe.set(key, record.model_dump_json(), keepttl=True)
-                    pipe.execute()
-                    return record
-                except WatchError:
-                    continue
+
+        def change(record: ExecutionRecord, pipe: redis.client.Pipeline) -> bool:
+            mutate(record)
+            pipe.set(self._key("exe", execution_id), record.model_dump_json(), keepttl=True)
+            return True
+
+        return self._compare_and_set(execution_id, change)
 
     def _write(self, pipe: redis.client.Pipeline, record: ExecutionRecord, now: float) -> None:
         if record.status.terminal:
