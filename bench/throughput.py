@@ -17,11 +17,7 @@ from pathlib import Path
 
 import httpx
 
-
-def auth_header() -> dict[str, str]:
-    key_file = Path(__file__).resolve().parents[1] / ".run" / "api-key"
-    key = os.environ.get("EXECBOX_API_KEY") or (key_file.read_text().strip() if key_file.exists() else "")
-    return {"Authorization": f"Bearer {key}"} if key else {}
+from latency import auth_header
 
 
 def level(url: str, clients: int, seconds: float) -> dict[str, float]:

@@ -39,6 +39,12 @@ class KeyInfo:
     revoked: bool = False
 
 
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header, or None."""
+    scheme, _, token = (authorization or "").partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
 def _digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -88,11 +94,11 @@ class ApiKeys:
 
     def tenant_of(self, authorization: str | None) -> str:
         """The tenant an `Authorization: Bearer` header belongs to; InvalidKey otherwise."""
-        scheme, _, key = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
+        key = bearer_token(authorization)
+        if key is None:
             raise InvalidKey("no API key")
         with redis_errors():
-            raw = self._redis.get(self._key(_digest(key.strip())))
+            raw = self._redis.get(self._key(_digest(key)))
         if raw is None:
             raise InvalidKey("unknown API key")
         info = json.loads(raw)

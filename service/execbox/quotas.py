@@ -71,9 +71,7 @@ class Quotas:
     @classmethod
     def load(cls, path: Path, store: ExecutionStore, max_queue_depth: int) -> Quotas:
         try:
-            raw = yaml.safe_load(path.read_text()) if path.is_file() else None
-            quotas = _QuotaFile.model_validate(raw or {"default": {"running": 64, "per_minute": 600,
-                                                                   "policies": ["default"]}})  # fmt: skip
+            quotas = _QuotaFile.model_validate(yaml.safe_load(path.read_text()))
         except (OSError, yaml.YAMLError, ValidationError) as exc:
             raise PolicyConfigError(f"{path}: {exc}") from exc
         return cls(quotas, store, max_queue_depth)

@@ -9,10 +9,9 @@ from pydantic import ValidationError
 
 import execbox.sandbox
 from execbox.api.routes.executions import new_execution_id
-from execbox.models import EXECUTION_ID_PATTERN, ExecutionCreate, ExecutionRecord, ExecutionStatus
-from execbox.policies import PolicySet
+from execbox.models import EXECUTION_ID_PATTERN, ExecutionCreate, ExecutionStatus
 from execbox.tracing import from_traceparent
-from tests.unit.test_policies import ROOT
+from tests.unit.test_results import make_record
 
 
 def test_execution_ids_are_prefixed_and_unguessable() -> None:
@@ -41,19 +40,7 @@ def test_invalid_requests_rejected(body: dict[str, Any]) -> None:
 
 
 def test_public_view_hides_code_and_env() -> None:
-    policy = PolicySet.load(ROOT / "policies").resolve(ExecutionCreate(language="python", code="x").policy, 1)
-    record = ExecutionRecord(
-        id=new_execution_id(),
-        status=ExecutionStatus.QUEUED,
-        language="python",
-        trace_id="0" * 32,
-        created_at=1.0,
-        policy=policy,
-        code="secret()",
-        env={"TOKEN": "t"},
-        request_sha256="0" * 64,
-        queue_deadline=2.0,
-    )
+    record = make_record(code="secret()", env={"TOKEN": "t"}, status=ExecutionStatus.QUEUED)
     public = record.public().model_dump()
     assert "code" not in public and "env" not in public and "transitions" not in public
     assert public["status"] == "queued"

@@ -22,19 +22,16 @@ EXE = "exe_" + "b" * 26
 
 
 def record(expect: Expect | None = None) -> ExecutionRecord:
+    return make_record(expect=expect)
+
+
+def make_record(**fields: Any) -> ExecutionRecord:
+    """A minimal valid record under the shipped default policy; `fields` override."""
     policy = PolicySet.load(ROOT / "policies").resolve(ExecutionCreate(language="python", code="x").policy, 1)
-    return ExecutionRecord(
-        id=EXE,
-        status=ExecutionStatus.RUNNING,
-        language="python",
-        trace_id="1" * 32,
-        created_at=0.0,
-        policy=policy,
-        code="x",
-        request_sha256="0" * 64,
-        queue_deadline=1.0,
-        expect=expect,
-    )
+    base: dict[str, Any] = {"id": EXE, "status": ExecutionStatus.RUNNING, "language": "python",
+                            "trace_id": "1" * 32, "created_at": 0.0, "policy": policy, "code": "x",
+                            "request_sha256": "0" * 64, "queue_deadline": 1.0}  # fmt: skip
+    return ExecutionRecord(**(base | fields))
 
 
 def run(exit_code: int = 0, **kw: Any) -> RunOutcome:

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from execbox.api.deps import ServicesDep
 from execbox.api.problems import PROBLEM_DOC
-from execbox.auth import TENANT_PATTERN, InvalidKey
+from execbox.auth import TENANT_PATTERN, InvalidKey, bearer_token
 from execbox.errors import RequestError
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
@@ -55,8 +55,8 @@ def _admin(services: ServicesDep, authorization: str | None) -> None:
     token = services.settings.auth.admin_token
     if token is None:
         raise AdminOff()
-    scheme, _, given = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip(), token.get_secret_value()):
+    given = bearer_token(authorization) or ""
+    if not secrets.compare_digest(given, token.get_secret_value()):
         raise InvalidKey("wrong admin token")
 
 
