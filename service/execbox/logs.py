@@ -46,6 +46,12 @@ def configure(level: str, component: str) -> None:
     root.setLevel(level.upper())
 
 
+def bind(trace_id: str | None, execution_id: str | None) -> None:
+    """Bind ids until the enclosing `bound` block ends (inside a job, for the rest of the job)."""
+    _trace_id.set(trace_id)
+    _execution_id.set(execution_id)
+
+
 @contextmanager
 def bound(trace_id: str | None, execution_id: str | None) -> Iterator[None]:
     """Bind ids to every log line emitted inside the block (this thread/task only)."""

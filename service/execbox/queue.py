@@ -1,12 +1,21 @@
-"""The job queue (RQ on Redis): the only API-side module that imports rq.
+"""The job queue (RQ on Redis) and its fair dispatch: the only module that imports rq.
 
-Jobs carry only the execution id and the trace context; the record in the store is the single
-source of truth, so a job that outlives its execution's deadline or cancellation does nothing.
+Scheduling is fair across tenants. An accepted execution goes to the end of its tenant's own
+pending list, and one interchangeable *ticket* job goes on the shared RQ queue, in the same Redis
+transaction. A worker that takes a ticket asks for the next execution round-robin over the
+tenants that have work waiting: one tenant queueing a thousand executions delays another tenant's
+next one by at most one execution per busy worker, not by the thousand. Within a tenant, order is
+first-in, first-out. There is a ticket for every entry; a ticket that finds a cancelled or
+expired entry skips it and takes the next, so no runnable entry is ever left without one.
+
+The record in the store stays the single source of truth, so a stale entry does nothing.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import redis
 from rq import Queue
@@ -16,7 +25,7 @@ from execbox.models import ExecutionRecord
 from execbox.settings import Settings
 from execbox.store import redis_errors
 
-TASK = "execbox.worker.tasks.run_execution"
+TASK = "execbox.worker.tasks.run_next"
 WEBHOOK_TASK = "execbox.worker.webhooks.deliver"
 
 
@@ -43,27 +52,74 @@ def enqueue_webhook(queue: Queue, execution_id: str, settings: Settings) -> None
         )
 
 
-def enqueue(queue: Queue, record: ExecutionRecord, traceparent: str, settings: Settings) -> None:
-    # ttl keeps the job a little past the queue deadline: the worker, not RQ, decides expiry,
-    # so that the record always ends as `expired` instead of silently vanishing.
-    ttl = int(record.policy.queue_timeout_s) + settings.queue.setup_margin_s
-    with redis_errors():
+# Keys, under <prefix>:<queue>: pending:<tenant> (JSON entries, oldest first), ring (tenants with
+# work, in turn order) and ring:members (the same tenants as a set, so each is in the ring once).
+_PUSH = """
+redis.call('RPUSH', KEYS[3], ARGV[2])
+if redis.call('SADD', KEYS[2], ARGV[1]) == 1 then redis.call('RPUSH', KEYS[1], ARGV[1]) end
+"""
+_TAKE = """
+for _ = 1, redis.call('LLEN', KEYS[1]) do
+  local tenant = redis.call('LPOP', KEYS[1])
+  local pending = ARGV[1] .. tenant
+  local entry = redis.call('LPOP', pending)
+  if redis.call('LLEN', pending) > 0 then
+    redis.call('RPUSH', KEYS[1], tenant)
+  else
+    redis.call('SREM', KEYS[2], tenant)
+  end
+  if entry then return entry end
+end
+return false
+"""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What a ticket hands its worker: the execution to start and the trace context to join."""
+
+    execution_id: str
+    traceparent: str | None
+
+
+def _keys(settings: Settings) -> tuple[str, str, str]:
+    base = f"{settings.redis.key_prefix}:{settings.queue.name}"  # a queue's tickets serve its own entries
+    return f"{base}:ring", f"{base}:ring:members", f"{base}:pending:"
+
+
+def enqueue(queue: Queue, record: ExecutionRecord, traceparent: str, settings: Settings, backstop_s: int) -> None:
+    """Queue an execution: its entry on its tenant's list and a ticket on the RQ queue, atomically.
+
+    `backstop_s` is RQ's own job timeout, a last resort above the longest run any policy allows
+    (the sandbox enforces each run's own timeout); a ticket may start any tenant's execution.
+    """
+    ring, members, pending = _keys(settings)
+    entry = json.dumps({"execution_id": record.id, "traceparent": traceparent})
+    with redis_errors(), queue.connection.pipeline() as pipe:
         queue.enqueue_call(
             TASK,
-            args=({"execution_id": record.id, "traceparent": traceparent},),
-            job_id=record.id,
-            timeout=int(record.policy.timeout_s) + settings.queue.setup_margin_s,
-            ttl=ttl,
+            args=({},),
+            timeout=backstop_s + settings.queue.setup_margin_s,
             result_ttl=60,
             failure_ttl=settings.retention_s,
-            description=f"execution {record.id}",
+            description=f"dispatch ticket (queued with {record.id})",
+            pipeline=pipe,
         )
+        queue.connection.register_script(_PUSH)(
+            keys=[ring, members, pending + record.tenant], args=[record.tenant, entry], client=pipe
+        )
+        pipe.execute()
 
 
-def cancel_queued(queue: Queue, execution_id: str) -> None:
-    """Take a queued job off the queue; a job already taken is stopped by its worker instead."""
+def take_next(client: redis.Redis, settings: Settings) -> Entry | None:
+    """The next execution in tenant round-robin order, or None when no tenant has one waiting."""
+    ring, members, pending = _keys(settings)
     with redis_errors():
-        queue.remove(execution_id)
+        raw = client.register_script(_TAKE)(keys=[ring, members], args=[pending])
+    if not raw:
+        return None
+    data = json.loads(raw)
+    return Entry(str(data["execution_id"]), data.get("traceparent"))
 
 
 def depth(queue: Queue) -> int:
@@ -74,12 +130,14 @@ def depth(queue: Queue) -> int:
 __all__ = [
     "TASK",
     "WEBHOOK_TASK",
-    "cancel_queued",
+    "Entry",
     "depth",
     "enqueue",
     "enqueue_webhook",
     "make_queue",
     "make_webhook_queue",
+    "take_next",
+    "webhook_notifier",
 ]
 
 

@@ -22,7 +22,6 @@ from execbox import logs
 from execbox.errors import ServiceError
 from execbox.queue import make_queue, make_webhook_queue
 from execbox.settings import Settings
-from execbox.tracing import parse_traceparent
 from execbox.worker import reaper
 from execbox.worker.context import WorkerContext, install
 
@@ -30,12 +29,11 @@ log = logging.getLogger(__name__)
 
 
 class _Worker(SimpleWorker):
-    """RQ's in-process worker, with its own log lines about a job bound to that job's ids."""
+    """RQ's in-process worker; each job gets its own log scope, which the job binds to the
+    execution it takes, so RQ's lines about the job carry that execution's ids."""
 
     def execute_job(self, job: Job, queue: Queue) -> None:
-        payload = job.args[0] if job.args and isinstance(job.args[0], dict) else {}
-        parent = parse_traceparent(payload.get("traceparent"))
-        with logs.bound(parent.trace_id if parent else None, job.id):
+        with logs.bound(None, None):
             super().execute_job(job, queue)
 
 

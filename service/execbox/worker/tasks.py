@@ -1,4 +1,5 @@
-"""run_execution: the RQ entry point. Parse, start, run in a sandbox, classify, store."""
+"""run_next: the RQ entry point. Take the next execution (fair across tenants), start it in a
+sandbox, classify, store."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from execbox.artifacts import RESULT_FILE, ArtifactCaps, Collector
 from execbox.errors import ServiceError
 from execbox.inputs import INPUTS_FILE
 from execbox.models import ErrorCategory, ExecutionError, ExecutionRecord, ExecutionStatus
+from execbox.queue import take_next
 from execbox.sandbox.base import SANDBOX_UID, WORKDIR, Limits, RunControl, RunOutcome, RunSpec
 from execbox.tracing import TraceContext, parse_traceparent
 from execbox.worker.context import WorkerContext, current
@@ -26,17 +28,22 @@ log = logging.getLogger(__name__)
 _ACTIVE = {ExecutionStatus.RUNNING}
 
 
-def run_execution(payload: dict[str, Any]) -> str:
+def run_next(_: dict[str, Any]) -> str:
+    """A dispatch ticket: run the next execution that can start; skip cancelled or expired ones."""
     ctx = current()
-    execution_id = str(payload["execution_id"])
-    with logs.bound(None, execution_id):
-        record = _start(ctx, execution_id)
+    while (entry := take_next(ctx.store.redis, ctx.settings)) is not None:
+        # Not reset on return: RQ's own lines about this job ("Job OK") then name the execution
+        # too; the worker's per-job scope ends the binding.
+        logs.bind(None, entry.execution_id)
+        record = _start(ctx, entry.execution_id)
         if record is None:
-            return "skipped"
-        with logs.bound(record.trace_id, execution_id):
-            parent = parse_traceparent(payload.get("traceparent")) or TraceContext(record.trace_id, token_hex(8))
-            _run_and_finish(ctx, record, parent)
-            return "done"
+            continue
+        logs.bind(record.trace_id, entry.execution_id)
+        parent = parse_traceparent(entry.traceparent) or TraceContext(record.trace_id, token_hex(8))
+        _run_and_finish(ctx, record, parent)
+        return entry.execution_id
+    logs.bind(None, None)
+    return "nothing to run"
 
 
 def _start(ctx: WorkerContext, execution_id: str) -> ExecutionRecord | None:

@@ -35,7 +35,7 @@ from execbox.models import (
     Transition,
     check_input_path,
 )
-from execbox.queue import cancel_queued, depth, enqueue
+from execbox.queue import depth, enqueue
 from execbox.tracing import TraceContext, from_traceparent
 from execbox.webhook_policy import host_allowed
 
@@ -300,7 +300,8 @@ def _accept_traced(
     try:
         services.store.create(record)
         with services.spans.span("execbox.enqueue", trace, {"execution.id": record.id}):
-            enqueue(services.queue, record, trace.child().traceparent, services.settings)
+            backstop = services.policies.max_ceiling("timeout_s")
+            enqueue(services.queue, record, trace.child().traceparent, services.settings, backstop)
     except BaseException:
         services.store.release_slot(tenant, record_id)
         raise
@@ -369,8 +370,7 @@ def cancel_execution(
     record = _owned(services, tenant, execution_id)
     if record.status is ExecutionStatus.QUEUED:
         done = store.transition(execution_id, {ExecutionStatus.QUEUED}, BY, cancel_queued_record)
-        if done is not None:
-            cancel_queued(services.queue, execution_id)
+        if done is not None:  # its queue entry is skipped when a worker reaches it
             return _answer(response, done, from_traceparent(traceparent))
         record = store.get(execution_id) or record
     if record.status is ExecutionStatus.RUNNING:
