@@ -44,7 +44,8 @@ stack-test: images
 	@test -z "$$(docker network ls -q --filter label=com.docker.compose.project=execbox)" || { echo "stack-test: network left" >&2; exit 1; }
 
 bench: images
-	.venv/bin/python bench/latency.py
+	.venv/bin/pip install -q -e '.[bench]'
+	.venv/bin/python bench/compare.py
 
 clean: down
 	rm -rf .run

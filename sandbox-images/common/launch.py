@@ -1,20 +1,32 @@
 """execbox sandbox launcher: PID 1 of every sandbox.
 
-Before user code: unpack the job's small files from stdin into /workspace. Then fork the program
-(the rest of stdin is its stdin), reap every child, and when the program ends kill whatever it
-left behind. Only then does it tell the worker the run is over (a per-run marker on stderr, after
-all of the program's output, with one byte saying whether out/ holds anything), and wait for SIGUSR1 to exit with the program's status, so that
-the workspace stays mounted while the worker collects artifacts through the engine.
+Before user code: unpack the job's small files and environment from stdin into /workspace. Then
+fork the program (the rest of stdin is its stdin), reap every child, and when the program ends
+kill whatever it left behind. Only then does it tell the worker the run is over, with a per-run
+marker at the end of stdout and of stderr, after all of the program's output:
 
-The marker only says *when* to collect; status, exit code and signals still come from the engine.
+    \n \0 "execbox-done:" nonce ":" produced ":" exit status ":" oom ":" \0
+
+(produced: 1 when out/ holds anything; oom: 1 when the kernel's OOM killer fired in the sandbox).
+It then holds the container open (until the worker removes it, or SIGUSR1), so that the
+workspace stays mounted while the worker collects artifacts through the engine.
+
+The marker is trusted because the program cannot know the nonce: it arrives on stdin before the
+program exists, and this process runs from an execute-only copy of python3, which makes the kernel
+mark it non-dumpable, so the program (same uid, no capabilities) can neither ptrace it nor read
+its memory. Without a marker (the launcher was killed, or the run was stopped from outside) the
+worker takes status and OOM from the engine instead.
+
 Uses only what python3-minimal ships, imports nothing after the program starts, and is started
 with -I -S (no user site, no current directory on sys.path).
 
 stdin carries, in order:
   10 ASCII digits      length N of the header
   N bytes              header lines: "nonce <hex>" (optional: without it the launcher exits
-                       with the program), then "<size> <octal mode> <path>" per file
-  the files' bytes     concatenated in header order
+                       with the program), "environ <size>" (optional: NUL-separated NAME=value
+                       pairs added to the program's environment), then "<size> <octal mode>
+                       <path>" per file
+  the data             the environ block and the files' bytes, in header order
   the rest             the program's own stdin (the launcher never reads past the files)
 """
 
@@ -60,14 +72,35 @@ def _write_file(path, size, mode):
 def _unpack():
     os.makedirs(os.path.join(WORKDIR, "out"), exist_ok=True)  # the output directory always exists
     nonce = ""
+    env = dict(os.environ)
     header = _read_exact(int(_read_exact(10))).decode("utf-8")
     for line in header.splitlines():
         if line.startswith("nonce "):
             nonce = line[6:]
             continue
+        if line.startswith("environ "):
+            block = _read_exact(int(line[8:])).decode("utf-8")
+            for pair in block.split("\0"):
+                if pair:
+                    name, _, value = pair.partition("=")
+                    env[name] = value
+            continue
         size, mode, path = line.split(" ", 2)
         _write_file(_safe_path(path), int(size), int(mode, 8))
-    return nonce
+    return nonce, env
+
+
+def _oom_kills():
+    """1 when the OOM killer fired in this sandbox's memory cgroup (v1 or v2), else 0."""
+    for path in ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"):
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith("oom_kill "):
+                        return 1 if int(line.split()[1]) > 0 else 0
+        except (OSError, ValueError):
+            continue
+    return 0
 
 
 def _status_code(status):
@@ -81,7 +114,7 @@ def main():
         sys.stderr.write("execbox launcher: no program given\n")
         return LAUNCH_FAILED
     try:
-        nonce = _unpack()
+        nonce, env = _unpack()
     except (OSError, ValueError, EOFError) as exc:
         sys.stderr.write("execbox launcher: %s\n" % exc)
         return LAUNCH_FAILED
@@ -95,7 +128,7 @@ def main():
         signal.pthread_sigmask(signal.SIG_UNBLOCK, release)
         try:
             os.chdir(WORKDIR)
-            os.execvp(argv[0], argv)
+            os.execvpe(argv[0], argv, env)
         except OSError as exc:
             os.write(2, ("execbox launcher: cannot run %s: %s\n" % (argv[0], exc)).encode())
         os._exit(127)
@@ -121,7 +154,9 @@ def main():
             produced = b"1" if os.listdir(os.path.join(WORKDIR, "out")) else b"0"
         except OSError:
             produced = b"1"  # let the worker look for itself
-        os.write(2, marker + produced + b"\x00")
+        marker += b"%s:%d:%d:\x00" % (produced, _status_code(status), _oom_kills())
+        os.write(1, marker)
+        os.write(2, marker)
         signal.sigwait(release)
     return _status_code(status)
 

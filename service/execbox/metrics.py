@@ -78,6 +78,7 @@ class WorkerMetrics:
     output_bytes: Counter
     artifact_bytes: Counter
     running: Gauge
+    pool_takes: Counter
 
 
 def worker_metrics(registry: CollectorRegistry) -> WorkerMetrics:
@@ -98,6 +99,9 @@ def worker_metrics(registry: CollectorRegistry) -> WorkerMetrics:
                              registry=registry),
         artifact_bytes=Counter("execbox_artifact_bytes_total", "Bytes of artifacts kept", registry=registry),
         running=Gauge("execbox_worker_busy", "1 while this worker process runs an execution", registry=registry),
+        pool_takes=Counter("execbox_pool_takes_total", "Runs that fit a warm-pool class, by whether a warm "
+                           "container was ready (hit) or the run started cold (miss)", ["language", "result"],
+                           registry=registry),
     )  # fmt: skip
 
 

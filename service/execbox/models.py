@@ -318,6 +318,7 @@ class ExecutionError(BaseModel):
 class Timing(BaseModel):
     queue_wait_ms: float | None = Field(None, description="From acceptance to a worker taking it.")
     sandbox_start_ms: float | None = Field(None, description="Creating and starting the container.")
+    warm_start: bool | None = Field(None, description="The container came from the warm pool (created beforehand).")
     run_ms: float | None = Field(None, description="From container start to the program's end.")
     collect_ms: float | None = Field(None, description="Collecting the output directory after the run.")
     total_ms: float | None = Field(None, description="From acceptance to the result being stored.")

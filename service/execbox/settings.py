@@ -50,6 +50,16 @@ class WorkerSettings(BaseModel):
     )
 
 
+class PoolSettings(BaseModel):
+    sizes: dict[str, int] = Field(
+        default_factory=dict,
+        description='Warm containers each worker keeps per language, e.g. {"python": 2}, made with the '
+        "default policy's limits; runs whose disk, CPU time and pids match take one. Empty: no pool "
+        "(every run creates its container). Each idle python container holds about 10 MiB.",
+    )
+    max_idle_s: float = Field(600.0, gt=0, description="A warm container that waited this long is replaced.")
+
+
 class WebhookSettings(BaseModel):
     allow_hosts: list[str] = Field(
         default_factory=list,
@@ -103,6 +113,7 @@ class Settings(BaseSettings):
     docker: DockerSettings = DockerSettings()
     queue: QueueSettings = QueueSettings()
     worker: WorkerSettings = WorkerSettings()
+    pool: PoolSettings = PoolSettings()
     api: ApiSettings = ApiSettings()
     telemetry: TelemetrySettings = TelemetrySettings()
     auth: AuthSettings = AuthSettings()

@@ -75,9 +75,9 @@ def test_sandbox_container_is_hardened(api: httpx.Client, docker_client: docker.
         assert host["CapDrop"] == ["ALL"] and not host["CapAdd"]
         assert host["SecurityOpt"] == ["no-new-privileges"]
         assert host["Privileged"] is False and not host.get("Init")  # the launcher is PID 1 and reaps
-        assert config["Cmd"][:4] == ["python3", "-I", "-S", "/opt/execbox/launch.py"]
+        assert config["Cmd"][:4] == ["/usr/bin/python3-launcher", "-I", "-S", "/opt/execbox/launch.py"]
         assert host["Memory"] == host["MemorySwap"] == 256 * 1024 * 1024
-        assert host["PidsLimit"] == 64 and host["NanoCpus"] == 1_000_000_000
+        assert host["PidsLimit"] == 64 and host["CpuQuota"] == host["CpuPeriod"] == 100_000
         assert set(host["Tmpfs"]) == {"/tmp"} and "size=64m" in host["Tmpfs"]["/tmp"]
         (workspace,) = host["Mounts"]  # a size-capped tmpfs volume of its own, no host path
         assert workspace["Target"] == "/workspace" and workspace["Type"] == "volume" and not workspace.get("Source")

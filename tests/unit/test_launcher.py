@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
-from execbox.sandbox.docker import frame_files
+from execbox.sandbox.docker import STDERR, STDOUT, _Capture, done_marker, frame_files
 
 LAUNCHER = Path(__file__).resolve().parents[2] / "sandbox-images" / "common" / "launch.py"
 RUN = """
@@ -47,3 +49,49 @@ def test_traversal_in_frame_is_refused(tmp_path: Path) -> None:
 def test_truncated_frame_is_refused(tmp_path: Path) -> None:
     done = launch(tmp_path, frame_files((("main.py", b"print(1)"),))[:-3], "true")
     assert done.returncode == 120 and b"stdin ended" in done.stderr
+
+
+def test_environment_from_frame_reaches_program_only(tmp_path: Path) -> None:
+    env = (("GREETING", "a=b c\nd"), ("EMPTY", ""))
+    frame = frame_files((("main.py", b"import os\nprint(repr(os.environ['GREETING']), repr(os.environ['EMPTY']))"),),
+                        env=env)  # fmt: skip
+    done = launch(tmp_path, frame, sys.executable, "main.py")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"'a=b c\\nd' ''\n"
+
+
+def test_marker_reports_status_and_output_and_capture_strips_it() -> None:
+    nonce = "00aa11bb22cc33dd"
+    wake = threading.Event()
+    capture = _Capture(100, done_marker(nonce), wake)
+    marker = done_marker(nonce) + b"1:137:1:\x00"
+    capture._take(STDERR, b"warning\n")
+    capture._take(STDERR, b"\n\x00execbox-done:" + b"ffffffffffffffff:0:0:0:\x00")  # a wrong nonce: kept as output
+    capture._take(STDERR, marker[:7])
+    capture._take(STDERR, marker[7:])
+    assert not capture.done and not wake.is_set()  # stdout may still be on its way
+    capture._take(STDOUT, b"result" + marker)
+    assert capture.done and wake.is_set()
+    assert (capture.produced, capture.exit_code, capture.oom) == (True, 137, True)
+    stderr, total, truncated = capture.result(STDERR)
+    assert stderr.startswith(b"warning\n\n\x00execbox-done:ffff") and not stderr.endswith(b"1:137:1:\x00")
+    assert total == len(stderr) and not truncated
+    assert capture.result(STDOUT) == (b"result", 6, False)
+
+
+def test_launcher_writes_marker_with_program_status(tmp_path: Path) -> None:
+    frame = frame_files((("main.py", b"import sys\nopen('out/r.txt', 'w').write('x')\nsys.exit(3)"),), "abc123")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RUN, str(LAUNCHER), str(tmp_path), sys.executable, "main.py"],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stderr is not None
+    proc.stdin.write(frame)
+    proc.stdin.close()
+    tail = b""
+    while not tail.endswith(b"\x00") or b"execbox-done" not in tail:
+        tail += proc.stderr.read(1)
+    proc.send_signal(signal.SIGUSR1)  # not PID 1 here: the release signal ends it
+    assert proc.wait(10) == 3
+    proc.stderr.close()
+    assert tail.endswith(done_marker("abc123") + b"1:3:0:\x00")

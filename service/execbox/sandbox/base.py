@@ -12,6 +12,8 @@ EXECUTION_LABEL = "execbox.execution_id"
 TRACE_LABEL = "execbox.trace_id"
 WORKER_LABEL = "execbox.worker"
 DEPLOYMENT_LABEL = "execbox.deployment"
+POOL_LABEL = "execbox.pool"
+"""On warm-pool containers: the class they were made for (they carry no execution label)."""
 WORKDIR = "/workspace"
 SANDBOX_UID = 65534
 
@@ -71,6 +73,8 @@ class RunOutcome:
     collect_ms: float = 0.0
     collect_error: str | None = None
     """Why the output directory could not be collected (None when it was, or nobody asked)."""
+    warm: bool = False
+    """The container came from the warm pool."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,8 @@ class ContainerInfo:
     execution_id: str | None
     created_at: float
     running: bool
+    worker: str | None = None
+    pool: str | None = None
 
 
 @dataclass

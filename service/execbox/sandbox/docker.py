@@ -6,12 +6,17 @@ launcher (PID 1) followed by the language's command. The request's input files a
 stdin in a frame the launcher unpacks before it starts the program. /workspace is a size-capped
 tmpfs volume, so it stays readable through the engine (get_archive) until the container is
 removed: the launcher holds the container open after the program ends until the worker has
-collected the output directory and releases it with SIGUSR1.
+collected the output directory, and the container is then removed.
+
+A container comes from the warm pool (created and started with the same hardening before the
+request arrived, waiting on stdin; used once) when the worker keeps one for the run's class, and
+is created on the spot otherwise. The per-request environment travels in the stdin frame for both.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import socket
 import threading
@@ -31,24 +36,28 @@ from execbox.sandbox.base import (
     DEPLOYMENT_LABEL,
     EXECUTION_LABEL,
     MANAGED_LABEL,
+    POOL_LABEL,
     SANDBOX_UID,
     TRACE_LABEL,
     WORKDIR,
     WORKER_LABEL,
     ContainerInfo,
+    Limits,
     RunControl,
     RunOutcome,
     RunSpec,
 )
+from execbox.sandbox.pool import WarmPool
 from execbox.settings import DockerSettings
 
 log = logging.getLogger(__name__)
 
 SANDBOX_USER = f"{SANDBOX_UID}:{SANDBOX_UID}"
-LAUNCHER = ("python3", "-I", "-S", "/opt/execbox/launch.py")
+# An execute-only copy of python3 (sandbox-images/common/harden.sh): see launch.py on why.
+LAUNCHER = ("/usr/bin/python3-launcher", "-I", "-S", "/opt/execbox/launch.py")
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
 STDOUT, STDERR = 1, 2
-RELEASE_SIGNAL = "SIGUSR1"
+CPU_PERIOD_US = 100_000
 
 
 @contextmanager
@@ -63,16 +72,23 @@ def _docker_errors() -> Iterator[None]:
         raise RuntimeUnavailable(f"Docker engine unreachable or failing ({exc}); retry shortly") from exc
 
 
-def frame_files(files: tuple[tuple[str, bytes], ...], nonce: str = "") -> bytes:
-    """The launcher's stdin frame: header length, header lines, then the files' bytes."""
-    lines = ([f"nonce {nonce}\n"] if nonce else []) + [f"{len(data)} 644 {path}\n" for path, data in files]
+def frame_files(files: tuple[tuple[str, bytes], ...], nonce: str = "", env: tuple[tuple[str, str], ...] = ()) -> bytes:
+    """The launcher's stdin frame: header length, header lines, then the environment and files."""
+    environ = b"".join(f"{name}={value}".encode() + b"\0" for name, value in env)
+    lines = [f"nonce {nonce}\n"] if nonce else []
+    lines += [f"environ {len(environ)}\n"] if environ else []
+    lines += [f"{len(data)} 644 {path}\n" for path, data in files]
     encoded = "".join(lines).encode()
-    return b"%010d" % len(encoded) + encoded + b"".join(data for _, data in files)
+    return b"%010d" % len(encoded) + encoded + environ + b"".join(data for _, data in files)
 
 
 def done_marker(nonce: str) -> bytes:
-    """The launcher's end-of-run marker without its last two bytes: b"0"/b"1" (out/ empty or not), NUL."""
+    """The start of the launcher's end-of-run marker; "produced:status:oom:" and a NUL follow."""
     return b"\n\x00execbox-done:%s:" % nonce.encode()
+
+
+_MARKER_TAIL = re.compile(rb"([01]):(\d{1,3}):([01]):\x00\Z")
+_MARKER_TAIL_MAX = len(b"1:255:1:\x00")
 
 
 def host_config_kwargs(spec: RunSpec, runtime: str | None) -> dict[str, Any]:
@@ -92,7 +108,9 @@ def host_config_kwargs(spec: RunSpec, runtime: str | None) -> dict[str, Any]:
         "mem_limit": f"{lim.memory_mb}m",
         "memswap_limit": f"{lim.memory_mb}m",
         "pids_limit": lim.pids,
-        "nano_cpus": int(lim.cpu * 1e9),
+        # CFS quota rather than nano_cpus: the same limit, and one `docker update` can change it.
+        "cpu_period": CPU_PERIOD_US,
+        "cpu_quota": int(lim.cpu * CPU_PERIOD_US),
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],
         "ulimits": [
@@ -113,19 +131,27 @@ def host_config_kwargs(spec: RunSpec, runtime: str | None) -> dict[str, Any]:
 
 class _Capture:
     """Reads the multiplexed attach stream in its own thread: byte caps per stream, and the
-    launcher's end-of-run marker at the end of stderr."""
+    launcher's end-of-run marker at the end of stdout and of stderr. The engine copies the two
+    streams independently, so the run's output is complete only when both markers have arrived."""
 
     def __init__(self, cap: int, marker: bytes, wake: threading.Event) -> None:
         self.cap = cap
         self.marker = marker
         self.kept = {STDOUT: bytearray(), STDERR: bytearray()}
         self.total = {STDOUT: 0, STDERR: 0}
+        self.marked = {STDOUT: False, STDERR: False}
         self.overflowed = False
-        self.done = False
         self.produced = True
+        self.exit_code: int | None = None
+        self.oom = False
         self.eof = False
-        self._tail = b""
+        self._slack = len(marker) + _MARKER_TAIL_MAX  # a stream may exceed its cap by the marker
+        self._tail = {STDOUT: b"", STDERR: b""}
         self._wake = wake
+
+    @property
+    def done(self) -> bool:
+        return self.marked[STDOUT] and self.marked[STDERR]
 
     def pump(self, sock: Any) -> None:
         try:
@@ -139,23 +165,35 @@ class _Capture:
 
     def _take(self, stream: int, data: bytes) -> None:
         self.total[stream] += len(data)
-        room = self.cap + len(self.marker) + 2 - len(self.kept[stream])
+        room = self.cap + self._slack - len(self.kept[stream])
         self.kept[stream] += data[: max(room, 0)]
-        if stream == STDERR and not self.done:
-            size = len(self.marker) + 2
-            self._tail = (self._tail + data)[-size:]
-            if self._tail[:-2] == self.marker and self._tail[-1:] == b"\x00" and self._tail[-2:-1] in (b"0", b"1"):
-                self.done = True
-                self.produced = self._tail[-2:-1] == b"1"
-                self.total[STDERR] -= size
-                if self.kept[STDERR].endswith(self._tail):
-                    del self.kept[STDERR][-size:]
-                self._wake.set()
+        if not self.marked[stream]:
+            self._tail[stream] = (self._tail[stream] + data)[-self._slack :]
+            if self._tail[stream].endswith(b"\x00") and self._found_marker(stream):
+                if self.done:
+                    self._wake.set()
                 return
-        # The marker may still follow, so a stream is over its cap only past cap + marker.
-        if self.total[stream] > self.cap + len(self.marker) + 2 and not self.overflowed:
+        if self.total[stream] > self.cap + self._slack and not self.overflowed:
             self.overflowed = True
             self._wake.set()
+
+    def _found_marker(self, stream: int) -> bool:
+        tail = self._tail[stream]
+        start = tail.rfind(self.marker)
+        if start < 0:
+            return False
+        fields = _MARKER_TAIL.match(tail, start + len(self.marker))
+        if fields is None:
+            return False
+        self.marked[stream] = True
+        self.produced = fields.group(1) == b"1"
+        self.exit_code = int(fields.group(2))
+        self.oom = fields.group(3) == b"1"
+        size = len(tail) - start
+        self.total[stream] -= size
+        if self.kept[stream].endswith(tail[start:]):
+            del self.kept[stream][-size:]
+        return True
 
     def result(self, stream: int) -> tuple[bytes, int, bool]:
         total = self.total[stream]
@@ -167,6 +205,8 @@ class DockerRuntime:
         self._settings = settings
         self._client: docker.DockerClient | None = None
         self._image_ids: dict[str, str] = {}
+        self.pool: WarmPool | None = None
+        """Set by the worker when it keeps warm containers; None: every run creates its own."""
 
     @property
     def api(self) -> docker.APIClient:
@@ -200,15 +240,24 @@ class DockerRuntime:
         container_id: str | None = None
         try:
             with _docker_errors():
-                container_id = self._create(spec)
-                return self._run_created(spec, control, container_id, image_id, t0)
+                container_id = self.pool.take(spec) if self.pool is not None else None
+                if container_id is not None:
+                    return self._run_started(spec, control, container_id, image_id, t0, warm=True)
+                container_id = self._create(spec, self._labels(spec, {EXECUTION_LABEL: spec.execution_id,
+                                                                      TRACE_LABEL: spec.trace_id}))  # fmt: skip
+                return self._run_started(spec, control, container_id, image_id, t0, warm=False)
         finally:
             if container_id is not None:
                 # Off the result's path: removal (with its volume) takes ~50 ms. If this process
                 # dies first, the reaper finds the container by its label.
                 threading.Thread(target=self.remove, args=(container_id,), daemon=True).start()
 
-    def _create(self, spec: RunSpec) -> str:
+    @staticmethod
+    def _labels(spec: RunSpec, extra: dict[str, str]) -> dict[str, str]:
+        return {MANAGED_LABEL: "true", DEPLOYMENT_LABEL: spec.deployment, WORKER_LABEL: spec.worker, **extra}
+
+    def _create(self, spec: RunSpec, labels: dict[str, str]) -> str:
+        """Create (not start) a hardened container for spec's image, command and limits."""
         api = self.api
         host_config = api.create_host_config(**host_config_kwargs(spec, self._settings.runtime))
         created = api.create_container(
@@ -216,23 +265,43 @@ class DockerRuntime:
             command=[*LAUNCHER, *spec.command],
             user=SANDBOX_USER,
             working_dir=WORKDIR,
-            environment={**BASE_ENV, **dict(spec.env)},
+            environment=BASE_ENV,
             stdin_open=True,
             tty=False,
             hostname="sandbox",
             network_disabled=True,
-            labels={
-                MANAGED_LABEL: "true",
-                DEPLOYMENT_LABEL: spec.deployment,
-                EXECUTION_LABEL: spec.execution_id,
-                TRACE_LABEL: spec.trace_id,
-                WORKER_LABEL: spec.worker,
-            },
+            labels=labels,
             host_config=host_config,
         )
         return str(created["Id"])
 
-    def _run_created(self, spec: RunSpec, control: RunControl, cid: str, image_id: str, t0: float) -> RunOutcome:
+    def create_pooled(self, spec: RunSpec, pool_class: str) -> str:
+        """A warm-pool container: created and started, its launcher waiting for a frame on stdin."""
+        with _docker_errors():
+            cid = self._create(spec, self._labels(spec, {POOL_LABEL: pool_class}))
+            try:
+                self.api.start(cid)
+            except BaseException:
+                self.remove(cid)
+                raise
+            return cid
+
+    def resize(self, container_id: str, held: Limits, wanted: Limits) -> None:
+        """Apply a run's memory and CPU limits to a pooled container made with the class's."""
+        if (held.memory_mb, held.cpu) == (wanted.memory_mb, wanted.cpu):
+            return
+        with _docker_errors():
+            self.api.update_container(
+                container_id,
+                mem_limit=f"{wanted.memory_mb}m",
+                memswap_limit=f"{wanted.memory_mb}m",
+                cpu_period=CPU_PERIOD_US,
+                cpu_quota=int(wanted.cpu * CPU_PERIOD_US),
+            )
+
+    def _run_started(
+        self, spec: RunSpec, control: RunControl, cid: str, image_id: str, t0: float, warm: bool
+    ) -> RunOutcome:
         api = self.api
         nonce = secrets.token_hex(8)
         wake = threading.Event()
@@ -241,12 +310,13 @@ class DockerRuntime:
         raw = getattr(sock, "_sock", sock)
         reader = threading.Thread(target=capture.pump, args=(sock,), name=f"capture-{spec.execution_id}", daemon=True)
         reader.start()
-        api.start(cid)
+        if not warm:
+            api.start(cid)
         if spec.input_archive:
             api.put_archive(cid, WORKDIR, spec.input_archive)
         started = time.monotonic()
         control.set_killer(wake.set)
-        payload = frame_files(spec.files, nonce) + spec.stdin
+        payload = frame_files(spec.files, nonce, spec.env) + spec.stdin
         threading.Thread(target=_feed, args=(raw, payload), daemon=True).start()
         # Not joined: the stats stream ends by itself when the container is removed, and a run
         # shorter than the engine's first sample simply reports no peak.
@@ -262,7 +332,6 @@ class DockerRuntime:
             # The launcher says whether out/ is empty; a program can only lie about its own files.
             if capture.produced or spec.collect_path != "out":
                 collect_error = self._collect(cid, spec)
-            self._signal(cid, RELEASE_SIGNAL)
         elif not capture.eof:
             # Stopped from outside (timeout, output cap, cancel): freeze every process so the
             # collection sees a still workspace, then kill.
@@ -271,14 +340,22 @@ class DockerRuntime:
         else:
             collect_error = "the sandbox ended before its output directory could be collected"
         collected_at = time.monotonic()
-        exit_code = self._wait(cid, 10.0)
-        reader.join(timeout=5.0)
-        state = api.inspect_container(cid)["State"]
-        _close(sock)
+        if finished:
+            # The launcher's marker carries the program's status and the cgroup's OOM count; the
+            # container itself is removed (killed) off the result's path.
+            exit_code, oom_killed = capture.exit_code, capture.oom
+            _close(sock)
+        else:
+            exit_code = self._wait(cid, 10.0)
+            reader.join(timeout=5.0)
+            state = api.inspect_container(cid)["State"]
+            _close(sock)
+            exit_code = exit_code if exit_code is not None else state.get("ExitCode")
+            oom_killed = bool(state.get("OOMKilled"))
         stdout, stdout_total, stdout_over = capture.result(STDOUT)
         stderr, stderr_total, stderr_over = capture.result(STDERR)
         return RunOutcome(
-            exit_code=exit_code if exit_code is not None else state.get("ExitCode"),
+            exit_code=exit_code,
             stdout=stdout,
             stderr=stderr,
             stdout_total=stdout_total,
@@ -287,13 +364,14 @@ class DockerRuntime:
             stderr_truncated=stderr_over,
             timed_out=timed_out,
             cancelled=control.cancelled,
-            oom_killed=bool(state.get("OOMKilled")),
+            oom_killed=oom_killed,
             peak_memory_bytes=max(peak) if peak else None,
             image_id=image_id,
             start_ms=(started - t0) * 1000,
             run_ms=(ended - started) * 1000,
             collect_ms=(collected_at - ended) * 1000,
             collect_error=collect_error if spec.collector else None,
+            warm=warm,
         )
 
     def _collect(self, cid: str, spec: RunSpec, freeze: bool = False) -> str | None:
@@ -364,6 +442,8 @@ class DockerRuntime:
                 execution_id=(c.get("Labels") or {}).get(EXECUTION_LABEL),
                 created_at=float(c.get("Created", 0)),
                 running=c.get("State") == "running",
+                worker=(c.get("Labels") or {}).get(WORKER_LABEL),
+                pool=(c.get("Labels") or {}).get(POOL_LABEL),
             )
             for c in found
         ]

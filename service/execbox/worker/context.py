@@ -11,11 +11,15 @@ from prometheus_client import CollectorRegistry
 
 from execbox import store as store_mod
 from execbox.artifact_store import ArtifactStore, LocalArtifactStore
+from execbox.errors import ServiceError
 from execbox.languages import Languages
 from execbox.metrics import WorkerMetrics, worker_metrics
+from execbox.models import PolicyRequest
+from execbox.policies import PolicySet
 from execbox.queue import make_webhook_queue, webhook_notifier
-from execbox.sandbox.base import Runtime
+from execbox.sandbox.base import Limits, RunSpec, Runtime
 from execbox.sandbox.docker import DockerRuntime
+from execbox.sandbox.pool import PoolClass, WarmPool
 from execbox.settings import Settings
 from execbox.tracing import Spans
 from execbox.tracing import setup as setup_tracing
@@ -32,6 +36,7 @@ class WorkerContext:
     metrics: WorkerMetrics
     registry: CollectorRegistry
     spans: Spans
+    pool: WarmPool | None = None
 
     @classmethod
     def build(cls, settings: Settings, name: str | None = None) -> WorkerContext:
@@ -48,11 +53,41 @@ class WorkerContext:
             registry=registry,
             spans=setup_tracing(settings.telemetry.otlp_endpoint, "execbox-worker"),
         )
+        if settings.pool.sizes:
+            runtime = context.runtime
+            assert isinstance(runtime, DockerRuntime)
+            context.pool = runtime.pool = build_pool(context, runtime)
         context.store.terminal_hooks += [
             context.metrics.outcomes.observe,
             webhook_notifier(make_webhook_queue(context.store.redis, settings), settings),
         ]
         return context
+
+
+def build_pool(ctx: WorkerContext, runtime: DockerRuntime) -> WarmPool:
+    """One pool class per configured language, with the default policy's limits."""
+    default = PolicySet.load(ctx.settings.policies_dir).resolve(PolicyRequest(), 0)
+    limits = Limits(default.timeout_s, default.cpu, default.cpu_time_s, default.memory_mb, default.pids,
+                    default.disk_mb, default.output_bytes)  # fmt: skip
+    classes = []
+    for name, size in ctx.settings.pool.sizes.items():
+        try:
+            language = ctx.languages.get(name)
+        except ServiceError as exc:
+            raise ValueError(f"EXECBOX_POOL__SIZES: {exc.message}") from exc
+        template = RunSpec(execution_id="", trace_id="", worker=ctx.name, image=language.image,
+                           command=language.command, files=(), env=(), limits=limits,
+                           language=language.name, deployment=ctx.settings.redis.key_prefix)  # fmt: skip
+        classes.append(PoolClass(language.name, size, template))
+    metrics = ctx.metrics
+    return WarmPool(
+        runtime,
+        classes,
+        ctx.name,
+        ctx.settings.redis.key_prefix,
+        ctx.settings.pool.max_idle_s,
+        on_take=lambda language, hit: metrics.pool_takes.labels(language, "hit" if hit else "miss").inc(),
+    )
 
 
 _current: WorkerContext | None = None

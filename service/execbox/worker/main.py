@@ -52,6 +52,8 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
         )
     stop = threading.Event()
     reaper.start(ctx, stop)
+    if ctx.pool is not None:
+        ctx.pool.start(stop)
     try:
         for generation in itertools.count():
             worker = _Worker(
@@ -71,6 +73,8 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
                 _wait_for_redis(ctx)
     finally:
         stop.set()
+        if ctx.pool is not None:
+            ctx.pool.drain()
 
 
 def _wait_for_redis(ctx: WorkerContext) -> None:

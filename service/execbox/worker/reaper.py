@@ -12,6 +12,7 @@ import threading
 import time
 
 from execbox.errors import ServiceError
+from execbox.sandbox.base import ContainerInfo
 from execbox.worker.context import WorkerContext
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,9 @@ def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[st
             counts["lost"] += 1
     now = time.time()
     unowned_now: set[str] = set()
+    live_workers = {str(w["name"]) for w in ctx.store.workers()}
     for container in ctx.runtime.managed_containers(ctx.settings.redis.key_prefix):
-        owned = container.execution_id is not None and ctx.store.lease_alive(container.execution_id)
+        owned = _owned(ctx, container, live_workers)
         if owned or now - container.created_at < ctx.settings.worker.orphan_grace_s:
             continue
         unowned_now.add(container.id)
@@ -64,6 +66,13 @@ def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[st
     if any(counts.values()):
         log.info("reaper sweep", extra=counts)
     return counts
+
+
+def _owned(ctx: WorkerContext, container: ContainerInfo, live_workers: set[str]) -> bool:
+    """A run's container belongs to its execution's lease; a warm one to the worker that made it."""
+    if container.execution_id is not None:
+        return ctx.store.lease_alive(container.execution_id)
+    return container.pool is not None and container.worker in live_workers
 
 
 def start(ctx: WorkerContext, stop: threading.Event) -> threading.Thread:

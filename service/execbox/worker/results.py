@@ -129,6 +129,7 @@ def apply_outcome(
     record.timing = Timing(
         queue_wait_ms=record.timing.queue_wait_ms,
         sandbox_start_ms=round(outcome.start_ms, 1),
+        warm_start=outcome.warm,
         run_ms=round(outcome.run_ms, 1),
         collect_ms=round(outcome.collect_ms, 1),
     )

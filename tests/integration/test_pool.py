@@ -1,0 +1,162 @@
+"""The warm pool against the real engine: used once, sized per run, refilled, recycled, cleaned up."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import docker
+import pytest
+
+from execbox.sandbox.base import POOL_LABEL, WORKER_LABEL
+from tests.conftest import Side, run_code, wait_until
+
+pytestmark = [pytest.mark.docker, pytest.mark.redis]
+
+LIMITS_PROBE = """
+import os
+memory = open('/sys/fs/cgroup/memory/memory.limit_in_bytes').read().strip()
+quota = open('/sys/fs/cgroup/cpu/cpu.cfs_quota_us').read().strip()
+print(memory, quota, os.environ['GREETING'])
+"""
+
+
+def idle(docker_client: docker.DockerClient, worker: str) -> set[str]:
+    found = docker_client.api.containers(filters={"label": [f"{WORKER_LABEL}={worker}", f"{POOL_LABEL}=python"]})
+    return {c["Id"] for c in found}
+
+
+def full_pool(docker_client: docker.DockerClient, worker: str, size: int, previous: set[str] | None = None) -> set[str]:
+    """Wait until the worker's pool holds `size` containers, other than `previous` (a taken one is
+    labelled like an idle one until its removal); their ids."""
+
+    def ready() -> set[str] | None:
+        ids = idle(docker_client, worker)
+        return ids if len(ids) == size and ids != previous else None
+
+    found = wait_until(ready, 30, "the warm pool to fill")
+    assert isinstance(found, set)
+    return found
+
+
+def gone(docker_client: docker.DockerClient, container_id: str) -> bool:
+    return not docker_client.api.containers(all=True, filters={"id": container_id})
+
+
+@pytest.fixture
+def pooled(side_stack: Callable[..., Side]) -> Iterator[Callable[..., tuple[Side, str]]]:
+    """Factory: a side API and one worker keeping `size` warm python containers; the worker is
+    stopped (and so removes its pool) when the test ends."""
+    workers: list[subprocess.Popen[bytes]] = []
+
+    def make(size: int = 2, **env: str) -> tuple[Side, str]:
+        side = side_stack()
+        name = f"{side.env['EXECBOX_QUEUE__NAME']}-pooled"
+        workers.append(side.worker("pooled", EXECBOX_POOL__SIZES=json.dumps({"python": size}), **env))
+        return side, name
+
+    yield make
+    for proc in workers:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+
+
+def run(side: Side, code: str, env: dict[str, str] | None = None, **policy: object) -> dict[str, Any]:
+    with side.client() as client:
+        if env is None:
+            return run_code(client, code, **policy)
+        response = client.post("/v1/executions?wait=60", json={"language": "python", "code": code, "env": env,
+                                                              "policy": policy})  # fmt: skip
+        assert response.status_code == 200, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+
+def test_each_run_takes_a_fresh_warm_container_once(
+    pooled: Callable[..., tuple[Side, str]], docker_client: docker.DockerClient
+) -> None:
+    side, worker = pooled(size=2)
+    used: set[str] = set()
+    before = full_pool(docker_client, worker, 2)
+    for _ in range(3):
+        assert not before & used, "a used container was offered again"
+        body = run(side, "print(1)")
+        assert body["status"] == "succeeded" and body["stdout"] == "1\n", body
+        assert body["timing"]["warm_start"] is True
+        after = full_pool(docker_client, worker, 2, before)
+        (taken,) = before - after  # exactly one left the pool ...
+        wait_until(lambda: gone(docker_client, taken), 20, "its removal")  # noqa: B023
+        used.add(taken)  # ... and it no longer exists: never reused
+        before = after
+
+
+def test_run_gets_its_own_limits_env_and_outcome_on_a_warm_container(
+    pooled: Callable[..., tuple[Side, str]], docker_client: docker.DockerClient
+) -> None:
+    side, worker = pooled(size=1)
+    pool = full_pool(docker_client, worker, 1)
+    body = run(side, LIMITS_PROBE, env={"GREETING": "hi"}, memory_mb=512, cpu=0.5)
+    assert body["timing"]["warm_start"] is True and body["status"] == "succeeded", body
+    assert body["stdout"].split() == [str(512 << 20), "50000", "hi"]
+
+    pool = full_pool(docker_client, worker, 1, pool)
+    oom = run(side, "blob = b'x' * (300 * 1024 * 1024)\nprint(len(blob))", memory_mb=64)
+    assert oom["timing"]["warm_start"] is True
+    assert oom["error"]["category"] == "limit.memory" and oom["resources"]["oom_killed"] is True, oom
+
+    pool = full_pool(docker_client, worker, 1, pool)
+    failing = run(side, "import sys\nprint('out')\nsys.exit(7)")
+    assert failing["timing"]["warm_start"] is True
+    assert failing["exit_code"] == 7 and failing["error"]["category"] == "code.exit_nonzero", failing
+
+    pool = full_pool(docker_client, worker, 1, pool)
+    slow = run(side, "import time\ntime.sleep(30)", timeout_s=1)
+    assert slow["timing"]["warm_start"] is True and slow["error"]["category"] == "limit.timeout", slow
+
+    other_class = run(side, "print(2)", disk_mb=128)  # tmpfs sizes are fixed at creation: cold
+    assert other_class["timing"]["warm_start"] is False and other_class["stdout"] == "2\n"
+
+
+def test_program_cannot_read_the_launchers_memory(pooled: Callable[..., tuple[Side, str]]) -> None:
+    side, _ = pooled(size=1)
+    code = (
+        "import os\n"
+        "for path in ('/proc/1/mem', '/proc/1/environ'):\n"
+        "    try:\n"
+        "        open(path, 'rb').read(1); print(path, 'readable')\n"
+        "    except OSError as exc:\n"
+        "        print(path, type(exc).__name__)\n"
+    )
+    body = run(side, code)
+    assert body["stdout"] == "/proc/1/mem PermissionError\n/proc/1/environ PermissionError\n", body
+
+
+def test_stale_containers_are_recycled_and_a_stopped_worker_leaves_none(
+    pooled: Callable[..., tuple[Side, str]], docker_client: docker.DockerClient
+) -> None:
+    side, worker = pooled(size=2, EXECBOX_POOL__MAX_IDLE_S="2")
+    first = full_pool(docker_client, worker, 2)
+    wait_until(lambda: len(idle(docker_client, worker) - first) == 2, 30, "both to be replaced")
+    assert not idle(docker_client, worker) & first
+    (proc,) = [p for p in side.processes.procs if p.args[-1] == worker]  # type: ignore[index]
+    proc.send_signal(signal.SIGTERM)  # a clean stop: the worker removes its own pool
+    proc.wait(30)
+    assert not idle(docker_client, worker)
+    labelled = docker_client.api.containers(all=True, filters={"label": f"{WORKER_LABEL}={worker}"})
+    assert not labelled
+
+
+def test_a_killed_workers_pool_is_reaped(
+    pooled: Callable[..., tuple[Side, str]], docker_client: docker.DockerClient
+) -> None:
+    side, worker = pooled(size=2)
+    full_pool(docker_client, worker, 2)
+    (proc,) = [p for p in side.processes.procs if p.args[-1] == worker]  # type: ignore[index]
+    proc.kill()
+    proc.wait(10)
+    # The session's workers (same deployment) remove them once the dead worker's heartbeat is gone.
+    wait_until(lambda: not idle(docker_client, worker), 60, "the dead worker's pool to be reaped")
