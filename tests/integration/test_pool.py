@@ -12,7 +12,7 @@ import docker
 import pytest
 
 from execbox.sandbox.base import POOL_LABEL, WORKER_LABEL
-from tests.conftest import Side, run_code, wait_until
+from tests.conftest import Side, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
@@ -67,10 +67,8 @@ def pooled(side_stack: Callable[..., Side]) -> Iterator[Callable[..., tuple[Side
 
 def run(side: Side, code: str, env: dict[str, str] | None = None, **policy: object) -> dict[str, Any]:
     with side.client() as client:
-        if env is None:
-            return run_code(client, code, **policy)
-        response = client.post("/v1/executions?wait=60", json={"language": "python", "code": code, "env": env,
-                                                              "policy": policy})  # fmt: skip
+        response = client.post("/v1/executions?wait=60", json={"language": "python", "code": code,
+                                                              "env": env or {}, "policy": policy})  # fmt: skip
         assert response.status_code == 200, response.text
         body: dict[str, Any] = response.json()
         return body
