@@ -5,9 +5,10 @@ fork the program (the rest of stdin is its stdin), reap every child, and when th
 kill whatever it left behind. Only then does it tell the worker the run is over, with a per-run
 marker at the end of stdout and of stderr, after all of the program's output:
 
-    \n \0 "execbox-done:" nonce ":" produced ":" exit status ":" oom ":" \0
+    \n \0 "execbox-done:" nonce ":" produced ":" exit status ":" oom ":" peak ":" \0
 
-(produced: 1 when out/ holds anything; oom: 1 when the kernel's OOM killer fired in the sandbox).
+(produced: 1 when out/ holds anything; oom: 1 when the kernel's OOM killer fired in the sandbox;
+peak: the sandbox's memory high-water mark in bytes, 0 when the cgroup does not say).
 It then holds the container open (until the worker removes it, or SIGUSR1), so that the
 workspace stays mounted while the worker collects artifacts through the engine.
 
@@ -90,6 +91,17 @@ def _unpack():
     return nonce, env
 
 
+def _peak_memory():
+    """The sandbox cgroup's memory high-water mark in bytes (v1 or v2), 0 when unknown."""
+    for path in ("/sys/fs/cgroup/memory/memory.max_usage_in_bytes", "/sys/fs/cgroup/memory.peak"):
+        try:
+            with open(path) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+    return 0
+
+
 def _oom_kills():
     """1 when the OOM killer fired in this sandbox's memory cgroup (v1 or v2), else 0."""
     for path in ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"):
@@ -154,7 +166,7 @@ def main():
             produced = b"1" if os.listdir(os.path.join(WORKDIR, "out")) else b"0"
         except OSError:
             produced = b"1"  # let the worker look for itself
-        marker += b"%s:%d:%d:\x00" % (produced, _status_code(status), _oom_kills())
+        marker += b"%s:%d:%d:%d:\x00" % (produced, _status_code(status), _oom_kills(), _peak_memory())
         os.write(1, marker)
         os.write(2, marker)
         signal.sigwait(release)

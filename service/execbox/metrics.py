@@ -79,6 +79,7 @@ class WorkerMetrics:
     artifact_bytes: Counter
     running: Gauge
     pool_takes: Counter
+    status_mismatches: Counter
 
 
 def worker_metrics(registry: CollectorRegistry) -> WorkerMetrics:
@@ -102,6 +103,9 @@ def worker_metrics(registry: CollectorRegistry) -> WorkerMetrics:
         pool_takes=Counter("execbox_pool_takes_total", "Runs that fit a warm-pool class, by whether a warm "
                            "container was ready (hit) or the run started cold (miss)", ["language", "result"],
                            registry=registry),
+        status_mismatches=Counter("execbox_sandbox_status_mismatches_total", "Runs whose launcher-reported exit "
+                                  "status or OOM flag the engine contradicted afterwards (expected: never)",
+                                  registry=registry),
     )  # fmt: skip
 
 

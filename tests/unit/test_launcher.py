@@ -64,17 +64,17 @@ def test_marker_reports_status_and_output_and_capture_strips_it() -> None:
     nonce = "00aa11bb22cc33dd"
     wake = threading.Event()
     capture = _Capture(100, done_marker(nonce), wake)
-    marker = done_marker(nonce) + b"1:137:1:\x00"
+    marker = done_marker(nonce) + b"1:137:1:5242880:\x00"
     capture._take(STDERR, b"warning\n")
-    capture._take(STDERR, b"\n\x00execbox-done:" + b"ffffffffffffffff:0:0:0:\x00")  # a wrong nonce: kept as output
+    capture._take(STDERR, b"\n\x00execbox-done:" + b"ffffffffffffffff:0:0:0:0:\x00")  # a wrong nonce: kept as output
     capture._take(STDERR, marker[:7])
     capture._take(STDERR, marker[7:])
     assert not capture.done and not wake.is_set()  # stdout may still be on its way
     capture._take(STDOUT, b"result" + marker)
     assert capture.done and wake.is_set()
-    assert (capture.produced, capture.exit_code, capture.oom) == (True, 137, True)
+    assert (capture.produced, capture.exit_code, capture.oom, capture.peak) == (True, 137, True, 5 << 20)
     stderr, total, truncated = capture.result(STDERR)
-    assert stderr.startswith(b"warning\n\n\x00execbox-done:ffff") and not stderr.endswith(b"1:137:1:\x00")
+    assert stderr.startswith(b"warning\n\n\x00execbox-done:ffff") and not stderr.endswith(b"5242880:\x00")
     assert total == len(stderr) and not truncated
     assert capture.result(STDOUT) == (b"result", 6, False)
 
@@ -94,4 +94,4 @@ def test_launcher_writes_marker_with_program_status(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGUSR1)  # not PID 1 here: the release signal ends it
     assert proc.wait(10) == 3
     proc.stderr.close()
-    assert tail.endswith(done_marker("abc123") + b"1:3:0:\x00")
+    assert tail.endswith(b"\x00") and done_marker("abc123") + b"1:3:" in tail  # then OOM and peak: the cgroup's

@@ -75,6 +75,9 @@ class RunOutcome:
     """Why the output directory could not be collected (None when it was, or nobody asked)."""
     warm: bool = False
     """The container came from the warm pool."""
+    launcher_status: bool = False
+    """exit_code and oom_killed are the launcher's report (its end-of-run marker), checked against
+    the engine after the result is stored; False: read from the engine before the result."""
 
 
 @dataclass(frozen=True)

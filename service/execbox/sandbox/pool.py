@@ -5,7 +5,8 @@ container: image, command, disk, CPU time, pids; network always none), up to `si
 that are already started with the full hardening and whose launcher waits for its frame on stdin.
 A run whose spec fits a class takes one (memory and CPU are then set to the run's own values) and
 the container is removed after that run like any other: never reused. A background thread refills
-what runs took, recycles containers that waited longer than `max_idle_s`, and forgets containers
+what runs took (once the run's result is stored, so that the engine's work on a successor does
+not compete with the run for the CPU), recycles containers that waited longer than `max_idle_s`, and forgets containers
 that died. An empty pool is not an error: the run creates its container on the spot (cold).
 
 Pools are per worker process: a worker takes only containers it made, so a take is a pop under a
@@ -28,6 +29,9 @@ from execbox.errors import ServiceError
 from execbox.sandbox.base import ContainerInfo, Limits, RunSpec
 
 log = logging.getLogger(__name__)
+REFILL_DELAY_S = 0.05
+"""Creating and starting a successor (~200 ms of engine work) waits this long after a run's result
+is stored, so that the client gets the result first (same reason as docker.CLEANUP_DELAY_S)."""
 
 
 class PoolEngine(Protocol):
@@ -100,7 +104,6 @@ class WarmPool:
         with self._lock:
             idle = self._idle[pool_class.name]
             taken = idle.popleft() if idle else None
-        self._wake.set()
         self._on_take(pool_class.name, taken is not None)
         if taken is None:
             return None
@@ -110,6 +113,12 @@ class WarmPool:
             self._engine.remove(taken.id)
             raise
         return taken.id
+
+    def refill(self) -> None:
+        """Wake the refill loop shortly (the worker calls it once a run's result is stored)."""
+        timer = threading.Timer(REFILL_DELAY_S, self._wake.set)
+        timer.daemon = True
+        timer.start()
 
     def run(self, stop: threading.Event) -> None:
         """The refill loop: fill after every take; look for dead or stale containers every few seconds."""

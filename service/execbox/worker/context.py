@@ -41,10 +41,11 @@ class WorkerContext:
     @classmethod
     def build(cls, settings: Settings, name: str | None = None) -> WorkerContext:
         registry = CollectorRegistry()
+        runtime = DockerRuntime(settings.docker)
         context = cls(
             settings=settings,
             store=store_mod.ExecutionStore(store_mod.connect(settings), settings),
-            runtime=DockerRuntime(settings.docker),
+            runtime=runtime,
             languages=Languages.load(settings.images_dir),
             artifacts=LocalArtifactStore(settings.artifacts_dir),
             # A random part: a restarted container has the same host name and, as PID 1, the same pid.
@@ -53,9 +54,8 @@ class WorkerContext:
             registry=registry,
             spans=setup_tracing(settings.telemetry.otlp_endpoint, "execbox-worker"),
         )
+        runtime.on_status_mismatch = context.metrics.status_mismatches.inc
         if settings.pool.sizes:
-            runtime = context.runtime
-            assert isinstance(runtime, DockerRuntime)
             context.pool = runtime.pool = build_pool(context, runtime)
         context.store.terminal_hooks += [
             context.metrics.outcomes.observe,

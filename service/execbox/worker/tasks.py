@@ -108,6 +108,8 @@ def _run_and_finish(ctx: WorkerContext, record: ExecutionRecord, parent: TraceCo
     _observe_run(ctx, record.language, outcome, failure, collector)
     _trace_run(ctx, record, outcome, parent)
     _finish(ctx, record.id, outcome, failure, limits, collector)
+    if ctx.pool is not None:
+        ctx.pool.refill()  # only now: creating the successor would compete with the run and its result
 
 
 def _trace_run(ctx: WorkerContext, record: ExecutionRecord, outcome: RunOutcome | None, parent: TraceContext) -> None:
