@@ -9,6 +9,7 @@ engine: install
 
 images: engine
 	sandbox-images/build.sh
+	scripts/service-image
 
 # The compose stack (API, workers, Redis with AOF). `make up-host` runs the same as host processes.
 up: images

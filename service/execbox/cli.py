@@ -1,4 +1,4 @@
-"""The `execbox` command: `execbox api`, `execbox worker`, `execbox reap`."""
+"""The `execbox` command: `api`, `worker`, `egress`, `reap`, `keys`, `secrets`."""
 
 from __future__ import annotations
 
@@ -19,6 +19,21 @@ def main(argv: list[str] | None = None) -> int:
     worker.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     worker.add_argument("--name", help="worker name (default: host.pid)")
     sub.add_parser("reap", help="run one reaper sweep and print what it did")
+    egress = sub.add_parser("egress", help="run the egress proxy (in its container)")
+    egress.add_argument("--host", default="0.0.0.0")
+    secrets = sub.add_parser("secrets", help="manage secret headers the egress proxy adds per host")
+    secrets_sub = secrets.add_subparsers(dest="secrets_command", required=True)
+    put = secrets_sub.add_parser("set", help="add or replace a header for requests to a host")
+    put.add_argument("--host", required=True)
+    put.add_argument("--header", required=True, help="e.g. Authorization")
+    put.add_argument("--value", required=True, help="the header's value; - reads it from stdin")
+    put.add_argument("--tenant", default="*", help="only this tenant's executions (default: every tenant)")
+    put.add_argument("--tls", action="store_true", help="speak HTTPS to the host for http:// requests")
+    secrets_sub.add_parser("list", help="list registered secrets (never their values)")
+    drop = secrets_sub.add_parser("delete", help="remove a header")
+    drop.add_argument("--host", required=True)
+    drop.add_argument("--header", required=True)
+    drop.add_argument("--tenant", default="*")
     keys = sub.add_parser("keys", help="manage API keys").add_subparsers(dest="keys_command", required=True)
     create = keys.add_parser("create", help="issue a key for a tenant and print it (shown once)")
     create.add_argument("--tenant", required=True)
@@ -52,6 +67,23 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{info.key_id}  {info.tenant}  {'revoked' if info.revoked else 'active'}")
         elif not api_keys.revoke(args.key_id):
             print(f"no key {args.key_id}", file=sys.stderr)
+            return 1
+    elif args.command == "egress":
+        from execbox.egress.main import run_egress
+
+        run_egress(settings, host=args.host)
+    elif args.command == "secrets":
+        from execbox.store import ExecutionStore, connect
+
+        store = ExecutionStore(connect(settings), settings)
+        if args.secrets_command == "set":
+            value = sys.stdin.read().strip() if args.value == "-" else args.value
+            store.set_secret(args.tenant, args.host.lower(), args.header, value, args.tls)
+        elif args.secrets_command == "list":
+            for tenant, host, header, tls in store.secret_names():
+                print(f"{tenant}  {host}  {header}{'  (https upstream)' if tls else ''}")
+        elif not store.delete_secret(args.tenant, args.host.lower(), args.header):
+            print(f"no secret {args.header} for {args.host} ({args.tenant})", file=sys.stderr)
             return 1
     elif args.command == "reap":
         from execbox.worker import reaper

@@ -80,6 +80,7 @@ class WorkerMetrics:
     running: Gauge
     pool_takes: Counter
     status_mismatches: Counter
+    network_denials: Counter
 
 
 def worker_metrics(registry: CollectorRegistry) -> WorkerMetrics:
@@ -106,6 +107,8 @@ def worker_metrics(registry: CollectorRegistry) -> WorkerMetrics:
         status_mismatches=Counter("execbox_sandbox_status_mismatches_total", "Runs whose launcher-reported exit "
                                   "status or OOM flag the engine contradicted afterwards (expected: never)",
                                   registry=registry),
+        network_denials=Counter("execbox_network_denials_total", "Connections the egress proxy refused, counted "
+                                "when their execution finishes", registry=registry),
     )  # fmt: skip
 
 

@@ -50,6 +50,27 @@ class ErrorCategory(enum.StrEnum):
 _STRICT = ConfigDict(extra="forbid")
 
 
+class NetworkAllowlist(BaseModel):
+    """Network through the egress proxy, to these hosts only."""
+
+    model_config = _STRICT
+
+    mode: Literal["allowlist"] = Field(description="`allowlist`: HTTP(S) through the egress proxy, nothing else.")
+    allow: list[str] = Field(
+        min_length=1,
+        max_length=64,
+        description="Host patterns: `api.example.com`, `*.pypi.org` (names under pypi.org), optionally with "
+        "`:port` (without a port: 80 and 443). Each must be covered by the named policy's `network_allow`.",
+    )
+
+    @field_validator("allow")
+    @classmethod
+    def _patterns(cls, allow: list[str]) -> list[str]:
+        from execbox.egress.rules import HostPattern
+
+        return [str(HostPattern.parse(pattern)) for pattern in allow]
+
+
 class PolicyRequest(BaseModel):
     """Limits asked for by the client; each is checked against the named policy's ceiling."""
 
@@ -78,8 +99,10 @@ class PolicyRequest(BaseModel):
     queue_timeout_s: float | None = Field(
         None, gt=0, le=86400, description="How long the execution may wait in the queue before it becomes `expired`."
     )
-    network: Literal["none"] | None = Field(
-        None, description="Network access. Only `none` (no interface but loopback) exists so far."
+    network: Literal["none"] | NetworkAllowlist | None = Field(
+        None,
+        description="Network access: `none` (the default: no interface but loopback) or "
+        '`{"mode": "allowlist", "allow": [...]}` (HTTP and HTTPS to those hosts through the egress proxy).',
     )
     stdin_bytes: int | None = Field(None, ge=0, le=1 << 30, description="Largest stdin accepted, bytes.")
     input_files: int | None = Field(None, ge=0, le=100000, description="Most input files per execution.")
@@ -104,7 +127,7 @@ class AppliedPolicy(BaseModel):
     disk_mb: int = Field(description="Writable space per scratch mount and largest file, MiB.")
     output_bytes: int = Field(description="Cap of each output stream, bytes.")
     queue_timeout_s: float = Field(description="Queue deadline, seconds after submission.")
-    network: Literal["none"] = Field(description="Network mode.")
+    network: Literal["none"] | NetworkAllowlist = Field(description="Network access.")
     code_bytes: int = Field(description="Largest code accepted, bytes.")
     stdin_bytes: int = Field(description="Largest stdin accepted, bytes.")
     input_files: int = Field(description="Most input files.")
@@ -329,6 +352,20 @@ class Resources(BaseModel):
     oom_killed: bool = Field(False, description="The engine reported an out-of-memory kill.")
 
 
+class NetworkDenial(BaseModel):
+    host: str = Field(description="Host the program tried to reach (empty when a limit cut a connection).")
+    port: int = Field(description="Port it asked for.")
+    at: float = Field(description="Unix time of the refusal.")
+    reason: str = Field(description="Why the egress proxy refused.")
+    trace_id: str | None = Field(None, description="The execution's trace id.")
+
+
+class NetworkReport(BaseModel):
+    denied: list[NetworkDenial] = Field(
+        default_factory=list, description="Attempts the egress proxy refused (the first 100)."
+    )
+
+
 class Artifact(BaseModel):
     name: str = Field(description="Path relative to the output directory (or the working directory for globs).")
     size: int = Field(description="Size in bytes.")
@@ -385,6 +422,9 @@ class ExecutionPublic(BaseModel):
     error: ExecutionError | None = Field(None, description="Null on success, else the categorized error.")
     timing: Timing = Field(default_factory=Timing, description="Durations of each phase.")
     resources: Resources = Field(default_factory=Resources, description="Resource use reported by the engine.")
+    network: NetworkReport | None = Field(
+        None, description="For executions with a network allowlist: what the egress proxy refused."
+    )
     policy: AppliedPolicy = Field(description="The policy actually applied.")
     image: str | None = Field(None, description="Digest (image id) of the sandbox image that ran the code.")
     worker: str | None = Field(None, description="Name of the worker that ran it.")

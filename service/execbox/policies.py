@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from execbox.egress.rules import HostPattern, uncovered
 from execbox.errors import FieldProblem, PolicyExceeded, UnknownPolicy
-from execbox.models import AppliedPolicy, PolicyRequest
+from execbox.models import AppliedPolicy, NetworkAllowlist, PolicyRequest
 
 DEFAULT_POLICY = "default"
 NOT_POLICIES = {"tenants.yaml"}  # per-tenant quotas live next to the policies (execbox.quotas)
@@ -46,6 +47,13 @@ class _PolicyFile(BaseModel):
 
     defaults: _Limits = _Limits()
     ceilings: _Limits = _Limits()
+    network_allow: list[str] | None = None
+    """Host patterns a request under this policy may put in its network allowlist (none: no network)."""
+
+    @field_validator("network_allow")
+    @classmethod
+    def _patterns(cls, allow: list[str] | None) -> list[str] | None:
+        return None if allow is None else [str(HostPattern.parse(pattern)) for pattern in allow]
 
 
 LIMIT_FIELDS: tuple[str, ...] = tuple(_Limits.model_fields)
@@ -64,6 +72,7 @@ class Policy:
     name: str
     defaults: dict[str, float]
     ceilings: dict[str, float]
+    network_allow: tuple[str, ...] = ()
 
 
 def _read(path: Path) -> _PolicyFile:
@@ -96,7 +105,8 @@ class PolicySet:
                     raise PolicyConfigError(f"{base_path}: defaults and ceilings must both give {name}")
                 if defaults[name] > ceilings[name]:
                     raise PolicyConfigError(f"{path}: default {name}={defaults[name]} is above its ceiling")
-            policies[path.stem] = Policy(path.stem, defaults, ceilings)
+            allow = layer.network_allow if layer.network_allow is not None else base.network_allow
+            policies[path.stem] = Policy(path.stem, defaults, ceilings, tuple(allow or ()))
         return cls(policies)
 
     def max_ceiling(self, field: str) -> int:
@@ -130,7 +140,18 @@ class PolicySet:
                     f"{name!r}; send a smaller program",
                 )
             )
+        network = request.network or "none"
+        if isinstance(network, NetworkAllowlist):
+            allowed = ", ".join(policy.network_allow) or "none"
+            problems += [
+                FieldProblem(
+                    f"policy.network.allow.{i}",
+                    f"{network.allow[i]!r} is not a host policy {name!r} lets executions reach (it allows: "
+                    f"{allowed}); ask the operator to add it to policies/{name}.yaml `network_allow`",
+                )
+                for i in uncovered(network.allow, list(policy.network_allow))
+            ]
         if problems:
             raise PolicyExceeded(tuple(problems))
         values = policy.defaults | asked | {"code_bytes": policy.ceilings["code_bytes"]}
-        return AppliedPolicy.model_validate({**values, "name": name, "network": "none"})
+        return AppliedPolicy.model_validate({**values, "name": name, "network": network})

@@ -60,6 +60,27 @@ class PoolSettings(BaseModel):
     max_idle_s: float = Field(600.0, gt=0, description="A warm container that waited this long is replaced.")
 
 
+class EgressSettings(BaseModel):
+    port: int = Field(3128, ge=1, le=65535, description="Port the egress proxy listens on (in its container).")
+    container: str = Field(
+        "execbox-egress",
+        description="Name or id of the egress proxy's container, which workers attach to each allowlisted "
+        "execution's network.",
+    )
+    subnet_pool: str = Field(
+        "10.213.0.0/16", description="Address range the per-execution networks (/28 each) are carved from."
+    )
+    connect_timeout_s: float = Field(10.0, gt=0, le=120, description="Timeout of the proxy's upstream connects.")
+    idle_timeout_s: float = Field(60.0, gt=0, description="A proxied connection idle this long is closed.")
+    max_connections: int = Field(64, ge=1, description="Connections one execution may open through the proxy.")
+    max_bytes: int = Field(104857600, ge=1024, description="Bytes (both directions) one execution may move.")
+    allow_private_cidrs: list[str] = Field(
+        default_factory=list,
+        description="Private, loopback or link-local ranges upstreams may resolve to (default: none, so an "
+        "allowlisted name can never lead to an internal service or the metadata address).",
+    )
+
+
 class WebhookSettings(BaseModel):
     allow_hosts: list[str] = Field(
         default_factory=list,
@@ -114,6 +135,7 @@ class Settings(BaseSettings):
     queue: QueueSettings = QueueSettings()
     worker: WorkerSettings = WorkerSettings()
     pool: PoolSettings = PoolSettings()
+    egress: EgressSettings = EgressSettings()
     api: ApiSettings = ApiSettings()
     telemetry: TelemetrySettings = TelemetrySettings()
     auth: AuthSettings = AuthSettings()

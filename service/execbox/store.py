@@ -7,6 +7,9 @@ Keys (prefix from settings.redis.key_prefix):
   {p}:lease:{id}      the running worker's lease; it renews it while the sandbox runs
   {p}:cancel:{id}     list a cancel request is pushed to; the running worker blocks on it
   {p}:done:{id}       pub/sub channel told when the execution reaches a terminal status
+  {p}:egress:rule:{address}   the egress rule for the execution whose network the proxy has that address on
+  {p}:egress:denied:{id}      the proxy's refusals for an execution (JSON list)
+  {p}:secret:{tenant}:{host}  hash: header name -> JSON {value, tls}, added by the proxy (tenant `*`: everyone)
 """
 
 from __future__ import annotations
@@ -302,6 +305,62 @@ class ExecutionStore:
             keys = list(self.redis.scan_iter(match=self._key("worker", "*"), count=100))
             values = self.redis.mget(keys) if keys else []
         return [json.loads(v) for v in values if v is not None]
+
+    # -- egress: rules, refusals, secrets ---------------------------------------------------
+
+    def put_egress_rule(self, address: str, rule_json: str, ttl_s: float) -> None:
+        with redis_errors():
+            self.redis.set(self._key("egress:rule", address), rule_json, px=int(ttl_s * 1000))
+
+    def egress_rule(self, address: str) -> str | None:
+        with redis_errors():
+            value = self.redis.get(self._key("egress:rule", address))
+        return None if value is None else _text(value)
+
+    def drop_egress_rule(self, address: str) -> None:
+        with redis_errors():
+            self.redis.delete(self._key("egress:rule", address))
+
+    def add_denial(self, execution_id: str, entry: dict[str, object], limit: int = 100) -> None:
+        """Keep the first `limit` refusals of an execution (a flood of them is not a memory problem)."""
+        key = self._key("egress:denied", execution_id)
+        with redis_errors(), self.redis.pipeline() as pipe:
+            pipe.rpush(key, json.dumps(entry))
+            pipe.ltrim(key, 0, limit - 1)
+            pipe.expire(key, self._retention_s)
+            pipe.execute()
+
+    def denials(self, execution_id: str) -> list[dict[str, object]]:
+        with redis_errors():
+            return [json.loads(v) for v in self.redis.lrange(self._key("egress:denied", execution_id), 0, -1)]
+
+    def set_secret(self, tenant: str, host: str, header: str, value: str, tls: bool) -> None:
+        with redis_errors():
+            self.redis.hset(self._key("secret", f"{tenant}:{host}"), header, json.dumps({"value": value, "tls": tls}))
+
+    def delete_secret(self, tenant: str, host: str, header: str) -> bool:
+        with redis_errors():
+            return bool(self.redis.hdel(self._key("secret", f"{tenant}:{host}"), header))
+
+    def secret_names(self) -> list[tuple[str, str, str, bool]]:
+        """(tenant, host, header, tls) of every registered secret; never the values."""
+        found = []
+        with redis_errors():
+            for key in self.redis.scan_iter(match=self._key("secret", "*"), count=100):
+                tenant, _, host = _text(key).removeprefix(self._key("secret", "")).partition(":")
+                for header, raw in self.redis.hgetall(key).items():
+                    found.append((tenant, host, _text(header), bool(json.loads(raw)["tls"])))
+        return sorted(found)
+
+    def secrets_for(self, tenant: str, host: str) -> list[tuple[str, str, bool]]:
+        """(header, value, tls) to add on requests to host: the operator's for everyone, then the tenant's."""
+        merged: dict[str, tuple[str, str, bool]] = {}
+        with redis_errors():
+            for owner in ("*", tenant):
+                for header, raw in self.redis.hgetall(self._key("secret", f"{owner}:{host}")).items():
+                    data = json.loads(raw)
+                    merged[_text(header).lower()] = (_text(header), str(data["value"]), bool(data["tls"]))
+        return list(merged.values())
 
     # -- leases, cancel signals, sweeps -----------------------------------------------------
 

@@ -29,12 +29,12 @@ def test_a_contradicted_launcher_report_is_detected(stack: Stack) -> None:
     cid = runtime._create(spec, {})
     honest = runtime._run_started(spec, RunControl(), cid, "", time.monotonic(), warm=False)
     assert honest.launcher_status and honest.exit_code == 3
-    runtime._retire(cid, honest)
+    runtime._retire(cid, honest, None)
     assert mismatches == []
     # ... and contradicts a forged one (what a program knowing the nonce could have printed).
     cid = runtime._create(spec, {})
     reported = runtime._run_started(spec, RunControl(), cid, "", time.monotonic(), warm=False)
-    runtime._retire(cid, dataclasses.replace(reported, exit_code=0))
+    runtime._retire(cid, dataclasses.replace(reported, exit_code=0), None)
     assert mismatches == ["!"]
     assert not runtime.api.containers(all=True, filters={"id": cid})
     runtime.api.close()

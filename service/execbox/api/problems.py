@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,10 +47,15 @@ def problem_response(
 
 
 def _field(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc]
+    # pydantic names the union member it tried (`literal['none']`, `NetworkAllowlist`); the
+    # client's field path is the same without it.
+    parts = [str(p) for p in loc if not (str(p).startswith("literal[") or _MODEL_NAME.match(str(p)))]
     if parts and parts[0] == "body":
         parts = parts[1:]
     return ".".join(parts) or "body"
+
+
+_MODEL_NAME = re.compile(r"^[A-Z][A-Za-z0-9]+$")
 
 
 async def _service_error(request: Request, exc: Exception) -> JSONResponse:

@@ -33,6 +33,18 @@ Collector = Callable[[Iterator[bytes]], None]
 
 
 @dataclass(frozen=True)
+class EgressSpec:
+    """Network through the egress proxy: the run gets a network of its own that only the proxy shares."""
+
+    proxy_container: str
+    proxy_port: int
+    subnet_pool: str
+    register: Callable[[str], None]
+    """Called with the proxy's address on the run's network before the program starts (the worker
+    stores the execution's rule under it)."""
+
+
+@dataclass(frozen=True)
 class RunSpec:
     execution_id: str
     trace_id: str
@@ -52,6 +64,8 @@ class RunSpec:
     collect_path: str = "out"
     """Path under /workspace handed (as a tar stream from the engine) to `collector` after the run."""
     collector: Collector | None = None
+    egress: EgressSpec | None = None
+    """None: no network interface but loopback."""
 
 
 @dataclass(frozen=True)
@@ -128,3 +142,9 @@ class Runtime(Protocol):
 
     def remove(self, container_id: str) -> None:
         """Kill and remove a container; a missing one is not an error."""
+
+    def managed_networks(self, deployment: str) -> list[ContainerInfo]:
+        """Every per-run egress network this deployment made on this engine."""
+
+    def remove_network(self, network_id: str, proxy_container: str) -> None:
+        """Detach the egress proxy from a run's network and remove it; a missing one is not an error."""

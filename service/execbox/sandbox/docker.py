@@ -15,6 +15,8 @@ is created on the spot otherwise. The per-request environment travels in the std
 
 from __future__ import annotations
 
+import dataclasses
+import ipaddress
 import logging
 import re
 import secrets
@@ -23,12 +25,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, cast
 
 import docker
 import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
-from docker.types import DriverConfig, Mount, Ulimit
+from docker.types import DriverConfig, IPAMConfig, IPAMPool, Mount, Ulimit
 from docker.utils.socket import frames_iter
 
 from execbox.errors import ImageUnavailable, RuntimeUnavailable
@@ -42,6 +46,7 @@ from execbox.sandbox.base import (
     WORKDIR,
     WORKER_LABEL,
     ContainerInfo,
+    EgressSpec,
     Limits,
     RunControl,
     RunOutcome,
@@ -99,8 +104,9 @@ STATS_AFTER_S = 1.0
 no marker arrives, e.g. on timeout); shorter runs cost the engine no stats work."""
 
 
-def host_config_kwargs(spec: RunSpec, runtime: str | None) -> dict[str, Any]:
-    """Every protection of DESIGN.md's 'Every sandbox, always', as engine settings."""
+def host_config_kwargs(spec: RunSpec, runtime: str | None, network: str | None = None) -> dict[str, Any]:
+    """Every protection of DESIGN.md's 'Every sandbox, always', as engine settings; `network` is the
+    run's own egress network (None: no network interface but loopback)."""
     lim = spec.limits
     workspace = DriverConfig(
         "local",
@@ -108,7 +114,7 @@ def host_config_kwargs(spec: RunSpec, runtime: str | None) -> dict[str, Any]:
          "mode=0755,nosuid,nodev"},
     )  # fmt: skip
     kwargs: dict[str, Any] = {
-        "network_mode": "none",
+        "network_mode": network or "none",
         "read_only": True,
         "mounts": [Mount(target=WORKDIR, source=None, type="volume", driver_config=workspace)],
         "tmpfs": {"/tmp": f"size={lim.disk_mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=1777,nosuid,nodev,noexec"},
@@ -132,6 +138,10 @@ def host_config_kwargs(spec: RunSpec, runtime: str | None) -> dict[str, Any]:
         "privileged": False,
         "log_config": {"type": "none", "config": {}},
     }
+    if network:
+        # Names resolve at the proxy. The engine's resolver on an internal network answers nothing,
+        # so a program's own lookups fail after 1 s instead of 10.
+        kwargs["dns_opt"] = ["timeout:1", "attempts:1"]
     if runtime:
         kwargs["runtime"] = runtime
     return kwargs
@@ -251,29 +261,79 @@ class DockerRuntime:
             raise
         container_id: str | None = None
         outcome: RunOutcome | None = None
+        network: _EgressNetwork | None = None
         try:
             with _docker_errors():
-                container_id = self.pool.take(spec) if self.pool is not None else None
+                if spec.egress is not None:
+                    network = self._open_egress(spec.execution_id, spec.deployment, spec.egress)
+                    spec = dataclasses.replace(spec, env=spec.env + network.proxy_env(spec.egress.proxy_port))
+                container_id = self.pool.take(spec) if self.pool is not None and network is None else None
                 warm = container_id is not None
                 if container_id is None:
                     labels = {EXECUTION_LABEL: spec.execution_id, TRACE_LABEL: spec.trace_id}
-                    container_id = self._create(spec, self._labels(spec, labels))
+                    container_id = self._create(spec, self._labels(spec, labels), network)
                 outcome = self._run_started(spec, control, container_id, image_id, t0, warm=warm)
                 return outcome
         finally:
-            if container_id is not None:
-                # Off the result's path, and a moment later (see CLEANUP_DELAY_S). If this process
-                # dies first, the reaper finds the container by its labels.
-                reported = outcome if outcome is not None and outcome.launcher_status else None
-                retire = threading.Timer(CLEANUP_DELAY_S, self._retire, args=(container_id, reported))
-                retire.daemon = True
-                retire.start()
+            # Off the result's path, and a moment later (see CLEANUP_DELAY_S). If this process
+            # dies first, the reaper finds the container (and network) by their labels.
+            reported = outcome if outcome is not None and outcome.launcher_status else None
+            retire = threading.Timer(CLEANUP_DELAY_S, self._retire, args=(container_id, reported, network))
+            retire.daemon = True
+            retire.start()
 
-    def _retire(self, container_id: str, reported: RunOutcome | None) -> None:
+    def _open_egress(self, execution_id: str, deployment: str, egress: EgressSpec) -> _EgressNetwork:
+        """An internal network of the run's own (no route out, no address for the host on it) with
+        the egress proxy attached; the proxy's address there identifies the run."""
+        api = self.api
+        pool = ipaddress.ip_network(egress.subnet_pool)
+        slots = 2 ** (28 - pool.prefixlen)
+        labels = {MANAGED_LABEL: "true", DEPLOYMENT_LABEL: deployment, EXECUTION_LABEL: execution_id}
+        for attempt in range(8):
+            subnet = ipaddress.ip_network((int(pool.network_address) + secrets.randbelow(slots) * 16, 28))
+            ipam = IPAMConfig(pool_configs=[IPAMPool(subnet=str(subnet), gateway=str(subnet[1]))])
+            try:
+                created = api.create_network(
+                    f"execbox-{execution_id}-{attempt}", driver="bridge", internal=True, ipam=ipam, labels=labels,
+                    options={"com.docker.network.bridge.inhibit_ipv4": "true"},
+                )  # fmt: skip
+            except APIError as exc:
+                if "overlap" in str(exc).lower():
+                    continue  # another run holds that /28: draw again
+                raise
+            network = _EgressNetwork(str(created["Id"]), str(subnet[2]), egress.proxy_container)
+            try:
+                api.connect_container_to_network(egress.proxy_container, network.id, ipv4_address=network.proxy)
+                egress.register(network.proxy)
+            except NotFound as exc:
+                self._close_egress(network)
+                raise RuntimeUnavailable(
+                    f"the egress proxy container {egress.proxy_container!r} is not running on this worker's engine "
+                    "(EXECBOX_EGRESS__CONTAINER; `make up` starts it)"
+                ) from exc
+            except BaseException:
+                self._close_egress(network)
+                raise
+            return network
+        raise RuntimeUnavailable(f"no free /28 left in the egress subnet pool {pool} after 8 draws; retry")
+
+    def _close_egress(self, network: _EgressNetwork) -> None:
+        try:
+            self.api.disconnect_container_from_network(network.proxy_container, network.id, force=True)
+        except (DockerException, requests.RequestException):
+            pass  # not connected (any more)
+        try:
+            self.api.remove_network(network.id)
+        except NotFound:
+            pass
+        except (DockerException, requests.RequestException) as exc:
+            log.warning("could not remove network %s: %s", network.id[:12], exc)  # the reaper retries
+
+    def _retire(self, container_id: str | None, reported: RunOutcome | None, network: _EgressNetwork | None) -> None:
         """Remove a run's container; when the result took status and OOM from the launcher's
         marker, first let the launcher exit and check the engine agrees (a mismatch would mean
         a forged marker: logged and counted, see docs/security.md C26)."""
-        if reported is not None:
+        if reported is not None and container_id is not None:
             self._signal(container_id, RELEASE_SIGNAL)
             exit_code = self._wait(container_id, 10.0)
             try:
@@ -288,16 +348,20 @@ class DockerRuntime:
                 )  # fmt: skip
                 if self.on_status_mismatch is not None:
                     self.on_status_mismatch()
-        self.remove(container_id)
+        if container_id is not None:
+            self.remove(container_id)
+        if network is not None:
+            self._close_egress(network)
 
     @staticmethod
     def _labels(spec: RunSpec, extra: dict[str, str]) -> dict[str, str]:
         return {MANAGED_LABEL: "true", DEPLOYMENT_LABEL: spec.deployment, WORKER_LABEL: spec.worker, **extra}
 
-    def _create(self, spec: RunSpec, labels: dict[str, str]) -> str:
+    def _create(self, spec: RunSpec, labels: dict[str, str], network: _EgressNetwork | None = None) -> str:
         """Create (not start) a hardened container for spec's image, command and limits."""
         api = self.api
-        host_config = api.create_host_config(**host_config_kwargs(spec, self._settings.runtime))
+        kwargs = host_config_kwargs(spec, self._settings.runtime, network.id if network else None)
+        host_config = api.create_host_config(**kwargs)
         created = api.create_container(
             spec.image,
             command=[*LAUNCHER, *spec.command],
@@ -307,7 +371,7 @@ class DockerRuntime:
             stdin_open=True,
             tty=False,
             hostname="sandbox",
-            network_disabled=True,
+            network_disabled=network is None,
             labels=labels,
             host_config=host_config,
         )
@@ -473,6 +537,24 @@ class DockerRuntime:
             # The reaper finds it later by its label; the run's outcome is unaffected.
             log.warning("could not remove container %s: %s", container_id[:12], exc)
 
+    def managed_networks(self, deployment: str) -> list[ContainerInfo]:
+        """The per-run egress networks this deployment made on this engine (as reaper entries)."""
+        labels = [f"{MANAGED_LABEL}=true", f"{DEPLOYMENT_LABEL}={deployment}"]
+        with _docker_errors():
+            found = self.api.networks(filters={"label": labels})
+        return [
+            ContainerInfo(
+                id=n["Id"],
+                execution_id=(n.get("Labels") or {}).get(EXECUTION_LABEL),
+                created_at=_unix_time(n.get("Created", "")),
+                running=False,
+            )
+            for n in found
+        ]
+
+    def remove_network(self, network_id: str, proxy_container: str) -> None:
+        self._close_egress(_EgressNetwork(network_id, "", proxy_container))
+
     def managed_containers(self, deployment: str) -> list[ContainerInfo]:
         labels = [f"{MANAGED_LABEL}=true", f"{DEPLOYMENT_LABEL}={deployment}"]
         with _docker_errors():
@@ -488,6 +570,28 @@ class DockerRuntime:
             )
             for c in found
         ]
+
+
+@dataclass(frozen=True)
+class _EgressNetwork:
+    id: str
+    proxy: str
+    """The proxy's address on this network."""
+    proxy_container: str
+
+    def proxy_env(self, port: int) -> tuple[tuple[str, str], ...]:
+        url = f"http://{self.proxy}:{port}"
+        names = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy")
+        return tuple((name, url) for name in names) + (("NO_PROXY", ""), ("no_proxy", ""))
+
+
+def _unix_time(created: str) -> float:
+    """The engine's RFC 3339 time (nanoseconds, Z or offset) as Unix time; 0 when unreadable."""
+    try:
+        stamp = re.sub(r"(\.\d{6})\d+", r"\1", created).replace("Z", "+00:00")
+        return datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def _feed(raw: socket.socket, data: bytes) -> None:

@@ -2,7 +2,8 @@
 
 Each worker runs it at start-up and then periodically. It expires queued executions past their
 deadline, fails running executions whose worker stopped renewing its lease (sandbox.error,
-retryable), and removes execbox containers on its own engine that no live worker owns.
+retryable), and removes execbox containers and egress networks on its own engine that no live
+worker owns.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def report_health(ctx: WorkerContext) -> None:
 def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[str, int]:
     """One sweep. `unowned_before` carries the containers the previous sweep found without an owner
     (the periodic loop passes its own set); None removes unowned containers at once (`execbox reap`)."""
-    counts = {"expired": 0, "lost": 0, "containers": 0, "artifact_dirs": 0}
+    counts = {"expired": 0, "lost": 0, "containers": 0, "networks": 0, "artifact_dirs": 0}
     for execution_id in ctx.store.due_for_expiry():
         if ctx.store.expire_if_due(execution_id, BY) is not None:
             counts["expired"] += 1
@@ -59,6 +60,15 @@ def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[st
             log.info("removing orphaned sandbox container %s of %s", container.id[:12], container.execution_id)
             ctx.runtime.remove(container.id)
             counts["containers"] += 1
+    # Networks after containers: a network is removable once the run's container is gone.
+    for network in ctx.runtime.managed_networks(ctx.settings.redis.key_prefix):
+        if _owned(ctx, network, live_workers) or now - network.created_at < ctx.settings.worker.orphan_grace_s:
+            continue
+        unowned_now.add(network.id)
+        if unowned_before is None or network.id in unowned_before:
+            log.info("removing orphaned egress network %s of %s", network.id[:12], network.execution_id)
+            ctx.runtime.remove_network(network.id, ctx.settings.egress.container)
+            counts["networks"] += 1
     if unowned_before is not None:
         unowned_before.clear()
         unowned_before.update(unowned_now)

@@ -180,3 +180,21 @@ def apply_outcome(
         return ExecutionStatus.FAILED
     record.error = None
     return ExecutionStatus.SUCCEEDED
+
+
+def blame_network(record: ExecutionRecord) -> None:
+    """A run that failed after the egress proxy refused it something reports policy.network_denied
+    (the refused hosts are in record.network.denied; the original category stays in the details)."""
+    error = record.error
+    if record.network is None or not record.network.denied or error is None:
+        return
+    if error.category in (ErrorCategory.SANDBOX_ERROR, ErrorCategory.CANCELLED):
+        return
+    hosts = sorted({f"{d.host}:{d.port}" for d in record.network.denied if d.host})
+    record.error = ExecutionError(
+        category=ErrorCategory.POLICY_NETWORK_DENIED,
+        message=f"the program failed after the egress proxy refused {', '.join(hosts) or 'a connection'}: "
+        f"{error.message}",
+        retryable=False,
+        details={**error.details, "original_category": error.category.value},
+    )

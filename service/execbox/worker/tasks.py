@@ -10,19 +10,29 @@ import logging
 import tarfile
 import threading
 import time
+from collections.abc import Callable
 from secrets import token_hex
 from typing import Any
 
 from execbox import logs
 from execbox.artifacts import RESULT_FILE, ArtifactCaps, Collector
+from execbox.egress.rules import EgressRule
 from execbox.errors import ServiceError
 from execbox.inputs import INPUTS_FILE
-from execbox.models import ErrorCategory, ExecutionError, ExecutionRecord, ExecutionStatus
+from execbox.models import (
+    ErrorCategory,
+    ExecutionError,
+    ExecutionRecord,
+    ExecutionStatus,
+    NetworkAllowlist,
+    NetworkDenial,
+    NetworkReport,
+)
 from execbox.queue import take_next
-from execbox.sandbox.base import SANDBOX_UID, WORKDIR, Limits, RunControl, RunOutcome, RunSpec
+from execbox.sandbox.base import SANDBOX_UID, WORKDIR, EgressSpec, Limits, RunControl, RunOutcome, RunSpec
 from execbox.tracing import TraceContext, parse_traceparent
 from execbox.worker.context import WorkerContext, current
-from execbox.worker.results import apply_outcome
+from execbox.worker.results import apply_outcome, blame_network
 
 log = logging.getLogger(__name__)
 _ACTIVE = {ExecutionStatus.RUNNING}
@@ -86,8 +96,9 @@ def _run_and_finish(ctx: WorkerContext, record: ExecutionRecord, parent: TraceCo
     metrics.running.set(1)
     metrics.queue_wait.labels(record.language).observe((record.timing.queue_wait_ms or 0.0) / 1000)
     metrics.sandbox_starts.inc()
+    registered: list[str] = []  # the proxy addresses this run's egress rule is stored under
     try:
-        outcome = ctx.runtime.run(_spec(ctx, record, limits, collector), control)
+        outcome = ctx.runtime.run(_spec(ctx, record, limits, collector, registered), control)
     except ServiceError as exc:
         failure = ExecutionError(
             category=ErrorCategory.SANDBOX_ERROR, message=exc.message, retryable=True, details={"code": exc.code}
@@ -101,13 +112,17 @@ def _run_and_finish(ctx: WorkerContext, record: ExecutionRecord, parent: TraceCo
             details={"code": "service.error"},
         )
     finally:
+        for address in registered:
+            _quietly(ctx.store.drop_egress_rule, address)  # it expires anyway
         stop.set()
         ctx.store.signal(record.id, "stop")  # wakes the watcher out of its blocking wait
         watcher.join(timeout=5)
         metrics.running.set(0)
     _observe_run(ctx, record.language, outcome, failure, collector)
     _trace_run(ctx, record, outcome, parent)
-    _finish(ctx, record.id, outcome, failure, limits, collector)
+    denials = ctx.store.denials(record.id) if isinstance(record.policy.network, NetworkAllowlist) else []
+    ctx.metrics.network_denials.inc(len(denials))
+    _finish(ctx, record.id, outcome, failure, limits, collector, denials)
     if ctx.pool is not None:
         ctx.pool.refill()  # only now: creating the successor would compete with the run and its result
 
@@ -146,7 +161,9 @@ def _observe_run(
         metrics.oom_kills.labels(language).inc()
 
 
-def _spec(ctx: WorkerContext, record: ExecutionRecord, limits: Limits, collector: Collector) -> RunSpec:
+def _spec(
+    ctx: WorkerContext, record: ExecutionRecord, limits: Limits, collector: Collector, registered: list[str]
+) -> RunSpec:
     language = ctx.languages.get(record.language)
     service_files = [(language.file, record.code.encode())]
     if record.inputs is not None:
@@ -158,6 +175,26 @@ def _spec(ctx: WorkerContext, record: ExecutionRecord, limits: Limits, collector
         "EXECBOX_RESULT_FILE": f"{WORKDIR}/out/{RESULT_FILE}",
         "EXECBOX_INPUTS_FILE": f"{WORKDIR}/{INPUTS_FILE}",
     }
+    egress = None
+    if isinstance(record.policy.network, NetworkAllowlist):
+        settings = ctx.settings.egress
+        rule = EgressRule(
+            execution_id=record.id,
+            tenant=record.tenant,
+            trace_id=record.trace_id,
+            allow=tuple(record.policy.network.allow),
+            max_connections=settings.max_connections,
+            max_bytes=settings.max_bytes,
+            connect_timeout_s=settings.connect_timeout_s,
+            idle_timeout_s=settings.idle_timeout_s,
+        )
+        ttl = limits.timeout_s + ctx.settings.queue.setup_margin_s
+
+        def register(address: str) -> None:
+            ctx.store.put_egress_rule(address, rule.to_json(), ttl)
+            registered.append(address)
+
+        egress = EgressSpec(settings.container, settings.port, settings.subnet_pool, register)
     return RunSpec(
         execution_id=record.id,
         trace_id=record.trace_id,
@@ -173,6 +210,7 @@ def _spec(ctx: WorkerContext, record: ExecutionRecord, limits: Limits, collector
         stdin=base64.b64decode(record.stdin_b64),
         collect_path="" if collector.root == "workspace" else "out",
         collector=collector,
+        egress=egress,
     )
 
 
@@ -223,6 +261,7 @@ def _finish(
     failure: ExecutionError | None,
     limits: Limits,
     collector: Collector,
+    denials: list[dict[str, object]],
 ) -> None:
     def apply(record: ExecutionRecord) -> ExecutionStatus:
         now = time.time()
@@ -231,6 +270,9 @@ def _finish(
             status = apply_outcome(record, outcome, collector, limits, ctx.artifacts)
         else:
             record.error = failure
+        if isinstance(record.policy.network, NetworkAllowlist):
+            record.network = NetworkReport(denied=[NetworkDenial.model_validate(d) for d in denials])
+            blame_network(record)
         record.timing.total_ms = round((now - record.created_at) * 1000, 1)
         record.finished_at = now
         return status
@@ -241,6 +283,13 @@ def _finish(
     else:
         category = done.error.category.value if done.error else None
         log.info("execution finished", extra={"status": done.status.value, "category": category})
+
+
+def _quietly(action: Callable[[str], None], arg: str) -> None:
+    try:
+        action(arg)
+    except ServiceError as exc:
+        log.warning("clean-up step failed: %s", exc.message)
 
 
 def _watch(ctx: WorkerContext, execution_id: str, control: RunControl, stop: threading.Event) -> None:

@@ -1,0 +1,1 @@
+"""Network egress for allowlisted executions: rules (pure), the asyncio proxy, its process."""

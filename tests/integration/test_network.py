@@ -1,0 +1,355 @@
+"""Network policy end to end: real engine, real Redis, the real egress proxy in its container, and
+two test servers (A and B) on a network of their own. No outside address is ever contacted."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import shutil
+import subprocess
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import docker
+import pytest
+import redis
+import yaml
+
+from tests.conftest import EXECBOX, ROOT, Side, Stack, wait_until
+
+pytestmark = [pytest.mark.docker, pytest.mark.redis]
+
+# A's and B's server: answers "ok <name>" and logs each request's headers (as JSON) to stdout; and
+# echoes UDP datagrams on the same port.
+SERVER = """
+import http.server, json, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        print(json.dumps(dict(self.headers)), flush=True)
+        body = ("ok " + sys.argv[1]).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args): pass
+def udp_echo():
+    import socket
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); sock.bind(("0.0.0.0", 8080))
+    while True:
+        data, peer = sock.recvfrom(512); sock.sendto(data, peer)
+import threading; threading.Thread(target=udp_echo, daemon=True).start()
+server = http.server.ThreadingHTTPServer(("0.0.0.0", 8080), H)
+print("listening", flush=True)
+server.serve_forever()
+"""
+FETCH = """
+import http.client, json, os, socket, sys, time, urllib.request
+def get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError as e:
+        return 0, type(e).__name__
+def tunnel(host):
+    proxy = os.environ["HTTPS_PROXY"].removeprefix("http://")
+    conn = http.client.HTTPConnection(*proxy.split(":"), timeout=10)
+    conn.set_tunnel(host, 8080)
+    try:
+        conn.request("GET", "/"); r = conn.getresponse(); return r.status, r.read().decode()
+    except OSError as e:
+        return 0, str(e)
+def raw(address, kind):
+    s = socket.socket(socket.AF_INET, kind); s.settimeout(3)
+    try:
+        if kind == socket.SOCK_STREAM:
+            s.connect((address, 8080))
+        else:
+            s.sendto(b"x", (address, 8080)); s.recvfrom(16)  # A echoes: a reply means it got through
+        return "reached"
+    except OSError as e:  # unreachable, refused or timed out: all blocked
+        return "blocked " + type(e).__name__
+def resolve(name):
+    try:
+        return socket.getaddrinfo(name, 80)[0][4][0]
+    except OSError as e:
+        return type(e).__name__
+"""
+
+
+@dataclass
+class Targets:
+    a_ip: str
+    b_ip: str
+    subnet: str
+    gateway: str
+    egress: str
+    containers: list[Any]
+
+    def headers_seen_by(self, name: str) -> list[dict[str, str]]:
+        (container,) = [c for c in self.containers if c.name.endswith(f"-target-{name}")]
+        return [json.loads(line) for line in container.logs().decode().splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def targets(stack: Stack, docker_client: docker.DockerClient, redis_server: Any) -> Iterator[Targets]:
+    """Servers A and B and the egress proxy (current source mounted over the image's) on a network."""
+    name = f"{stack.prefix}-targets"
+    network = docker_client.networks.create(name, driver="bridge", labels={"execbox.test": stack.prefix})
+    network.reload()
+    config = network.attrs["IPAM"]["Config"][0]
+    containers = []
+    try:
+        # The proxy reaches the test Redis through this network's gateway (the host).
+        # (protected mode off: this throw-away server listens on loopback and this bridge only).
+        client = redis.Redis.from_url(redis_server.url)
+        client.config_set("bind", f"127.0.0.1 {config['Gateway']}")
+        client.config_set("protected-mode", "no")
+        for target in ("a", "b"):
+            containers.append(docker_client.containers.run(
+                "execbox/sandbox-python:latest", ["python3", "-c", SERVER, target], name=f"{name}-target-{target}",
+                detach=True, network=name, user="65534:65534", read_only=True,
+                labels={"execbox.test": stack.prefix},
+            ))  # fmt: skip
+            docker_client.networks.get(name).disconnect(containers[-1])
+            docker_client.networks.get(name).connect(containers[-1], aliases=[f"target-{target}"])
+        egress = docker_client.containers.run(
+            "execbox/service:latest", ["execbox", "egress"], name=f"{stack.prefix}-egress", detach=True,
+            network=name, user="10001:10001", read_only=True,
+            volumes={str(ROOT / "service"): {"bind": "/src", "mode": "ro"}},
+            environment={
+                "PYTHONPATH": "/src",
+                "EXECBOX_REDIS__URL": f"redis://{config['Gateway']}:{redis_server.port}/0",
+                "EXECBOX_REDIS__KEY_PREFIX": stack.prefix,
+                "EXECBOX_EGRESS__ALLOW_PRIVATE_CIDRS": json.dumps([config["Subnet"]]),
+                "EXECBOX_LOG_LEVEL": "INFO",
+            },
+            labels={"execbox.test": stack.prefix},
+        )  # fmt: skip
+        containers.append(egress)
+        for c in containers:
+            c.reload()
+        for server in containers[:2]:
+            wait_until(lambda: b"listening" in server.logs(), 30, "a test server to listen")  # noqa: B023
+        wait_until(lambda: b"egress proxy listening" in egress.logs(), 30, "the egress proxy to listen")
+        ips = [c.attrs["NetworkSettings"]["Networks"][name]["IPAddress"] for c in containers[:2]]
+        # Control: from a container on A's own network, A's UDP echo and HTTP answer.
+        control = docker_client.containers.run("execbox/sandbox-python:latest", ["python3", "-c", FETCH + (
+            f"print(raw('{ips[0]}', socket.SOCK_DGRAM), raw('{ips[0]}', socket.SOCK_STREAM))")],
+            network=name, remove=True, user="65534:65534")  # fmt: skip
+        assert control.split() == [b"reached", b"reached"], control
+        yield Targets(ips[0], ips[1], config["Subnet"], config["Gateway"], str(egress.name), containers)
+    finally:
+        for c in containers:
+            c.remove(force=True)
+        network.remove()
+
+
+@pytest.fixture(scope="module")
+def netside(targets: Targets, stack: Stack, processes: Any, tmp_path_factory: pytest.TempPathFactory) -> Side:
+    """An API and two workers whose `net` policy lets executions reach target-a and target-b."""
+    from tests.conftest import answers_200, free_port
+
+    policies = tmp_path_factory.mktemp("policies")
+    for path in (ROOT / "policies").glob("*.yaml"):
+        shutil.copy(path, policies / path.name)
+    (policies / "net.yaml").write_text(yaml.safe_dump({"network_allow": ["target-a:8080", "target-b:8080"]}))
+    tenants = yaml.safe_load((policies / "tenants.yaml").read_text())
+    tenants["default"]["policies"].append("net")
+    (policies / "tenants.yaml").write_text(yaml.safe_dump(tenants))
+    queue = f"{stack.prefix}-net"
+    env = {**stack.env, "EXECBOX_QUEUE__NAME": queue, "EXECBOX_POLICIES_DIR": str(policies),
+           "EXECBOX_EGRESS__CONTAINER": targets.egress}  # fmt: skip
+    port = free_port()
+    processes.spawn(f"api-{queue}", [EXECBOX, "api", "--port", str(port)], env)
+    base_url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: answers_200(f"{base_url}/healthz"), 20, "the network test API")
+    side = Side(env, base_url, processes, stack.keys["alpha"])
+    side.worker("net-1")
+    side.worker("net-2")
+    return side
+
+
+def run(side: Side, code: str, allow: list[str] | None = None, wait: float = 60) -> dict[str, Any]:
+    policy: dict[str, Any] = {"name": "net", "network": {"mode": "allowlist", "allow": allow}} if allow else {}
+    with side.client() as client:
+        response = client.post(f"/v1/executions?wait={wait}", json={"language": "python", "code": code,
+                                                                      "policy": policy})  # fmt: skip
+        assert response.status_code == 200, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+
+def results(body: dict[str, Any]) -> dict[str, Any]:
+    assert body["status"] == "succeeded", (body["error"], body["stderr"][-2000:])
+    parsed: dict[str, Any] = json.loads(body["stdout"].strip().splitlines()[-1])
+    return parsed
+
+
+def test_no_network_reaches_nothing_fast(netside: Side, targets: Targets) -> None:
+    code = (
+        FETCH
+        + f"""
+out = {{}}
+for address in ("{targets.a_ip}", "{targets.gateway}", "172.17.0.1", "169.254.169.254", "1.1.1.1"):
+    start = time.monotonic()
+    out[address] = [raw(address, socket.SOCK_STREAM), raw(address, socket.SOCK_DGRAM), time.monotonic() - start]
+out["dns"] = resolve("target-a")
+print(json.dumps(out))
+"""
+    )
+    found = results(run(netside, code))
+    assert found.pop("dns") == "gaierror"
+    for address, (tcp, udp, seconds) in found.items():
+        assert tcp.startswith("blocked") and udp.startswith("blocked") and seconds < 1, (address, tcp, udp, seconds)
+
+
+def test_allowlist_reaches_a_only_through_the_proxy(netside: Side, targets: Targets) -> None:
+    code = (
+        FETCH
+        + f"""
+print(json.dumps({{
+    "http_a": get("http://target-a:8080/x"), "connect_a": tunnel("target-a"),
+    "http_b": get("http://target-b:8080/"), "connect_b": tunnel("target-b"),
+    "tcp_a": raw("{targets.a_ip}", socket.SOCK_STREAM), "udp_a": raw("{targets.a_ip}", socket.SOCK_DGRAM),
+    "dns": resolve("target-a"), "gateway": raw("{targets.gateway}", socket.SOCK_STREAM),
+}}))
+"""
+    )
+    body = run(netside, code, allow=["target-a:8080"])
+    found = results(body)
+    assert found["http_a"] == [200, "ok a"] and found["connect_a"] == [200, "ok a"]
+    assert found["http_b"][0] == 403 and "allowlist" in found["http_b"][1]
+    assert found["connect_b"][0] == 0 and "403" in found["connect_b"][1]
+    # Packets to anything but the proxy are dropped: a direct connect times out (3 s here).
+    assert all(found[k].startswith("blocked") for k in ("tcp_a", "udp_a", "gateway")), found
+    assert found["dns"] == "gaierror"
+    denied = body["network"]["denied"]
+    assert [(d["host"], d["port"]) for d in denied] == [("target-b", 8080), ("target-b", 8080)]
+    assert all(d["trace_id"] == body["trace_id"] and d["at"] > 0 for d in denied)
+
+
+def test_failure_after_a_refusal_is_network_denied(netside: Side) -> None:
+    code = (
+        FETCH
+        + """
+status, text = get("http://target-b:8080/")
+assert status == 200, f"could not reach B: {status} {text}"
+"""
+    )
+    body = run(netside, code, allow=["target-a:8080"])
+    assert body["status"] == "failed" and body["error"]["category"] == "policy.network_denied", body["error"]
+    assert body["error"]["details"]["original_category"] == "code.exception"
+    assert body["network"]["denied"][0]["host"] == "target-b"
+
+
+def test_concurrent_executions_get_their_own_allowlists(netside: Side) -> None:
+    code = (
+        FETCH
+        + """
+time.sleep(1.5)  # both runs hold their networks at the same time
+print(json.dumps({"a": get("http://target-a:8080/")[0], "b": get("http://target-b:8080/")[0]}))
+"""
+    )
+    with ThreadPoolExecutor(2) as pool:
+        only_a, only_b = pool.map(lambda allow: run(netside, code, allow=allow), (["target-a:8080"], ["target-b:8080"]))
+    assert results(only_a) == {"a": 200, "b": 403} and results(only_b) == {"a": 403, "b": 200}
+    assert only_a["timing"]["run_ms"] > 1000 and abs(only_a["started_at"] - only_b["started_at"]) < 1.5
+
+
+def test_secret_header_reaches_a_and_never_the_sandbox(netside: Side, targets: Targets) -> None:
+    secret = f"Bearer {secrets.token_hex(16)}"
+    subprocess.run([EXECBOX, "secrets", "set", "--host", "target-a", "--header", "Authorization", "--value", "-",
+                    "--tenant", "alpha"], input=secret.encode(), env=netside.env, check=True)  # fmt: skip
+    mask = 0x5A
+    masked = bytes(b ^ mask for b in secret.encode()).hex()  # the program never holds the secret itself
+    code = (
+        FETCH
+        + f"""
+import subprocess
+status = get("http://target-a:8080/secret-check")
+SCAN = '''
+import os, sys
+pid, masked = int(sys.argv[1]), bytes.fromhex(sys.argv[2])
+table = bytes(b ^ {mask} for b in range(256))
+def hit(data):
+    return masked in data.translate(table)
+found = []
+for p in os.listdir("/proc"):
+    if p.isdigit():
+        try:
+            if hit(open(f"/proc/{{p}}/environ", "rb").read()): found.append("environ " + p)
+        except OSError:
+            pass
+for top in ("/workspace", "/tmp"):
+    for root, _, files in os.walk(top):
+        for f in files:
+            try:
+                if hit(open(os.path.join(root, f), "rb").read()): found.append(os.path.join(root, f))
+            except OSError:
+                pass
+scanned = 0
+with open(f"/proc/{{pid}}/maps") as maps, open(f"/proc/{{pid}}/mem", "rb") as mem:
+    for line in maps:
+        span, perms = line.split()[:2]
+        if not perms.startswith("r"):
+            continue
+        start, end = (int(x, 16) for x in span.split("-"))
+        try:
+            mem.seek(start); data = mem.read(end - start)
+        except (OSError, ValueError, OverflowError):
+            continue
+        scanned += len(data)
+        if hit(data): found.append("memory " + span)
+print(found, scanned)
+'''
+scan = subprocess.run(["python3", "-c", SCAN, str(os.getpid()), "{masked}"], capture_output=True, text=True)
+print(json.dumps({{"status": status, "scan": scan.stdout.strip(), "err": scan.stderr[-500:]}}))
+"""
+    )
+    try:
+        found = results(run(netside, code, allow=["target-a:8080"]))
+    finally:
+        subprocess.run([EXECBOX, "secrets", "delete", "--host", "target-a", "--header", "Authorization",
+                        "--tenant", "alpha"], env=netside.env, check=True)  # fmt: skip
+    assert found["status"] == [200, "ok a"], found
+    hits, scanned = found["scan"].rsplit(" ", 1)
+    assert hits == "[]" and int(scanned) > 1 << 20, found  # megabytes of the program's memory, no trace
+    seen = [h for h in targets.headers_seen_by("a") if h.get("Authorization") == secret]
+    assert len(seen) == 1  # the header arrived at A, exactly once
+    assert hashlib.sha256(secret.encode()).hexdigest() not in json.dumps(found)
+
+
+def test_allowlist_outside_the_policy_is_refused(netside: Side) -> None:
+    with netside.client() as client:
+        refused = client.post(
+            "/v1/executions",
+            json={
+                "language": "python",
+                "code": "print(1)",
+                "policy": {
+                    "name": "net",
+                    "network": {"mode": "allowlist", "allow": ["target-a:8080", "evil.example.com"]},
+                },
+            },
+        )
+        default = client.post("/v1/executions", json={"language": "python", "code": "print(1)", "policy": {
+            "network": {"mode": "allowlist", "allow": ["target-a:8080"]}}})  # fmt: skip
+        malformed = client.post("/v1/executions", json={"language": "python", "code": "print(1)", "policy": {
+            "name": "net", "network": {"mode": "allowlist", "allow": ["http://x/"]}}})  # fmt: skip
+    assert refused.status_code == 422 and default.status_code == 422 and malformed.status_code == 422
+    assert [e["field"] for e in refused.json()["errors"]] == ["policy.network.allow.1"]
+    assert "network_allow" in refused.json()["errors"][0]["message"]
+    assert any("policy.network" in e["field"] for e in malformed.json()["errors"])
+
+
+def test_no_network_left_behind(netside: Side, docker_client: docker.DockerClient, stack: Stack) -> None:
+    def leftovers() -> list[str]:
+        found = docker_client.api.networks(filters={"label": [f"execbox.deployment={stack.prefix}"]})
+        return [n["Name"] for n in found]
+
+    wait_until(lambda: not leftovers(), 20, "every per-execution network to be removed")
+    attached = docker_client.containers.get(f"{stack.prefix}-egress").attrs["NetworkSettings"]["Networks"]
+    assert list(attached) == [f"{stack.prefix}-targets"]
