@@ -43,6 +43,7 @@ stack-test: images
 	.venv/bin/pytest tests/stack -p no:cacheprovider; status=$$?; scripts/stack down; exit $$status
 	@test -z "$$(docker ps -aq --filter label=com.docker.compose.project=execbox)" || { echo "stack-test: containers left" >&2; exit 1; }
 	@test -z "$$(docker network ls -q --filter label=com.docker.compose.project=execbox)" || { echo "stack-test: network left" >&2; exit 1; }
+	@test -z "$$(docker ps -aq --filter label=execbox.deployment=execbox)" || { echo "stack-test: sandboxes left" >&2; exit 1; }
 
 bench: images
 	.venv/bin/pip install -q -e '.[bench]'

@@ -58,6 +58,19 @@ def test_outcomes_through_the_stack(api: httpx.Client) -> None:
     assert run(api, "echo hi >&2; exit 3", language="bash")["error"]["category"] == "code.exit_nonzero"
 
 
+def test_warm_pool_and_egress_proxy_are_up(api: httpx.Client) -> None:
+    assert compose_containers("egress"), "the egress service is not running"
+    health = subprocess.run(["docker", "inspect", "-f", "{{.State.Health.Status}}", "execbox-egress"],
+                            capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    assert health == "healthy"
+    # Warm containers wait (one per worker): a default run takes one.
+    wait_until(lambda: run(api, "print(1)")["timing"]["warm_start"], 30, "a run to start warm")
+    # The default policy allows no host, so an allowlist is refused before anything runs.
+    refused = api.post("/v1/executions", json={"language": "python", "code": "print(1)",
+                       "policy": {"network": {"mode": "allowlist", "allow": ["pypi.org"]}}})  # fmt: skip
+    assert refused.status_code == 422 and refused.json()["errors"][0]["field"] == "policy.network.allow.0"
+
+
 def test_load_spreads_over_workers_and_a_stopped_worker_loses_nothing(api: httpx.Client) -> None:
     workers = compose_containers("worker")
     assert len(workers) == 3, "make stack-test starts three workers"
