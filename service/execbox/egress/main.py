@@ -40,8 +40,8 @@ class RedisRules:
         return [SecretHeader(name, value, tls) for name, value, tls in self._store.secrets_for(tenant, host)]
 
     def denied(self, rule: EgressRule, host: str, port: int, reason: str) -> None:
-        log.info("egress refused", extra={"host": host, "port": port, "reason": reason})
         with logs.bound(rule.trace_id, rule.execution_id):
+            log.info("egress refused", extra={"host": host, "port": port, "reason": reason})
             self._store.add_denial(
                 rule.execution_id,
                 {"host": host, "port": port, "at": time.time(), "reason": reason, "trace_id": rule.trace_id},
