@@ -151,3 +151,11 @@ def test_limits_and_unknown_networks() -> None:
     assert answer.startswith(b"HTTP/1.1 400")
     (answer,) = _run(nobody, LOOPBACK, b"CONNECT localhost:PORT HTTP/1.1\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 403") and nobody.denials == []
+
+
+def test_byte_limit_cuts_the_connection_and_is_reported() -> None:
+    source = Source(replace(RULE, max_bytes=64))
+    request = b"GET http://localhost:PORT/" + b"x" * 100 + b" HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    (answer,) = _run(source, LOOPBACK, request)
+    assert len(answer) < 200  # the upstream echoes the ~150-byte head: it never arrives whole
+    assert [reason for _, _, reason in source.denials] == ["byte limit (64) reached"]

@@ -109,7 +109,9 @@ class EgressProxy:
             if method == "CONNECT":
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
             else:
-                upstream_w.write(_forward_head(method, target, headers, host, port, secrets))
+                forwarded = _forward_head(method, target, headers, host, port, secrets)
+                usage.bytes += len(forwarded)
+                upstream_w.write(forwarded)
             over = await _pipe(rule, usage, (reader, writer), (upstream_r, upstream_w))
             if over:
                 await asyncio.to_thread(self._source.denied, rule, host, port, f"byte limit ({rule.max_bytes}) reached")
