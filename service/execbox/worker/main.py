@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import signal
 import threading
 import time
 
@@ -28,6 +29,10 @@ from execbox.worker.context import WorkerContext, install
 log = logging.getLogger(__name__)
 
 
+_stop_early = threading.Event()
+"""Set by a SIGTERM/SIGINT that arrives before RQ installs its own handlers (start-up)."""
+
+
 class _Worker(SimpleWorker):
     """RQ's in-process worker; each job gets its own log scope, which the job binds to the
     execution it takes, so RQ's lines about the job carry that execution's ids."""
@@ -36,8 +41,21 @@ class _Worker(SimpleWorker):
         with logs.bound(None, None):
             super().execute_job(job, queue)
 
+    def _install_signal_handlers(self) -> None:
+        super()._install_signal_handlers()  # type: ignore[no-untyped-call]
+        if _stop_early.is_set():  # asked to stop while starting: leave the loop before the first job
+            self._stop_requested = True
+
+
+def _note_stop(signum: int, frame: object) -> None:
+    _stop_early.set()
+
 
 def run_worker(settings: Settings, burst: bool = False, name: str | None = None) -> None:
+    # As a container's PID 1 the process would ignore SIGTERM until RQ installs its handlers; a
+    # stop during start-up must still end in the clean shutdown below (the pool is drained).
+    signal.signal(signal.SIGTERM, _note_stop)
+    signal.signal(signal.SIGINT, _note_stop)
     logs.configure(settings.log_level, "worker")
     ctx = WorkerContext.build(settings, name)
     install(ctx)
