@@ -143,6 +143,9 @@ class Runtime(Protocol):
     def remove(self, container_id: str) -> None:
         """Kill and remove a container; a missing one is not an error."""
 
+    def close(self) -> None:
+        """Finish every pending clean-up (removals) before the process exits."""
+
     def managed_networks(self, deployment: str) -> list[ContainerInfo]:
         """Every per-run egress network this deployment made on this engine."""
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import itertools
 import logging
 import re
 import secrets
@@ -229,6 +230,11 @@ class DockerRuntime:
         """Set by the worker when it keeps warm containers; None: every run creates its own."""
         self.on_status_mismatch: Callable[[], None] | None = None
         """Called when the engine's exit status contradicts the launcher's report (a metric)."""
+        self._cleanup = _Deferred(CLEANUP_DELAY_S)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Run every pending clean-up now and wait for those under way (the worker is stopping)."""
+        self._cleanup.flush(timeout_s)
 
     @property
     def api(self) -> docker.APIClient:
@@ -278,9 +284,7 @@ class DockerRuntime:
             # Off the result's path, and a moment later (see CLEANUP_DELAY_S). If this process
             # dies first, the reaper finds the container (and network) by their labels.
             reported = outcome if outcome is not None and outcome.launcher_status else None
-            retire = threading.Timer(CLEANUP_DELAY_S, self._retire, args=(container_id, reported, network))
-            retire.daemon = True
-            retire.start()
+            self._cleanup.later(lambda: self._retire(container_id, reported, network))
 
     def _open_egress(self, execution_id: str, deployment: str, egress: EgressSpec) -> _EgressNetwork:
         """An internal network of the run's own (no route out, no address for the host on it) with
@@ -570,6 +574,54 @@ class DockerRuntime:
             )
             for c in found
         ]
+
+
+class _Deferred:
+    """Clean-up actions run a moment after a run (off the result's path), or all at once by flush()
+    when the worker stops, so that none is lost with the process."""
+
+    def __init__(self, delay_s: float) -> None:
+        self._delay_s = delay_s
+        self._pending: dict[int, Callable[[], None]] = {}
+        self._next = itertools.count()
+        self._running = 0
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+
+    def later(self, action: Callable[[], None]) -> None:
+        with self._lock:
+            key = next(self._next)
+            self._pending[key] = action
+        timer = threading.Timer(self._delay_s, self._run, args=(key,))
+        timer.daemon = True
+        timer.start()
+
+    def _run(self, key: int) -> None:
+        with self._lock:
+            action = self._pending.pop(key, None)
+            if action is None:
+                return  # flush() took it
+            self._running += 1
+        try:
+            action()
+        except Exception:
+            log.exception("sandbox clean-up failed; the reaper will retry")
+        finally:
+            with self._lock:
+                self._running -= 1
+                self._idle.notify_all()
+
+    def flush(self, timeout_s: float) -> None:
+        with self._lock:
+            actions = list(self._pending.values())
+            self._pending.clear()
+        for action in actions:
+            try:
+                action()
+            except Exception:
+                log.exception("sandbox clean-up failed; the reaper will retry")
+        with self._lock:
+            self._idle.wait_for(lambda: self._running == 0, timeout_s)
 
 
 @dataclass(frozen=True)

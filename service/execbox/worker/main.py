@@ -93,6 +93,7 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
         stop.set()
         if ctx.pool is not None:
             ctx.pool.drain()
+        ctx.runtime.close()  # containers and networks of finished runs still waiting to be removed
 
 
 def _wait_for_redis(ctx: WorkerContext) -> None:
