@@ -62,7 +62,7 @@ def tunnel(host):
     except OSError as e:
         return 0, str(e)
 def raw(address, kind):
-    s = socket.socket(socket.AF_INET, kind); s.settimeout(3)
+    s = socket.socket(socket.AF_INET, kind); s.settimeout(1.5)
     try:
         if kind == socket.SOCK_STREAM:
             s.connect((address, 8080))
@@ -215,6 +215,7 @@ print(json.dumps({{
     "http_b": get("http://target-b:8080/"), "connect_b": tunnel("target-b"),
     "tcp_a": raw("{targets.a_ip}", socket.SOCK_STREAM), "udp_a": raw("{targets.a_ip}", socket.SOCK_DGRAM),
     "dns": resolve("target-a"), "gateway": raw("{targets.gateway}", socket.SOCK_STREAM),
+    "docker0": raw("172.17.0.1", socket.SOCK_STREAM), "metadata": raw("169.254.169.254", socket.SOCK_STREAM),
 }}))
 """
     )
@@ -223,8 +224,8 @@ print(json.dumps({{
     assert found["http_a"] == [200, "ok a"] and found["connect_a"] == [200, "ok a"]
     assert found["http_b"][0] == 403 and "allowlist" in found["http_b"][1]
     assert found["connect_b"][0] == 0 and "403" in found["connect_b"][1]
-    # Packets to anything but the proxy are dropped: a direct connect times out (3 s here).
-    assert all(found[k].startswith("blocked") for k in ("tcp_a", "udp_a", "gateway")), found
+    # Packets to anything but the proxy are dropped: a direct connect times out (1.5 s here).
+    assert all(found[k].startswith("blocked") for k in ("tcp_a", "udp_a", "gateway", "docker0", "metadata")), found
     assert found["dns"] == "gaierror"
     denied = body["network"]["denied"]
     assert [(d["host"], d["port"]) for d in denied] == [("target-b", 8080), ("target-b", 8080)]

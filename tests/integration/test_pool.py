@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from collections.abc import Callable, Iterator
@@ -158,3 +159,22 @@ def test_a_killed_workers_pool_is_reaped(
     proc.wait(10)
     # The session's workers (same deployment) remove them once the dead worker's heartbeat is gone.
     wait_until(lambda: not idle(docker_client, worker), 60, "the dead worker's pool to be reaped")
+
+
+def test_runs_leave_no_thread_behind(
+    pooled: Callable[..., tuple[Side, str]], docker_client: docker.DockerClient
+) -> None:
+    side, worker = pooled(size=1)
+    (proc,) = [p for p in side.processes.procs if p.args[-1] == worker]  # type: ignore[index]
+
+    def threads() -> int:
+        return len(os.listdir(f"/proc/{proc.pid}/task"))
+
+    pool = full_pool(docker_client, worker, 1)
+    run(side, "print(1)")  # the first run starts the threads a worker keeps (clients, timers)
+    pool = full_pool(docker_client, worker, 1, pool)
+    before = threads()
+    for _ in range(12):
+        assert run(side, "print(1)")["stdout"] == "1\n"
+    full_pool(docker_client, worker, 1, pool)
+    wait_until(lambda: threads() <= before + 2, 10, "the runs' threads to end")  # a reader per run once leaked

@@ -655,10 +655,16 @@ def _feed(raw: socket.socket, data: bytes) -> None:
 
 
 def _close(sock: Any) -> None:
-    """Close the attach stream: the file wrapper docker-py returns and the socket under it."""
-    for part in (sock, getattr(sock, "_sock", None)):
+    """Close the attach stream: shut the socket down first, which wakes the reader thread still
+    blocked in recv (close() alone would not, and the engine keeps the stream open), then close the
+    file wrapper docker-py returns and the socket under it."""
+    raw = getattr(sock, "_sock", sock)
+    try:
+        raw.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed by the engine
+    for part in (sock, raw):
         try:
-            if part is not None:
-                part.close()
+            part.close()
         except OSError:
             pass
