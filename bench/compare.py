@@ -356,6 +356,7 @@ def chart(results: dict[str, Any], path: Path) -> None:
     ax = axes[2]
     for name, rows in results["throughput"].items():
         ax.plot([r["clients"] for r in rows], [r["per_s"] for r in rows], marker="o", label=name)
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("concurrent clients")
     ax.set_ylabel("executions/s")
     ax.set_title("throughput, print(1)")
