@@ -159,3 +159,15 @@ def test_byte_limit_cuts_the_connection_and_is_reported() -> None:
     (answer,) = _run(source, LOOPBACK, request)
     assert len(answer) < 200  # the upstream echoes the ~150-byte head: it never arrives whole
     assert [reason for _, _, reason in source.denials] == ["byte limit (64) reached"]
+
+
+def test_usage_of_old_executions_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    from execbox.egress import proxy as proxy_mod
+
+    monkeypatch.setattr(proxy_mod, "USAGE_PRUNE_AT", 3)
+    egress = EgressProxy(Source(RULE), [], [])
+    for name in ("old-1", "old-2"):
+        egress._usage_for(name).seen -= proxy_mod.USAGE_KEEP_S + 1
+    egress._usage_for("recent")
+    egress._usage_for("new")  # the fourth: the two stale ones go
+    assert sorted(egress._usage) == ["new", "recent"]

@@ -34,6 +34,8 @@ from execbox.egress.rules import EgressRule, IpNetwork, address_allowed
 
 log = logging.getLogger(__name__)
 HEAD_LIMIT = 64 * 1024
+USAGE_PRUNE_AT = 4096
+USAGE_KEEP_S = 2 * 3600.0
 _HOP_BY_HOP = {
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
     "trailer", "upgrade",
@@ -79,6 +81,18 @@ class EgressProxy:
         self._never = never
         self._usage: dict[str, _Usage] = {}
 
+    def _usage_for(self, execution_id: str) -> _Usage:
+        """This execution's counters; those unused for USAGE_KEEP_S are dropped now and then (a
+        rule lives at most its run's timeout plus a margin, so they can no longer be needed)."""
+        usage = self._usage.get(execution_id)
+        if usage is None:
+            if len(self._usage) >= USAGE_PRUNE_AT:
+                cutoff = time.monotonic() - USAGE_KEEP_S
+                self._usage = {k: u for k, u in self._usage.items() if u.seen >= cutoff}
+            usage = self._usage[execution_id] = _Usage()
+        usage.seen = time.monotonic()
+        return usage
+
     async def serve(self, host: str, port: int) -> asyncio.Server:
         return await asyncio.start_server(self._handle, host, port, limit=HEAD_LIMIT)
 
@@ -96,8 +110,7 @@ class EgressProxy:
                 host, port, tls = *_split_authority(target, 443), False
             else:
                 host, port, tls = _absolute_target(target)
-            usage = self._usage.setdefault(rule.execution_id, _Usage())
-            usage.seen = time.monotonic()
+            usage = self._usage_for(rule.execution_id)
             if not rule.allows(host, port):
                 raise Denied("not in the execution's allowlist")
             if usage.connections >= rule.max_connections:
