@@ -198,10 +198,16 @@ def api(stack: Stack) -> Iterator[httpx.Client]:
 
 
 def run_code(
-    client: httpx.Client, code: str, language: str = "python", wait: float = 60, **policy: object
+    client: httpx.Client,
+    code: str,
+    language: str = "python",
+    wait: float = 60,
+    env: dict[str, str] | None = None,
+    **policy: object,
 ) -> dict[str, Any]:
     """Submit code and wait for its result through the API (a bounded server-side wait)."""
-    response = client.post(f"/v1/executions?wait={wait}", json={"language": language, "code": code, "policy": policy})
+    request = {"language": language, "code": code, "env": env or {}, "policy": policy}
+    response = client.post(f"/v1/executions?wait={wait}", json=request)
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()
     return body

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from execbox.egress.rules import HostPattern, uncovered
 from execbox.errors import FieldProblem, PolicyExceeded, UnknownPolicy
 from execbox.models import AppliedPolicy, NetworkAllowlist, PolicyRequest
+from execbox.sandbox.base import Limits
 
 DEFAULT_POLICY = "default"
 NOT_POLICIES = {"tenants.yaml"}  # per-tenant quotas live next to the policies (execbox.quotas)
@@ -155,3 +156,9 @@ class PolicySet:
             raise PolicyExceeded(tuple(problems))
         values = policy.defaults | asked | {"code_bytes": policy.ceilings["code_bytes"]}
         return AppliedPolicy.model_validate({**values, "name": name, "network": network})
+
+
+def run_limits(policy: AppliedPolicy) -> Limits:
+    """The part of an applied policy the sandbox runtime enforces."""
+    return Limits(policy.timeout_s, policy.cpu, policy.cpu_time_s, policy.memory_mb, policy.pids,
+                  policy.disk_mb, policy.output_bytes)  # fmt: skip

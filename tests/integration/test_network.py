@@ -18,7 +18,7 @@ import pytest
 import redis
 import yaml
 
-from tests.conftest import EXECBOX, ROOT, Side, Stack, wait_until
+from tests.conftest import EXECBOX, ROOT, Side, Stack, run_code, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
@@ -172,14 +172,10 @@ def netside(targets: Targets, stack: Stack, processes: Any, tmp_path_factory: py
     return side
 
 
-def run(side: Side, code: str, allow: list[str] | None = None, wait: float = 60) -> dict[str, Any]:
+def run(side: Side, code: str, allow: list[str] | None = None) -> dict[str, Any]:
     policy: dict[str, Any] = {"name": "net", "network": {"mode": "allowlist", "allow": allow}} if allow else {}
     with side.client() as client:
-        response = client.post(f"/v1/executions?wait={wait}", json={"language": "python", "code": code,
-                                                                      "policy": policy})  # fmt: skip
-        assert response.status_code == 200, response.text
-        body: dict[str, Any] = response.json()
-        return body
+        return run_code(client, code, **policy)
 
 
 def results(body: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import docker
 import pytest
 
 from execbox.sandbox.base import POOL_LABEL, WORKER_LABEL
-from tests.conftest import Side, wait_until
+from tests.conftest import Side, run_code, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
@@ -66,13 +66,9 @@ def pooled(side_stack: Callable[..., Side]) -> Iterator[Callable[..., tuple[Side
             proc.wait(30)
 
 
-def run(side: Side, code: str, env: dict[str, str] | None = None, **policy: object) -> dict[str, Any]:
+def run(side: Side, code: str, env: dict[str, str] | None = None, **policy: Any) -> dict[str, Any]:
     with side.client() as client:
-        response = client.post("/v1/executions?wait=60", json={"language": "python", "code": code,
-                                                              "env": env or {}, "policy": policy})  # fmt: skip
-        assert response.status_code == 200, response.text
-        body: dict[str, Any] = response.json()
-        return body
+        return run_code(client, code, env=env, **policy)
 
 
 def test_each_run_takes_a_fresh_warm_container_once(

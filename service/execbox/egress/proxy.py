@@ -117,8 +117,10 @@ class EgressProxy:
                 raise Denied(f"connection limit ({rule.max_connections}) reached")
             usage.connections += 1
             secrets = [] if method == "CONNECT" else await asyncio.to_thread(self._source.secrets, rule.tenant, host)
-            tls = tls or any(s.tls for s in secrets)
-            upstream_r, upstream_w = await self._connect(rule, host, port if not tls or port != 80 else 443, tls)
+            upstream_port = port
+            if not tls and any(s.tls for s in secrets):  # http:// asked, the secret's host wants HTTPS
+                tls, upstream_port = True, 443 if port == 80 else port
+            upstream_r, upstream_w = await self._connect(rule, host, upstream_port, tls)
             if method == "CONNECT":
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
             else:

@@ -88,14 +88,6 @@ class WarmPool:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
-    @property
-    def classes(self) -> list[PoolClass]:
-        return list(self._classes)
-
-    def idle_counts(self) -> dict[str, int]:
-        with self._lock:
-            return {name: len(idle) for name, idle in self._idle.items()}
-
     def take(self, spec: RunSpec) -> str | None:
         """A started container for spec, sized to its limits, or None (the caller goes cold)."""
         pool_class = next((c for c in self._classes if c.fits(spec)), None)
@@ -157,10 +149,14 @@ class WarmPool:
 
     def _fill(self, stop: threading.Event) -> None:
         for pool_class in self._classes:
-            while not stop.is_set() and self.idle_counts()[pool_class.name] < pool_class.size:
+            while not stop.is_set() and self._waiting(pool_class.name) < pool_class.size:
                 container_id = self._engine.create_pooled(pool_class.template, pool_class.name)
                 with self._lock:
                     self._idle[pool_class.name].append(_Idle(container_id, time.monotonic()))
+
+    def _waiting(self, name: str) -> int:
+        with self._lock:
+            return len(self._idle[name])
 
     def _recycle_stale(self) -> None:
         cutoff = time.monotonic() - self._max_idle_s

@@ -15,9 +15,9 @@ from execbox.errors import ServiceError
 from execbox.languages import Languages
 from execbox.metrics import WorkerMetrics, worker_metrics
 from execbox.models import PolicyRequest
-from execbox.policies import PolicySet
+from execbox.policies import PolicySet, run_limits
 from execbox.queue import make_webhook_queue, webhook_notifier
-from execbox.sandbox.base import Limits, RunSpec, Runtime
+from execbox.sandbox.base import RunSpec, Runtime
 from execbox.sandbox.docker import DockerRuntime
 from execbox.sandbox.pool import PoolClass, WarmPool
 from execbox.settings import Settings
@@ -67,8 +67,7 @@ class WorkerContext:
 def build_pool(ctx: WorkerContext, runtime: DockerRuntime) -> WarmPool:
     """One pool class per configured language, with the default policy's limits."""
     default = PolicySet.load(ctx.settings.policies_dir).resolve(PolicyRequest(), 0)
-    limits = Limits(default.timeout_s, default.cpu, default.cpu_time_s, default.memory_mb, default.pids,
-                    default.disk_mb, default.output_bytes)  # fmt: skip
+    limits = run_limits(default)
     classes = []
     for name, size in ctx.settings.pool.sizes.items():
         try:

@@ -28,6 +28,7 @@ from execbox.models import (
     NetworkDenial,
     NetworkReport,
 )
+from execbox.policies import run_limits
 from execbox.queue import take_next
 from execbox.sandbox.base import SANDBOX_UID, WORKDIR, EgressSpec, Limits, RunControl, RunOutcome, RunSpec
 from execbox.tracing import TraceContext, parse_traceparent
@@ -82,7 +83,7 @@ def _run_and_finish(ctx: WorkerContext, record: ExecutionRecord, parent: TraceCo
     watcher = threading.Thread(target=_watch, args=(ctx, record.id, control, stop), daemon=True)
     watcher.start()
     p = record.policy
-    limits = Limits(p.timeout_s, p.cpu, p.cpu_time_s, p.memory_mb, p.pids, p.disk_mb, p.output_bytes)
+    limits = run_limits(p)
     collector = Collector(
         record.id,
         ctx.artifacts,
