@@ -6,6 +6,7 @@ with a message that says how to get them (`make test` installs and starts both).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import shutil
@@ -23,13 +24,39 @@ import docker
 import httpx
 import pytest
 
+from execbox.redis_roles import ROLES, acl_file, role_url
+
 ROOT = Path(__file__).resolve().parents[1]
 EXECBOX = str(Path(sys.executable).with_name("execbox"))
+PREFIX = f"exbt{secrets.token_hex(3)}"
+"""The session's key prefix: its Redis ACL names keys under it."""
+PASSWORDS = {role: secrets.token_hex(16) for role in (*ROLES, "harness")}
+"""Each role's Redis password; `harness` (the tests' own inspections) may do anything."""
+
+
+def write_acl(path: Path, prefix: str) -> Path:
+    """The deployment's ACL for `prefix` plus the test harness's own unrestricted user."""
+    harness = hashlib.sha256(PASSWORDS["harness"].encode()).hexdigest()
+    path.write_text(acl_file(prefix, PASSWORDS) + f"user harness on #{harness} ~* &* +@all\n")
+    return path
+
+
+def as_role(env: dict[str, str], role: str) -> dict[str, str]:
+    """`env` with the Redis credentials of one component role (api, worker, egress, admin)."""
+    return {**env, "EXECBOX_REDIS__URL": role_url(env["EXECBOX_REDIS__URL"], role, PASSWORDS[role])}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The leftover-container check must see the end state of the whole session.
     items.sort(key=lambda item: item.name == "test_no_sandbox_container_left_after_suite")
+
+
+def redis_contents(client: Any, match: str = "*") -> bytes:
+    """Every key name and value (read by type, never compressed) under `match`, as one blob to search."""
+    readers = {b"string": client.get, b"hash": client.hgetall, b"list": lambda k: client.lrange(k, 0, -1),
+               b"set": client.smembers, b"zset": lambda k: client.zrange(k, 0, -1, withscores=True)}  # fmt: skip
+    return b"\n".join(k + b" " + repr(readers.get(client.type(k), lambda _: None)(k)).encode()
+                       for k in client.scan_iter(match=match, count=1000))  # fmt: skip
 
 
 def free_port() -> int:
@@ -54,9 +81,9 @@ def auth(key: str) -> dict[str, str]:
 
 
 def create_key(env: dict[str, str], tenant: str) -> str:
-    """A real key, issued by the admin command against the session's Redis."""
-    done = subprocess.run([EXECBOX, "keys", "create", "--tenant", tenant], env=env, capture_output=True, text=True,
-                          check=True, timeout=30)  # fmt: skip
+    """A real key, issued by the admin command (admin role) against the session's Redis."""
+    done = subprocess.run([EXECBOX, "keys", "create", "--tenant", tenant], env=as_role(env, "admin"),
+                          capture_output=True, text=True, check=True, timeout=30)  # fmt: skip
     return done.stdout.strip()
 
 
@@ -70,6 +97,7 @@ def answers_200(url: str) -> bool:
 @dataclass
 class Redis:
     url: str
+    """The harness's own (unrestricted) DSN; components get their role's with `as_role`."""
     port: int
 
 
@@ -80,8 +108,23 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Redis]:
         pytest.fail("redis-server is not installed: run `scripts/install` (apt-get install redis-server)")
     port = free_port()
     workdir = tmp_path_factory.mktemp("redis")
+    acl = write_acl(workdir / "users.acl", PREFIX)
     proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir), "--save", "", "--appendonly", "no"],
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(workdir),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--aclfile",
+            str(acl),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -95,7 +138,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Redis]:
             return False
 
     wait_until(answers, 10, "redis-server to answer")
-    yield Redis(f"redis://127.0.0.1:{port}/0", port)
+    yield Redis(role_url(f"redis://127.0.0.1:{port}/0", "harness", PASSWORDS["harness"]), port)
     proc.terminate()
     proc.wait(10)
 
@@ -116,6 +159,7 @@ class Stack:
     """The system under test: settings shared by every process of this session."""
 
     env: dict[str, str]
+    """The API's environment (Redis as the api role); `as_role` gives another component's."""
     base_url: str
     prefix: str
     logs: Path
@@ -164,11 +208,11 @@ def stack(
     processes: Processes,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Stack:
-    prefix = f"exbt{secrets.token_hex(3)}"
+    prefix = PREFIX
     env = {
         "EXECBOX_ARTIFACTS_DIR": str(tmp_path_factory.mktemp("artifacts")),
         **{k: v for k, v in os.environ.items() if not k.startswith("EXECBOX_")},
-        "EXECBOX_REDIS__URL": redis_server.url,
+        "EXECBOX_REDIS__URL": role_url(redis_server.url, "api", PASSWORDS["api"]),
         "EXECBOX_REDIS__KEY_PREFIX": prefix,
         "EXECBOX_QUEUE__NAME": f"{prefix}-main",
         "EXECBOX_WORKER__LEASE_S": "3",
@@ -182,7 +226,7 @@ def stack(
     for i in (1, 2):
         metrics_port = free_port()
         worker_metrics.append(f"127.0.0.1:{metrics_port}")
-        worker_env = {**env, "EXECBOX_TELEMETRY__WORKER_METRICS_PORT": str(metrics_port)}
+        worker_env = as_role({**env, "EXECBOX_TELEMETRY__WORKER_METRICS_PORT": str(metrics_port)}, "worker")
         processes.spawn(f"worker-{i}", [EXECBOX, "worker", "--name", f"{prefix}-worker-{i}"], worker_env)
     base_url = f"http://127.0.0.1:{port}"
     wait_until(lambda: answers_200(f"{base_url}/readyz"), 30, "the API's /readyz (Redis + a worker reaching Docker)")
@@ -227,7 +271,7 @@ class Side:
 
     def worker(self, name: str, **env: str) -> subprocess.Popen[bytes]:
         full = f"{self.env['EXECBOX_QUEUE__NAME']}-{name}"  # starts with the session prefix
-        return self.processes.spawn(full, [EXECBOX, "worker", "--name", full], {**self.env, **env})
+        return self.processes.spawn(full, [EXECBOX, "worker", "--name", full], as_role({**self.env, **env}, "worker"))
 
 
 @pytest.fixture
@@ -244,3 +288,14 @@ def side_stack(stack: Stack, processes: Processes) -> Callable[..., Side]:
         return Side(side_env, base_url, processes, stack.keys["alpha"])
 
     return make
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_acl_denials(redis_server: Redis) -> Iterator[None]:
+    """Every component works within its Redis role: the session ends with no denial logged (the
+    tests that probe forbidden commands on purpose clear the log after themselves)."""
+    import redis as redis_py
+
+    yield
+    log = redis_py.Redis.from_url(redis_server.url).acl_log(count=20)
+    assert not log, [{k: e.get(k) for k in ("username", "reason", "object", "context")} for e in log]

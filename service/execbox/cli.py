@@ -1,10 +1,11 @@
-"""The `execbox` command: `api`, `worker`, `egress`, `reap`, `keys`, `secrets`."""
+"""The `execbox` command: `api`, `worker`, `egress`, `reap`, `keys`, `secrets`, `egress-key`, `redis-acl`."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from execbox.settings import Settings
 
@@ -30,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     put.add_argument("--tenant", default="*", help="only this tenant's executions (default: every tenant)")
     put.add_argument("--tls", action="store_true", help="speak HTTPS to the host for http:// requests")
     secrets_sub.add_parser("list", help="list registered secrets (never their values)")
+    reseal = secrets_sub.add_parser(
+        "reseal", help="re-seal every secret to EXECBOX_EGRESS__PUBLIC_KEY (key rotation; needs the old private key)"
+    )
+    reseal.add_argument("--old-private-key-file", required=True, type=Path)
     drop = secrets_sub.add_parser("delete", help="remove a header")
     drop.add_argument("--host", required=True)
     drop.add_argument("--header", required=True)
@@ -40,7 +45,25 @@ def main(argv: list[str] | None = None) -> int:
     keys.add_parser("list", help="list keys (ids and tenants, never the keys)")
     revoke = keys.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("key_id")
+    egress_key = sub.add_parser(
+        "egress-key", help="make the egress proxy's key pair (if missing); print the public key"
+    )
+    egress_key.add_argument("path", type=Path, help="where the private key is (or is written, mode 0400)")
+    acl = sub.add_parser("redis-acl", help="print the Redis ACL file for the roles api, worker, egress, admin")
+    acl.add_argument("--prefix", default="execbox", help="the deployment's key prefix (EXECBOX_REDIS__KEY_PREFIX)")
+    acl.add_argument("--passwords", type=Path, required=True, help="env file with REDIS_<ROLE>_PASSWORD lines")
     args = parser.parse_args(argv)
+    if args.command == "egress-key":
+        from execbox.egress.sealing import generate
+
+        print(generate(args.path))
+        return 0
+    if args.command == "redis-acl":
+        from execbox.redis_roles import ROLES, acl_file
+
+        lines = dict(line.split("=", 1) for line in args.passwords.read_text().split() if "=" in line)
+        sys.stdout.write(acl_file(args.prefix, {r: lines.get(f"REDIS_{r.upper()}_PASSWORD", "") for r in ROLES}))
+        return 0
     settings = Settings()
 
     if args.command == "api":
@@ -73,12 +96,26 @@ def main(argv: list[str] | None = None) -> int:
 
         run_egress(settings, host=args.host)
     elif args.command == "secrets":
+        from execbox.egress.sealing import Opener, SealingError, seal
         from execbox.store import ExecutionStore, connect
 
         store = ExecutionStore(connect(settings), settings)
+        public_key = settings.egress.public_key
+        if args.secrets_command in ("set", "reseal") and not public_key:
+            print("EXECBOX_EGRESS__PUBLIC_KEY is not set: secrets are stored sealed to the egress proxy's key "
+                  "(`execbox egress-key PATH` prints it)", file=sys.stderr)  # fmt: skip
+            return 2
         if args.secrets_command == "set":
             value = sys.stdin.read().strip() if args.value == "-" else args.value
-            store.set_secret(args.tenant, args.host.lower(), args.header, value, args.tls)
+            store.set_secret(args.tenant, args.host.lower(), args.header, seal(str(public_key), value), args.tls)
+        elif args.secrets_command == "reseal":
+            old = Opener(args.old_private_key_file)
+            try:
+                for tenant, host, header, sealed, tls in store.sealed_secrets():
+                    store.set_secret(tenant, host, header, seal(str(public_key), old.open(sealed)), tls)
+            except SealingError as exc:
+                print(f"{exc}", file=sys.stderr)
+                return 1
         elif args.secrets_command == "list":
             for tenant, host, header, tls in store.secret_names():
                 print(f"{tenant}  {host}  {header}{'  (https upstream)' if tls else ''}")

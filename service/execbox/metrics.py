@@ -81,6 +81,7 @@ class WorkerMetrics:
     pool_takes: Counter
     status_mismatches: Counter
     network_denials: Counter
+    jobs_refused: Counter
 
 
 def worker_metrics(registry: CollectorRegistry) -> WorkerMetrics:
@@ -109,6 +110,9 @@ def worker_metrics(registry: CollectorRegistry) -> WorkerMetrics:
                                   registry=registry),
         network_denials=Counter("execbox_network_denials_total", "Connections the egress proxy refused, counted "
                                 "when their execution finishes", registry=registry),
+        jobs_refused=Counter("execbox_jobs_refused_total", "Queue messages a worker refused to run because they "
+                             "named a function, instance, callback or webhook that is not execbox's own "
+                             "(expected: never; someone wrote to the queue)", ["reason"], registry=registry),
     )  # fmt: skip
 
 

@@ -27,6 +27,8 @@ from execbox.store import redis_errors
 
 TASK = "execbox.worker.tasks.run_next"
 WEBHOOK_TASK = "execbox.worker.webhooks.deliver"
+JOB_FUNCTIONS = frozenset({TASK, WEBHOOK_TASK})
+"""The only functions a worker runs from the queue (RQ would import any dotted path it is given)."""
 
 
 def make_queue(client: redis.Redis, settings: Settings) -> Queue:
@@ -52,7 +54,7 @@ def enqueue_webhook(queue: Queue, execution_id: str, settings: Settings) -> None
         )
 
 
-# Keys, under <prefix>:<queue>: pending:<tenant> (JSON entries, oldest first), ring (tenants with
+# Keys, under <prefix>:q:<queue>: pending:<tenant> (JSON entries, oldest first), ring (tenants with
 # work, in turn order) and ring:members (the same tenants as a set, so each is in the ring once).
 _PUSH = """
 redis.call('RPUSH', KEYS[3], ARGV[2])
@@ -83,7 +85,7 @@ class Entry:
 
 
 def _keys(settings: Settings) -> tuple[str, str, str]:
-    base = f"{settings.redis.key_prefix}:{settings.queue.name}"  # a queue's tickets serve its own entries
+    base = f"{settings.redis.key_prefix}:q:{settings.queue.name}"  # a queue's tickets serve its own entries
     return f"{base}:ring", f"{base}:ring:members", f"{base}:pending:"
 
 
@@ -128,6 +130,7 @@ def depth(queue: Queue) -> int:
 
 
 __all__ = [
+    "JOB_FUNCTIONS",
     "TASK",
     "WEBHOOK_TASK",
     "Entry",

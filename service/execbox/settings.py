@@ -74,6 +74,22 @@ class EgressSettings(BaseModel):
     idle_timeout_s: float = Field(60.0, gt=0, description="A proxied connection idle this long is closed.")
     max_connections: int = Field(64, ge=1, description="Connections one execution may open through the proxy.")
     max_bytes: int = Field(104857600, ge=1024, description="Bytes (both directions) one execution may move.")
+    slot_cooldown_s: float = Field(
+        30.0,
+        ge=0,
+        description="A per-execution network slot (/28) stays unused this long after its run's network is "
+        "removed, so nothing keyed by the proxy's address on it can ever be served to the next run.",
+    )
+    public_key: str | None = Field(
+        None,
+        description="The egress proxy's public key (base64), with which `execbox secrets set` seals secret "
+        "headers; `make up` generates the pair.",
+    )
+    private_key_file: Path | None = Field(
+        None,
+        description="The egress proxy's private key file (only the proxy's container has it); unset: the proxy "
+        "adds no secret headers and refuses requests that need one.",
+    )
     allow_private_cidrs: list[str] = Field(
         default_factory=list,
         description="Private, loopback or link-local ranges upstreams may resolve to (default: none, so an "

@@ -7,9 +7,18 @@ Keys (prefix from settings.redis.key_prefix):
   {p}:lease:{id}      the running worker's lease; it renews it while the sandbox runs
   {p}:cancel:{id}     list a cancel request is pushed to; the running worker blocks on it
   {p}:done:{id}       pub/sub channel told when the execution reaches a terminal status
+  {p}:file:{id}       an uploaded or inline input file (hash: meta, data)
+  {p}:rate:{tenant}:{minute}, {p}:active:{tenant}   quota counters (per minute; queued or running ids)
+  {p}:worker:{name}   a worker's heartbeat
+  {p}:q:{queue}:ring, :ring:members, :pending:{tenant}   fair dispatch (execbox.queue)
+  {p}:apikey:{digest}, {p}:apikeys   API keys (execbox.auth);  {p}:idem:...   idempotency (execbox.idempotency)
   {p}:egress:rule:{address}   the egress rule for the execution whose network the proxy has that address on
+  {p}:egress:slot:{subnet}    a per-run network slot, reserved by a worker, cooling down after the run
   {p}:egress:denied:{id}      the proxy's refusals for an execution (JSON list)
-  {p}:secret:{tenant}:{host}  hash: header name -> JSON {value, tls}, added by the proxy (tenant `*`: everyone)
+  {p}:secret:{tenant}:{host}  hash: header name -> JSON {sealed, tls}, opened only by the proxy (tenant `*`: everyone)
+  rq:*                RQ's own keys (tickets, registries, workers)
+
+Which component may touch which of these is fixed by its Redis role (execbox.redis_roles).
 """
 
 from __future__ import annotations
@@ -30,6 +39,9 @@ from execbox.models import ErrorCategory, ExecutionError, ExecutionRecord, Execu
 from execbox.settings import Settings
 
 Mutation = Callable[[ExecutionRecord], "ExecutionStatus | None"]
+_COOL = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], 'cooling', 'PX', ARGV[2]) end
+"""
 
 
 @contextmanager
@@ -334,9 +346,22 @@ class ExecutionStore:
         with redis_errors():
             return [json.loads(v) for v in self.redis.lrange(self._key("egress:denied", execution_id), 0, -1)]
 
-    def set_secret(self, tenant: str, host: str, header: str, value: str, tls: bool) -> None:
+    def reserve_slot(self, subnet: str, execution_id: str, ttl_s: float) -> bool:
+        """Reserve a per-run network slot; False when another run holds it or it is cooling down."""
         with redis_errors():
-            self.redis.hset(self._key("secret", f"{tenant}:{host}"), header, json.dumps({"value": value, "tls": tls}))
+            return bool(self.redis.set(self._key("egress:slot", subnet), execution_id, nx=True, px=int(ttl_s * 1000)))
+
+    def cool_slot(self, subnet: str, execution_id: str, cooldown_s: float) -> None:
+        """The run's network is gone: keep the slot unused for cooldown_s more (only if still ours)."""
+        with redis_errors():
+            self.redis.register_script(_COOL)(
+                keys=[self._key("egress:slot", subnet)], args=[execution_id, max(int(cooldown_s * 1000), 1)]
+            )
+
+    def set_secret(self, tenant: str, host: str, header: str, sealed: str, tls: bool) -> None:
+        """Store a header value sealed to the egress proxy (execbox.egress.sealing); never a plaintext."""
+        with redis_errors():
+            self.redis.hset(self._key("secret", f"{tenant}:{host}"), header, json.dumps({"sealed": sealed, "tls": tls}))
 
     def delete_secret(self, tenant: str, host: str, header: str) -> bool:
         with redis_errors():
@@ -344,23 +369,29 @@ class ExecutionStore:
 
     def secret_names(self) -> list[tuple[str, str, str, bool]]:
         """(tenant, host, header, tls) of every registered secret; never the values."""
-        found = []
-        with redis_errors():
-            for key in self.redis.scan_iter(match=self._key("secret", "*"), count=100):
-                tenant, _, host = _text(key).removeprefix(self._key("secret", "")).partition(":")
-                for header, raw in self.redis.hgetall(key).items():
-                    found.append((tenant, host, _text(header), bool(json.loads(raw)["tls"])))
-        return sorted(found)
+        return [(tenant, host, header, tls) for tenant, host, header, _, tls in self.sealed_secrets()]
 
     def secrets_for(self, tenant: str, host: str) -> list[tuple[str, str, bool]]:
-        """(header, value, tls) to add on requests to host: the operator's for everyone, then the tenant's."""
+        """(header, sealed value, tls) to add on requests to host: the operator's for everyone, then
+        the tenant's."""
         merged: dict[str, tuple[str, str, bool]] = {}
         with redis_errors():
             for owner in ("*", tenant):
                 for header, raw in self.redis.hgetall(self._key("secret", f"{owner}:{host}")).items():
                     data = json.loads(raw)
-                    merged[_text(header).lower()] = (_text(header), str(data["value"]), bool(data["tls"]))
+                    merged[_text(header).lower()] = (_text(header), str(data["sealed"]), bool(data["tls"]))
         return list(merged.values())
+
+    def sealed_secrets(self) -> list[tuple[str, str, str, str, bool]]:
+        """(tenant, host, header, sealed value, tls) of every secret, for re-sealing under a new key."""
+        found = []
+        with redis_errors():
+            for key in self.redis.scan_iter(match=self._key("secret", "*"), count=100):
+                tenant, _, host = _text(key).removeprefix(self._key("secret", "")).partition(":")
+                for header, raw in self.redis.hgetall(key).items():
+                    data = json.loads(raw)
+                    found.append((tenant, host, _text(header), str(data["sealed"]), bool(data["tls"])))
+        return sorted(found)
 
     # -- leases, cancel signals, sweeps -----------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import secrets
 import shutil
 import subprocess
@@ -14,11 +15,27 @@ from dataclasses import dataclass
 from typing import Any
 
 import docker
+import httpx
 import pytest
 import redis
 import yaml
 
-from tests.conftest import EXECBOX, ROOT, Side, Stack, run_code, wait_until
+from execbox.egress import sealing
+from execbox.redis_roles import role_url
+from tests.conftest import (
+    EXECBOX,
+    PASSWORDS,
+    ROOT,
+    Side,
+    Stack,
+    answers_200,
+    as_role,
+    auth,
+    free_port,
+    redis_contents,
+    run_code,
+    wait_until,
+)  # fmt: skip
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
@@ -87,6 +104,8 @@ class Targets:
     gateway: str
     egress: str
     containers: list[Any]
+    public_key: str
+    """The egress proxy's: secrets are sealed to it."""
 
     def headers_seen_by(self, name: str) -> list[dict[str, str]]:
         (container,) = [c for c in self.containers if c.name.endswith(f"-target-{name}")]
@@ -94,9 +113,16 @@ class Targets:
 
 
 @pytest.fixture(scope="module")
-def targets(stack: Stack, docker_client: docker.DockerClient, redis_server: Any) -> Iterator[Targets]:
-    """Servers A and B and the egress proxy (current source mounted over the image's) on a network."""
+def targets(
+    stack: Stack, docker_client: docker.DockerClient, redis_server: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Targets]:
+    """Servers A and B and the egress proxy (current source mounted over the image's) on a network;
+    the proxy holds its private key (readable by its uid only) and the egress role's Redis password."""
     name = f"{stack.prefix}-targets"
+    keys = tmp_path_factory.mktemp("egress-key")
+    keys.chmod(0o711)
+    public_key = sealing.generate(keys / "egress.key")
+    os.chown(keys / "egress.key", 10001, 10001)
     network = docker_client.networks.create(name, driver="bridge", labels={"execbox.test": stack.prefix})
     network.reload()
     config = network.attrs["IPAM"]["Config"][0]
@@ -118,10 +144,13 @@ def targets(stack: Stack, docker_client: docker.DockerClient, redis_server: Any)
         egress = docker_client.containers.run(
             "execbox/service:latest", ["execbox", "egress"], name=f"{stack.prefix}-egress", detach=True,
             network=name, user="10001:10001", read_only=True,
-            volumes={str(ROOT / "service"): {"bind": "/src", "mode": "ro"}},
+            volumes={str(ROOT / "service"): {"bind": "/src", "mode": "ro"},
+                     str(keys): {"bind": "/run/execbox", "mode": "ro"}},
             environment={
                 "PYTHONPATH": "/src",
-                "EXECBOX_REDIS__URL": f"redis://{config['Gateway']}:{redis_server.port}/0",
+                "EXECBOX_REDIS__URL": role_url(f"redis://{config['Gateway']}:{redis_server.port}/0", "egress",
+                                               PASSWORDS["egress"]),
+                "EXECBOX_EGRESS__PRIVATE_KEY_FILE": "/run/execbox/egress.key",
                 "EXECBOX_REDIS__KEY_PREFIX": stack.prefix,
                 "EXECBOX_EGRESS__ALLOW_PRIVATE_CIDRS": json.dumps([config["Subnet"]]),
                 "EXECBOX_LOG_LEVEL": "INFO",
@@ -140,7 +169,7 @@ def targets(stack: Stack, docker_client: docker.DockerClient, redis_server: Any)
             f"print(raw('{ips[0]}', socket.SOCK_DGRAM), raw('{ips[0]}', socket.SOCK_STREAM))")],
             network=name, remove=True, user="65534:65534")  # fmt: skip
         assert control.split() == [b"reached", b"reached"], control
-        yield Targets(ips[0], ips[1], config["Subnet"], config["Gateway"], str(egress.name), containers)
+        yield Targets(ips[0], ips[1], config["Subnet"], config["Gateway"], str(egress.name), containers, public_key)
     finally:
         for c in containers:
             c.remove(force=True)
@@ -161,7 +190,7 @@ def netside(targets: Targets, stack: Stack, processes: Any, tmp_path_factory: py
     (policies / "tenants.yaml").write_text(yaml.safe_dump(tenants))
     queue = f"{stack.prefix}-net"
     env = {**stack.env, "EXECBOX_QUEUE__NAME": queue, "EXECBOX_POLICIES_DIR": str(policies),
-           "EXECBOX_EGRESS__CONTAINER": targets.egress}  # fmt: skip
+           "EXECBOX_EGRESS__CONTAINER": targets.egress, "EXECBOX_EGRESS__PUBLIC_KEY": targets.public_key}  # fmt: skip
     port = free_port()
     processes.spawn(f"api-{queue}", [EXECBOX, "api", "--port", str(port)], env)
     base_url = f"http://127.0.0.1:{port}"
@@ -256,10 +285,14 @@ print(json.dumps({"a": get("http://target-a:8080/")[0], "b": get("http://target-
     assert only_a["timing"]["run_ms"] > 1000 and abs(only_a["started_at"] - only_b["started_at"]) < 1.5
 
 
-def test_secret_header_reaches_a_and_never_the_sandbox(netside: Side, targets: Targets) -> None:
+def test_secret_header_reaches_a_and_never_the_sandbox(netside: Side, targets: Targets, redis_server: Any) -> None:
     secret = f"Bearer {secrets.token_hex(16)}"
+    admin = as_role(netside.env, "admin")
     subprocess.run([EXECBOX, "secrets", "set", "--host", "target-a", "--header", "Authorization", "--value", "-",
-                    "--tenant", "alpha"], input=secret.encode(), env=netside.env, check=True)  # fmt: skip
+                    "--tenant", "alpha"], input=secret.encode(), env=admin, check=True)  # fmt: skip
+    # Redis holds it sealed to the proxy's key: no key or value contains the plaintext.
+    dump = redis_contents(redis.Redis.from_url(redis_server.url))
+    assert secret.encode() not in dump and b"target-a" in dump
     mask = 0x5A
     masked = bytes(b ^ mask for b in secret.encode()).hex()  # the program never holds the secret itself
     code = (
@@ -310,7 +343,7 @@ print(json.dumps({{"status": status, "scan": scan.stdout.strip(), "err": scan.st
         found = results(run(netside, code, allow=["target-a:8080"]))
     finally:
         subprocess.run([EXECBOX, "secrets", "delete", "--host", "target-a", "--header", "Authorization",
-                        "--tenant", "alpha"], env=netside.env, check=True)  # fmt: skip
+                        "--tenant", "alpha"], env=admin, check=True)  # fmt: skip
     assert found["status"] == [200, "ok a"], found
     hits, scanned = found["scan"].rsplit(" ", 1)
     assert hits == "[]" and int(scanned) > 1 << 20, found  # megabytes of the program's memory, no trace
@@ -350,3 +383,46 @@ def test_no_network_left_behind(netside: Side, docker_client: docker.DockerClien
     wait_until(lambda: not leftovers(), 20, "every per-execution network to be removed")
     attached = docker_client.containers.get(f"{stack.prefix}-egress").attrs["NetworkSettings"]["Networks"]
     assert list(attached) == [f"{stack.prefix}-targets"]
+
+
+def test_a_reused_network_slot_never_serves_the_previous_runs_rule(
+    netside: Side, targets: Targets, stack: Stack
+) -> None:
+    """One worker whose pool has a single /28 and no cool-down: the second run gets the very address
+    the first run's proxy rule was stored under, at once. It must still be judged by its own rule
+    (tenant beta, target-b only), never by the first run's (tenant alpha, target-a, alpha's secret)."""
+    secret = f"Bearer {secrets.token_hex(16)}"
+    admin = as_role(netside.env, "admin")
+    subprocess.run([EXECBOX, "secrets", "set", "--host", "target-b", "--header", "Authorization", "--value", "-",
+                    "--tenant", "alpha"], input=secret.encode(), env=admin, check=True)  # fmt: skip
+    queue = f"{netside.env['EXECBOX_QUEUE__NAME']}-slot"
+    side = Side({**netside.env, "EXECBOX_QUEUE__NAME": queue}, netside.base_url, netside.processes, netside.key)
+    port = free_port()
+    side.processes.spawn(f"api-{queue}", [EXECBOX, "api", "--port", str(port)], side.env)
+    side.base_url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: answers_200(f"{side.base_url}/healthz"), 20, "the slot test API")
+    side.worker("slot", EXECBOX_EGRESS__SUBNET_POOL="10.213.255.240/28", EXECBOX_EGRESS__SLOT_COOLDOWN_S="0")
+    code = (
+        FETCH
+        + """
+print(json.dumps({"proxy": os.environ["HTTP_PROXY"], "a": get("http://target-a:8080/slot"),
+                  "b": get("http://target-b:8080/slot")}))
+"""
+    )
+    try:
+        with side.client() as alpha:
+            first = results(
+                run_code(alpha, code, name="net", network={"mode": "allowlist", "allow": ["target-a:8080"]})
+            )
+        with httpx.Client(base_url=side.base_url, timeout=120, headers=auth(stack.keys["beta"])) as beta:
+            second = results(
+                run_code(beta, code, name="net", network={"mode": "allowlist", "allow": ["target-b:8080"]})
+            )
+    finally:
+        subprocess.run([EXECBOX, "secrets", "delete", "--host", "target-b", "--header", "Authorization",
+                        "--tenant", "alpha"], env=admin, check=True)  # fmt: skip
+    assert first["proxy"] == second["proxy"] == "http://10.213.255.242:3128"  # the same slot, reused
+    assert first["a"] == [200, "ok a"] and first["b"][0] == 403
+    assert second["a"][0] == 403 and second["b"] == [200, "ok b"]  # beta's own allowlist, not alpha's
+    seen_by_b = targets.headers_seen_by("b")
+    assert seen_by_b and all(h.get("Authorization") != secret for h in seen_by_b)  # nor alpha's secret

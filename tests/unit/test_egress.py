@@ -108,7 +108,7 @@ def _run(source: Source, private_ok: list[IpNetwork], *requests: bytes) -> list[
 
 def test_plain_http_is_forwarded_with_secret_headers_and_no_proxy_credentials() -> None:
     source = Source(RULE, [SecretHeader("Authorization", "Bearer s3cret")])
-    request = (b"GET http://localhost:PORT/data?q=1 HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer fake\r\n"
+    request = (b"GET http://localhost:PORT/data?q=1 HTTP/1.1\r\nHost: localhost:PORT\r\nAuthorization: Bearer fake\r\n"
                b"Proxy-Authorization: Basic eA==\r\n\r\n")  # fmt: skip
     (answer,) = _run(source, LOOPBACK, request)
     assert answer.startswith(b"HTTP/1.1 200 OK")
@@ -124,9 +124,9 @@ def test_connect_tunnels_to_allowed_port_and_refuses_others() -> None:
     tunnel, other, unknown = _run(
         source,
         LOOPBACK,
-        b"CONNECT localhost:PORT HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n",
-        b"CONNECT localhost:1 HTTP/1.1\r\n\r\n",
-        b"CONNECT elsewhere.example:443 HTTP/1.1\r\n\r\n",
+        b"CONNECT localhost:PORT HTTP/1.1\r\nHost: localhost:PORT\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"CONNECT localhost:1 HTTP/1.1\r\nHost: localhost:1\r\n\r\n",
+        b"CONNECT elsewhere.example:443 HTTP/1.1\r\nHost: elsewhere.example:443\r\n\r\n",
     )
     assert tunnel.startswith(b"HTTP/1.1 200 Connection established\r\n\r\nHTTP/1.1 200 OK")
     assert other.startswith(b"HTTP/1.1 403") and unknown.startswith(b"HTTP/1.1 403")
@@ -135,27 +135,27 @@ def test_connect_tunnels_to_allowed_port_and_refuses_others() -> None:
 
 def test_internal_addresses_need_the_operators_consent() -> None:
     source = Source(RULE)
-    (answer,) = _run(source, [], b"CONNECT localhost:PORT HTTP/1.1\r\n\r\n")
+    (answer,) = _run(source, [], b"CONNECT localhost:PORT HTTP/1.1\r\nHost: localhost:PORT\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 403")  # allowlisted name, but it resolves to loopback
     assert len(source.denials) == 1 and "non-public" in source.denials[0][2]
 
 
 def test_limits_and_unknown_networks() -> None:
     source = Source(replace(RULE, max_connections=1))
-    first, second = _run(source, LOOPBACK, b"CONNECT localhost:PORT HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n",
-                                        b"CONNECT localhost:PORT HTTP/1.1\r\n\r\n")  # fmt: skip
+    connect = b"CONNECT localhost:PORT HTTP/1.1\r\nHost: localhost:PORT\r\n\r\n"
+    first, second = _run(source, LOOPBACK, connect + b"GET / HTTP/1.1\r\n\r\n", connect)
     assert first.startswith(b"HTTP/1.1 200") and second.startswith(b"HTTP/1.1 403")
     assert "connection limit" in source.denials[-1][2]
     nobody = Source(None)
     (answer,) = _run(Source(RULE), LOOPBACK, b"garbage\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 400")
-    (answer,) = _run(nobody, LOOPBACK, b"CONNECT localhost:PORT HTTP/1.1\r\n\r\n")
+    (answer,) = _run(nobody, LOOPBACK, b"CONNECT localhost:PORT HTTP/1.1\r\nHost: localhost:PORT\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 403") and nobody.denials == []
 
 
 def test_byte_limit_cuts_the_connection_and_is_reported() -> None:
     source = Source(replace(RULE, max_bytes=64))
-    request = b"GET http://localhost:PORT/" + b"x" * 100 + b" HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    request = b"GET http://localhost:PORT/" + b"x" * 100 + b" HTTP/1.1\r\nHost: localhost:PORT\r\n\r\n"
     (answer,) = _run(source, LOOPBACK, request)
     assert len(answer) < 200  # the upstream echoes the ~150-byte head: it never arrives whole
     assert [reason for _, _, reason in source.denials] == ["byte limit (64) reached"]
@@ -171,3 +171,82 @@ def test_usage_of_old_executions_is_dropped(monkeypatch: pytest.MonkeyPatch) -> 
     egress._usage_for("recent")
     egress._usage_for("new")  # the fourth: the two stale ones go
     assert sorted(egress._usage) == ["new", "recent"]
+
+
+async def _recording_upstream() -> tuple[asyncio.Server, int, list[bytes]]:
+    """An HTTP server that answers every request with 200 and then records every byte it received
+    until the proxy closes the connection."""
+    seen: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received = await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.write_eof()
+        seen.append(received + await asyncio.wait_for(reader.read(), 5))
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], seen
+
+
+def _exchange(source: Source, request: bytes) -> tuple[bytes, list[bytes]]:
+    """One request (PORT: the recording upstream's port) through the proxy: its answer and what the
+    upstream received."""
+
+    async def scenario() -> tuple[bytes, list[bytes]]:
+        upstream, port, seen = await _recording_upstream()
+        source._rule = replace(RULE, allow=(f"localhost:{port}",))
+        proxy = await EgressProxy(source, LOOPBACK, []).serve("127.0.0.1", 0)
+        answer = await _through(proxy.sockets[0].getsockname()[1], request.replace(b"PORT", str(port).encode()))
+        proxy.close()
+        upstream.close()
+        await asyncio.gather(*(asyncio.all_tasks() - {asyncio.current_task()}), return_exceptions=True)
+        return answer, seen
+
+    return asyncio.run(scenario())
+
+
+GET = b"GET http://localhost:PORT/ HTTP/1.1\r\n"
+SMUGGLING = {
+    "bare LF inside a value": GET + b"Host: localhost:PORT\r\nX: a\nEvil: internal\r\n\r\n",
+    "bare LF line endings": b"GET http://localhost:PORT/ HTTP/1.1\nHost: localhost:PORT\n\n",
+    "bare CR inside a value": GET + b"Host: localhost:PORT\r\nX: a\rHost: internal\r\n\r\n",
+    "obs-fold": GET + b"Host: localhost:PORT\r\nX: a\r\n Host: internal\r\n\r\n",
+    "duplicate Host": GET + b"Host: localhost:PORT\r\nHost: internal\r\n\r\n",
+    "duplicate Content-Length": GET + b"Host: localhost:PORT\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n",
+    "Content-Length and Transfer-Encoding": GET
+    + b"Host: localhost:PORT\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "duplicate Transfer-Encoding": GET
+    + b"Host: localhost:PORT\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "Host other than the absolute target": GET + b"Host: internal.example\r\n\r\n",
+    "CONNECT Host other than its target": b"CONNECT localhost:PORT HTTP/1.1\r\nHost: internal.example:443\r\n\r\n",
+    "NUL in a value": GET + b"Host: localhost:PORT\r\nX: a\x00b\r\n\r\n",
+    "space before the colon": GET + b"Host: localhost:PORT\r\nHost : internal\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SMUGGLING))
+def test_smuggling_shapes_are_refused_and_recorded(shape: str) -> None:
+    source = Source(RULE)
+    answer, seen = _exchange(source, SMUGGLING[shape])
+    assert answer.startswith(b"HTTP/1.1 400"), answer
+    assert seen == []  # nothing reached the upstream
+    assert len(source.denials) == 1 and source.denials[0][2].startswith(("malformed", "duplicate", "both", "Host"))
+
+
+def test_only_the_framed_body_is_forwarded_never_a_request_behind_it() -> None:
+    source = Source(RULE, [SecretHeader("Authorization", "Bearer s3cret")])
+    hidden = b"GET /admin HTTP/1.1\r\nHost: internal\r\n\r\n"
+    for body_head, body in (
+        (b"Content-Length: 5\r\n", b"hello"),
+        (b"Transfer-Encoding: chunked\r\n", b"5\r\nhello\r\n0\r\n\r\n"),
+    ):
+        request = b"POST http://localhost:PORT/in HTTP/1.1\r\nHost: localhost:PORT\r\n" + body_head + b"\r\n"
+        answer, seen = _exchange(source, request + body + hidden)
+        assert answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(b"ok")
+        (received,) = seen
+        head, _, forwarded_body = received.partition(b"\r\n\r\n")
+        assert head.startswith(b"POST /in HTTP/1.1\r\n") and b"Authorization: Bearer s3cret" in head
+        assert forwarded_body == body and b"/admin" not in received
+    assert source.denials == []

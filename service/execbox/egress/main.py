@@ -9,35 +9,42 @@ import time
 
 from execbox import logs
 from execbox import store as store_mod
-from execbox.egress.proxy import EgressProxy, SecretHeader
+from execbox.egress.proxy import Denied, EgressProxy, SecretHeader
 from execbox.egress.rules import EgressRule
+from execbox.egress.sealing import Opener, SealingError
 from execbox.settings import Settings
 
 log = logging.getLogger(__name__)
-RULE_CACHE_S = 2.0
 
 
 class RedisRules:
-    """The proxy's RuleSource over the execution store; a found rule is cached briefly (never a miss)."""
+    """The proxy's RuleSource over the execution store.
 
-    def __init__(self, store: store_mod.ExecutionStore) -> None:
+    Nothing is cached: a rule is read for every connection, so a connection is always judged by
+    the rule of the run that holds the network now (a slot's previous run can never lend it its
+    allowlist or its tenant's secrets). Secret values arrive sealed and are opened here only.
+    """
+
+    def __init__(self, store: store_mod.ExecutionStore, opener: Opener | None) -> None:
         self._store = store
-        self._cache: dict[str, tuple[float, EgressRule]] = {}
+        self._opener = opener
 
     def rule(self, local_address: str) -> EgressRule | None:
-        cached = self._cache.get(local_address)
-        if cached is not None and time.monotonic() - cached[0] < RULE_CACHE_S:
-            return cached[1]
         raw = self._store.egress_rule(local_address)
-        if raw is None:
-            self._cache.pop(local_address, None)
-            return None
-        rule = EgressRule.from_json(raw)
-        self._cache[local_address] = (time.monotonic(), rule)
-        return rule
+        return None if raw is None else EgressRule.from_json(raw)
 
     def secrets(self, tenant: str, host: str) -> list[SecretHeader]:
-        return [SecretHeader(name, value, tls) for name, value, tls in self._store.secrets_for(tenant, host)]
+        found = self._store.secrets_for(tenant, host)
+        if found and self._opener is None:
+            raise Denied(f"{host} needs a secret header but this proxy has no private key "
+                         "(EXECBOX_EGRESS__PRIVATE_KEY_FILE)", 502)  # fmt: skip
+        try:
+            return [SecretHeader(name, self._opener.open(sealed), tls) for name, sealed, tls in found if self._opener]
+        except SealingError as exc:
+            log.error("secret for %s cannot be opened: %s", host, exc)
+            raise Denied(
+                f"a secret header for {host} cannot be opened by this proxy; the operator must re-seal it", 502
+            ) from exc
 
     def denied(self, rule: EgressRule, host: str, port: int, reason: str) -> None:
         with logs.bound(rule.trace_id, rule.execution_id):
@@ -52,8 +59,9 @@ def run_egress(settings: Settings, host: str = "0.0.0.0") -> None:
     logs.configure(settings.log_level, "egress")
     store = store_mod.ExecutionStore(store_mod.connect(settings), settings)
     egress = settings.egress
+    opener = Opener(egress.private_key_file) if egress.private_key_file else None
     proxy = EgressProxy(
-        RedisRules(store),
+        RedisRules(store, opener),
         private_ok=[ipaddress.ip_network(c, strict=False) for c in egress.allow_private_cidrs],
         never=[ipaddress.ip_network(egress.subnet_pool, strict=False)],
     )

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlsplit
 
+import h11
+
 from execbox.egress.rules import EgressRule, IpNetwork, address_allowed
 
 log = logging.getLogger(__name__)
@@ -37,8 +39,8 @@ HEAD_LIMIT = 64 * 1024
 USAGE_PRUNE_AT = 4096
 USAGE_KEEP_S = 2 * 3600.0
 _HOP_BY_HOP = {
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
-    "trailer", "upgrade",
+    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection", b"te",
+    b"trailer", b"upgrade",
 }  # fmt: skip
 
 
@@ -104,12 +106,14 @@ class EgressProxy:
             rule = await asyncio.to_thread(self._source.rule, local)
             if rule is None:
                 raise Denied("no egress rule for this network", 403)
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), rule.idle_timeout_s)
-            method, target, headers = _parse_head(head)
+            client = await _read_request(reader, rule.idle_timeout_s)
+            request = client.request
+            method, target = request.method.decode("latin-1").upper(), request.target.decode("latin-1")
             if method == "CONNECT":
                 host, port, tls = *_split_authority(target, 443), False
             else:
                 host, port, tls = _absolute_target(target)
+            _check_host_header(request, host, port, tls)
             usage = self._usage_for(rule.execution_id)
             if not rule.allows(host, port):
                 raise Denied("not in the execution's allowlist")
@@ -123,18 +127,22 @@ class EgressProxy:
             upstream_r, upstream_w = await self._connect(rule, host, upstream_port, tls)
             if method == "CONNECT":
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                early, _ = client.conn.trailing_data  # bytes the client sent before our answer
+                if early:
+                    usage.bytes += len(early)
+                    upstream_w.write(early)
+                over = await _pipe(rule, usage, (reader, writer), (upstream_r, upstream_w))
             else:
-                forwarded = _forward_head(method, target, headers, host, port, secrets)
-                usage.bytes += len(forwarded)
-                upstream_w.write(forwarded)
-            over = await _pipe(rule, usage, (reader, writer), (upstream_r, upstream_w))
+                over = await _forward(
+                    rule, usage, client, (reader, writer), (upstream_r, upstream_w), host, port, secrets
+                )
             if over:
                 await asyncio.to_thread(self._source.denied, rule, host, port, f"byte limit ({rule.max_bytes}) reached")
         except Denied as exc:
-            if rule is not None and exc.status == 403:
+            if rule is not None and exc.status in (400, 403):
                 await asyncio.to_thread(self._source.denied, rule, host, port, exc.reason)
             await _answer(writer, exc.status, exc.reason)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
+        except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
             pass  # the client went away, sent no complete request head, or idled
         except Exception:  # one bad connection must not stop the proxy
             log.exception("egress connection failed")
@@ -173,9 +181,11 @@ async def _pipe(
     usage: _Usage,
     client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    request_done: bool = False,
 ) -> bool:
     """Copy both ways until the upstream is done (or the client, then the upstream); True when the
-    execution's byte limit cut the connection."""
+    execution's byte limit cut the connection. With `request_done` only the response flows: the
+    client's further bytes are never forwarded."""
     over = asyncio.Event()
 
     async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
@@ -197,8 +207,15 @@ async def _pipe(
                 if dst.can_write_eof():
                     dst.write_eof()
 
-    outbound = asyncio.ensure_future(copy(client[0], upstream[1]))
     inbound = asyncio.ensure_future(copy(upstream[0], client[1]))
+    if request_done:
+        try:
+            await inbound
+        finally:
+            inbound.cancel()
+            upstream[1].close()
+        return over.is_set()
+    outbound = asyncio.ensure_future(copy(client[0], upstream[1]))
     try:
         # The upstream finishing ends the exchange; the client finishing sending does not (a
         # response may still come), so then the upstream's side is awaited too.
@@ -212,19 +229,79 @@ async def _pipe(
     return over.is_set()
 
 
-def _parse_head(head: bytes) -> tuple[str, str, list[tuple[str, str]]]:
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise Denied("malformed request line", 400)
-    headers = []
-    for line in lines[1:]:
-        if line:
-            name, sep, value = line.partition(":")
-            if not sep:
-                raise Denied("malformed header", 400)
-            headers.append((name.strip(), value.strip()))
-    return parts[0].upper(), parts[1], headers
+@dataclass
+class _ClientRequest:
+    """A request head h11 accepted, and the connection state that parses the rest (its body)."""
+
+    conn: h11.Connection
+    request: h11.Request
+
+
+async def _read_request(reader: asyncio.StreamReader, timeout_s: float) -> _ClientRequest:
+    """Read and parse one request head, strictly: what any server behind us might read differently
+    (bare LF or CR, obs-fold, duplicate or conflicting framing or Host headers) is refused."""
+    buffer = b""
+    while True:
+        end = buffer.find(b"\r\n\r\n")
+        if end >= 0:
+            break
+        if b"\n\n" in buffer or b"\n\r\n" in buffer:
+            raise Denied("malformed request head (bare LF line ending)", 400)
+        if len(buffer) > HEAD_LIMIT:
+            raise Denied(f"request head larger than {HEAD_LIMIT} bytes", 400)
+        chunk = await asyncio.wait_for(reader.read(65536), timeout_s)
+        if not chunk:
+            raise asyncio.IncompleteReadError(buffer, None)
+        buffer += chunk
+    _check_head_bytes(buffer[:end])
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_LIMIT)
+    conn.receive_data(buffer)
+    try:
+        event = conn.next_event()
+    except h11.RemoteProtocolError as exc:
+        raise Denied(f"malformed request head ({exc})", 400) from exc
+    if not isinstance(event, h11.Request):
+        raise Denied("malformed request head", 400)
+    return _ClientRequest(conn, event)
+
+
+_FRAMING = (b"host", b"content-length", b"transfer-encoding")
+
+
+def _check_head_bytes(head: bytes) -> None:
+    """What h11 tolerates (or merges) but some upstreams read otherwise: every line ends in CRLF,
+    no stray CR or LF inside a line, no continuation lines, no NUL; Host and the body's framing
+    given once, and never both framings."""
+    counts = dict.fromkeys(_FRAMING, 0)
+    for index, line in enumerate(head.split(b"\r\n")):
+        if b"\n" in line or b"\r" in line:
+            raise Denied("malformed request head (bare LF or CR inside a line)", 400)
+        if b"\x00" in line:
+            raise Denied("malformed request head (NUL byte)", 400)
+        if index and line[:1] in (b" ", b"\t"):
+            raise Denied("malformed request head (obsolete line folding)", 400)
+        name = line.partition(b":")[0].lower()
+        if index and name in counts:
+            counts[name] += 1
+    for name, count in counts.items():
+        if count > 1:
+            raise Denied(f"duplicate {name.decode()} header", 400)
+    if counts[b"content-length"] and counts[b"transfer-encoding"]:
+        raise Denied("both Content-Length and Transfer-Encoding", 400)
+
+
+def _check_host_header(request: h11.Request, host: str, port: int, tls: bool) -> None:
+    """A Host header must name the target the request line names (else a server behind an allowed
+    name could be asked for another virtual host than the one checked)."""
+    given = [value.decode("latin-1") for name, value in request.headers if name == b"host"]
+    if not given:
+        return
+    try:
+        named, named_port = _split_authority(given[0], 443 if tls else 80)
+    except Denied as exc:
+        raise Denied(f"Host header {given[0]!r} is not host[:port]", 400) from exc
+    if (named, named_port) != (host, port):
+        raise Denied(f"Host header {given[0]!r} does not match the request target {host}:{port}", 400)
 
 
 def _split_authority(authority: str, default_port: int) -> tuple[str, int]:
@@ -245,17 +322,63 @@ def _absolute_target(target: str) -> tuple[str, int, bool]:
     return host, port, tls
 
 
-def _forward_head(
-    method: str, target: str, headers: list[tuple[str, str]], host: str, port: int, secrets: list[SecretHeader]
-) -> bytes:
-    url = urlsplit(target)
-    path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-    replaced = {s.name.lower() for s in secrets} | _HOP_BY_HOP | {"host"}
-    kept = [(n, v) for n, v in headers if n.lower() not in replaced]
+async def _forward(
+    rule: EgressRule,
+    usage: _Usage,
+    client: _ClientRequest,
+    downstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    host: str,
+    port: int,
+    secrets: list[SecretHeader],
+) -> bool:
+    """One plain-HTTP request: a head of our own making, then exactly the body h11 framed (nothing
+    the client sends after it reaches the upstream), then the response back. True when the byte
+    limit cut it."""
+    out = h11.Connection(h11.CLIENT)
+    writer = upstream[1]
+
+    def send(event: h11.Event) -> bool:
+        data = out.send(event) or b""
+        usage.bytes += len(data)
+        if usage.bytes > rule.max_bytes:
+            return False
+        writer.write(data)
+        return True
+
+    if not send(_upstream_request(client.request, host, port, secrets)):
+        upstream[1].close()
+        return True
+    while True:
+        try:
+            event = client.conn.next_event()
+        except h11.RemoteProtocolError as exc:
+            upstream[1].close()
+            raise Denied(f"malformed request body ({exc})", 400) from exc
+        if event is h11.NEED_DATA:
+            chunk = await asyncio.wait_for(downstream[0].read(65536), rule.idle_timeout_s)
+            if not chunk:
+                raise asyncio.IncompleteReadError(b"", None)
+            client.conn.receive_data(chunk)
+            continue
+        if isinstance(event, h11.Data) and not send(h11.Data(data=event.data)):
+            upstream[1].close()
+            return True
+        if isinstance(event, h11.EndOfMessage):
+            send(h11.EndOfMessage())
+            await writer.drain()
+            break
+    return await _pipe(rule, usage, downstream, upstream, request_done=True)
+
+
+def _upstream_request(request: h11.Request, host: str, port: int, secrets: list[SecretHeader]) -> h11.Request:
+    target = urlsplit(request.target.decode("latin-1"))
+    path = (target.path or "/") + (f"?{target.query}" if target.query else "")
+    replaced = {s.name.lower().encode() for s in secrets} | _HOP_BY_HOP | {b"host"}
+    kept = [(n, v) for n, v in request.headers if n not in replaced]
     authority = host if port in (80, 443) else f"{host}:{port}"
-    lines = [f"{method} {path} HTTP/1.1", f"Host: {authority}", *(f"{n}: {v}" for n, v in kept)]
-    lines += [f"{s.name}: {s.value}" for s in secrets] + ["Connection: close", "", ""]
-    return "\r\n".join(lines).encode("latin-1")
+    headers = [(b"Host", authority.encode()), *kept, *((s.name.encode(), s.value.encode()) for s in secrets)]
+    return h11.Request(method=request.method, target=path.encode(), headers=[*headers, (b"Connection", b"close")])
 
 
 async def _answer(writer: asyncio.StreamWriter, status: int, reason: str) -> None:

@@ -42,6 +42,13 @@ class EgressSpec:
     register: Callable[[str], None]
     """Called with the proxy's address on the run's network before the program starts (the worker
     stores the execution's rule under it)."""
+    reserve: Callable[[str], bool]
+    """Claim a /28 of the pool (by its text) for this run; False when another run holds it or its
+    cool-down after a previous run has not passed."""
+    release: Callable[[str], None]
+    """The run's network is gone: the /28 starts its cool-down."""
+    slot_wait_s: float = 0.0
+    """How long to wait for a slot when every one is held or cooling down, before failing."""
 
 
 @dataclass(frozen=True)

@@ -288,38 +288,64 @@ class DockerRuntime:
 
     def _open_egress(self, execution_id: str, deployment: str, egress: EgressSpec) -> _EgressNetwork:
         """An internal network of the run's own (no route out, no address for the host on it) with
-        the egress proxy attached; the proxy's address there identifies the run."""
-        api = self.api
+        the egress proxy attached; the proxy's address there identifies the run. Its /28 is reserved
+        for the run in Redis and cools down after it, so an address never changes hands quickly."""
         pool = ipaddress.ip_network(egress.subnet_pool)
         slots = 2 ** (28 - pool.prefixlen)
-        labels = {MANAGED_LABEL: "true", DEPLOYMENT_LABEL: deployment, EXECUTION_LABEL: execution_id}
-        for attempt in range(8):
-            subnet = ipaddress.ip_network((int(pool.network_address) + secrets.randbelow(slots) * 16, 28))
-            ipam = IPAMConfig(pool_configs=[IPAMPool(subnet=str(subnet), gateway=str(subnet[1]))])
-            try:
-                created = api.create_network(
-                    f"execbox-{execution_id}-{attempt}", driver="bridge", internal=True, ipam=ipam, labels=labels,
-                    options={"com.docker.network.bridge.inhibit_ipv4": "true"},
-                )  # fmt: skip
-            except APIError as exc:
-                if "overlap" in str(exc).lower():
-                    continue  # another run holds that /28: draw again
-                raise
-            network = _EgressNetwork(str(created["Id"]), str(subnet[2]), egress.proxy_container)
-            try:
-                api.connect_container_to_network(egress.proxy_container, network.id, ipv4_address=network.proxy)
-                egress.register(network.proxy)
-            except NotFound as exc:
-                self._close_egress(network)
+        deadline = time.monotonic() + egress.slot_wait_s
+        while True:
+            # Small pools are tried in full, in random order; large ones by a few random draws.
+            order = secrets.SystemRandom().sample(range(slots), min(slots, 16))
+            for index in order:
+                subnet = ipaddress.ip_network((int(pool.network_address) + index * 16, 28))
+                if not egress.reserve(str(subnet)):
+                    continue
+                network = self._create_egress_network(execution_id, deployment, egress, subnet)
+                if network is not None:
+                    return network
+                egress.release(str(subnet))  # another deployment on this engine holds it
+            if time.monotonic() >= deadline:
                 raise RuntimeUnavailable(
-                    f"the egress proxy container {egress.proxy_container!r} is not running on this worker's engine "
-                    "(EXECBOX_EGRESS__CONTAINER; `make up` starts it)"
-                ) from exc
-            except BaseException:
-                self._close_egress(network)
-                raise
-            return network
-        raise RuntimeUnavailable(f"no free /28 left in the egress subnet pool {pool} after 8 draws; retry")
+                    f"no free /28 in the egress subnet pool {pool}: every slot tried is in use or cooling down "
+                    "after a run (EXECBOX_EGRESS__SLOT_COOLDOWN_S); retry, or give the pool more room"
+                )
+            time.sleep(0.2)  # slots free up by expiry in Redis, which sends no notification here
+
+    def _create_egress_network(
+        self,
+        execution_id: str,
+        deployment: str,
+        egress: EgressSpec,
+        subnet: ipaddress.IPv4Network | ipaddress.IPv6Network,
+    ) -> _EgressNetwork | None:
+        api = self.api
+        labels = {MANAGED_LABEL: "true", DEPLOYMENT_LABEL: deployment, EXECUTION_LABEL: execution_id}
+        ipam = IPAMConfig(pool_configs=[IPAMPool(subnet=str(subnet), gateway=str(subnet[1]))])
+        try:
+            created = api.create_network(
+                f"execbox-{execution_id}-{subnet.network_address}", driver="bridge", internal=True, ipam=ipam,
+                labels=labels, options={"com.docker.network.bridge.inhibit_ipv4": "true"},
+            )  # fmt: skip
+        except APIError as exc:
+            if "overlap" in str(exc).lower():
+                return None
+            raise
+        network = _EgressNetwork(
+            str(created["Id"]), str(subnet[2]), egress.proxy_container, str(subnet), egress.release
+        )
+        try:
+            api.connect_container_to_network(egress.proxy_container, network.id, ipv4_address=network.proxy)
+            egress.register(network.proxy)
+        except NotFound as exc:
+            self._close_egress(network)
+            raise RuntimeUnavailable(
+                f"the egress proxy container {egress.proxy_container!r} is not running on this worker's engine "
+                "(EXECBOX_EGRESS__CONTAINER; `make up` starts it)"
+            ) from exc
+        except BaseException:
+            self._close_egress(network)
+            raise
+        return network
 
     def _close_egress(self, network: _EgressNetwork) -> None:
         try:
@@ -332,6 +358,12 @@ class DockerRuntime:
             pass
         except (DockerException, requests.RequestException) as exc:
             log.warning("could not remove network %s: %s", network.id[:12], exc)  # the reaper retries
+            return  # the slot stays reserved until its reservation lapses
+        if network.release is not None:
+            try:
+                network.release(network.subnet)
+            except Exception as exc:  # the reservation lapses on its own
+                log.warning("could not start the cool-down of slot %s: %s", network.subnet, exc)
 
     def _retire(self, container_id: str | None, reported: RunOutcome | None, network: _EgressNetwork | None) -> None:
         """Remove a run's container; when the result took status and OOM from the launcher's
@@ -630,6 +662,9 @@ class _EgressNetwork:
     proxy: str
     """The proxy's address on this network."""
     proxy_container: str
+    subnet: str = ""
+    release: Callable[[str], None] | None = None
+    """Starts the slot's cool-down once the network is removed (None: a reaper sweep's network)."""
 
     def proxy_env(self, port: int) -> tuple[tuple[str, str], ...]:
         url = f"http://{self.proxy}:{port}"

@@ -23,8 +23,8 @@ from execbox import logs
 from execbox.errors import ServiceError
 from execbox.queue import make_queue, make_webhook_queue
 from execbox.settings import Settings
-from execbox.worker import reaper
-from execbox.worker.context import WorkerContext, install
+from execbox.worker import gate, reaper
+from execbox.worker.context import WorkerContext, current, install
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,22 @@ class _Worker(SimpleWorker):
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         with logs.bound(None, None):
-            super().execute_job(job, queue)
+            reason = gate.refusal(job)
+            if reason is None:
+                super().execute_job(job, queue)
+            else:
+                self._refuse(job, queue, reason)
+
+    def _refuse(self, job: Job, queue: Queue, reason: str) -> None:
+        """Record a message that is not one of execbox's jobs as failed, without running anything."""
+        message = (
+            f"refused: {gate.describe(job)} is not an execbox job function called as execbox calls it "
+            f"({reason}); nothing was imported or run"
+        )
+        log.error("queue message refused", extra={"job_id": job.id, "reason": reason, "function": gate.describe(job)})
+        current().metrics.jobs_refused.labels(reason).inc()
+        gate.disarm(job)
+        self.handle_job_failure(job, queue, exc_string=message)
 
     def _install_signal_handlers(self) -> None:
         super()._install_signal_handlers()  # type: ignore[no-untyped-call]

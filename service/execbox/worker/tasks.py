@@ -195,7 +195,17 @@ def _spec(
             ctx.store.put_egress_rule(address, rule.to_json(), ttl)
             registered.append(address)
 
-        egress = EgressSpec(settings.container, settings.port, settings.subnet_pool, register)
+        store, execution_id = ctx.store, record.id
+        egress = EgressSpec(
+            settings.container,
+            settings.port,
+            settings.subnet_pool,
+            register,
+            # Held for the run (and its clean-up), then cooling down: see execbox.egress.main.
+            reserve=lambda subnet: store.reserve_slot(subnet, execution_id, ttl + settings.slot_cooldown_s),
+            release=lambda subnet: store.cool_slot(subnet, execution_id, settings.slot_cooldown_s),
+            slot_wait_s=settings.slot_cooldown_s + 2.0,
+        )
     return RunSpec(
         execution_id=record.id,
         trace_id=record.trace_id,

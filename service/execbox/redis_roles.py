@@ -1,0 +1,103 @@
+"""Least-privilege Redis: one ACL user per component role, limited to its keys and commands.
+
+Every component holds only its own role's password, so a compromised component reaches no
+further in Redis than its role: the egress proxy (which parses sandbox traffic) can read the
+egress rules and sealed secrets and append refusals, nothing else; the API can queue work but not
+read egress rules or secrets; a worker cannot read API keys, idempotency records or secrets; no
+role can run administrative commands (CONFIG, ACL, FLUSHALL, MONITOR, DEBUG, KEYS, ...). The
+unauthenticated `default` user may only PING (container health checks).
+
+The key map lives in `execbox.store` (prefix `p`, RQ's own keys under `rq:`). Patterns here name
+those keys; a key a role does not name is invisible to it. `%R~` grants read only, `%W~` write
+only (Redis 7 key permissions).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import quote, urlsplit, urlunsplit
+
+ROLES = ("api", "worker", "egress", "admin")
+
+# Data commands by category; the dangerous and administrative ones are taken away again, and the
+# few read-only introspection commands RQ needs (server version, connection name) given back.
+_DATA = (
+    "+@read +@write +@keyspace +@string +@list +@hash +@set +@sortedset +@transaction +@scripting "
+    "+@connection +@blocking -@dangerous -@admin +info +client|setname +client|getname +client|info +client|id"
+)
+_PUBSUB = "+subscribe +unsubscribe +psubscribe +punsubscribe +publish +ping"
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    keys: tuple[str, ...]
+    channels: tuple[str, ...]
+    commands: str
+
+    def acl_line(self, password: str) -> str:
+        digest = hashlib.sha256(password.encode()).hexdigest()
+        keys = " ".join(self.keys)
+        channels = " ".join(f"&{c}" for c in self.channels)
+        return f"user {self.name} on #{digest} resetkeys {keys} resetchannels {channels} -@all {self.commands}".replace(
+            "  ", " "
+        )
+
+
+def roles(prefix: str) -> dict[str, Role]:
+    p = prefix
+    shared = (f"~{p}:exe:*", f"~{p}:deadlines", f"~{p}:running", f"~{p}:lease:*", f"~{p}:cancel:*",
+              f"~{p}:active:*", f"~{p}:worker:*", f"~{p}:q:*", f"%R~{p}:egress:denied:*", "~rq:*")  # fmt: skip
+    return {
+        # Accepts and reads executions, files, keys, idempotency records, quotas; queues tickets.
+        "api": Role(
+            "api",
+            (*shared, f"~{p}:file:*", f"~{p}:rate:*", f"~{p}:apikey:*", f"~{p}:apikeys", f"~{p}:idem:*"),
+            (f"{p}:done:*", f"{p}:idem:*"),
+            f"{_DATA} {_PUBSUB}",
+        ),
+        # Runs executions: records, leases, egress rules and network slots; reads input files.
+        "worker": Role(
+            "worker",
+            (*shared, f"%R~{p}:file:*", f"~{p}:egress:rule:*", f"~{p}:egress:slot:*"),
+            (f"{p}:done:*", "rq:pubsub:*"),
+            f"{_DATA} {_PUBSUB}",
+        ),
+        # Reads rules and sealed secrets, appends refusals. Nothing else, not even a scan.
+        "egress": Role(
+            "egress",
+            (f"%R~{p}:egress:rule:*", f"%R~{p}:secret:*", f"%W~{p}:egress:denied:*"),
+            (),
+            "+get +hgetall +rpush +ltrim +expire +multi +exec +discard +ping +client|setname",
+        ),
+        # The operator's CLI: API keys and (sealed) secret headers.
+        "admin": Role(
+            "admin",
+            (f"~{p}:apikey:*", f"~{p}:apikeys", f"~{p}:secret:*"),
+            (),
+            "+@read +@write +@keyspace +@string +@hash +@set +@transaction +@connection -@dangerous -@admin",
+        ),
+    }
+
+
+def acl_file(prefix: str, passwords: Mapping[str, str]) -> str:
+    """The ACL file for a deployment: the default user may only PING; each role has its password
+    (stored as a SHA-256 digest, so the file holds no password)."""
+    missing = [r for r in ROLES if not passwords.get(r)]
+    if missing:
+        raise ValueError(f"no password for role(s) {', '.join(missing)}")
+    lines = ["user default on nopass resetkeys resetchannels -@all +ping"]
+    lines += [role.acl_line(passwords[name]) for name, role in roles(prefix).items()]
+    return "\n".join(lines) + "\n"
+
+
+def role_url(url: str, role: str, password: str) -> str:
+    """`url` (a redis:// DSN) with this role's credentials in place of any it carries."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{quote(role, safe='')}:{quote(password, safe='')}@{host}"))
+
+
+__all__ = ["ROLES", "Role", "acl_file", "role_url", "roles"]

@@ -1,0 +1,109 @@
+"""Trust between the service's own components, tried from the attacker's side: what one role's
+Redis credentials can do, and what a worker does with a queue message that is not execbox's."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from redis.exceptions import NoPermissionError
+from rq import Queue
+from rq.job import Job, JobStatus
+from rq.serializers import JSONSerializer
+
+from execbox.queue import TASK
+from execbox.redis_roles import role_url
+from tests.conftest import PASSWORDS, Side, Stack, free_port, wait_until
+
+pytestmark = [pytest.mark.docker, pytest.mark.redis]
+
+
+def connect(stack: Stack, role: str | None) -> redis.Redis:
+    url = stack.env["EXECBOX_REDIS__URL"].replace(stack.env["EXECBOX_REDIS__URL"].split("@")[0] + "@", "redis://")
+    return redis.Redis.from_url(role_url(url, role, PASSWORDS[role]) if role else url)
+
+
+def test_each_role_is_refused_what_it_does_not_need(stack: Stack, redis_server: Any) -> None:
+    p = stack.prefix
+    forbidden: dict[str | None, list[tuple[str, ...]]] = {
+        # The proxy parses sandbox traffic: it may not touch records, keys or the queue.
+        "egress": [("SET", f"{p}:exe:exe_x", "{}"), ("GET", f"{p}:apikeys"), ("LPUSH", "rq:queue:x", "y"),
+                   ("HSET", f"{p}:secret:*:h", "X", "y"), ("GET", f"{p}:egress:denied:exe_x"), ("SCAN", "0"),
+                   ("CONFIG", "GET", "*")],
+        "api": [("CONFIG", "GET", "*"), ("GET", f"{p}:egress:rule:10.213.0.2"), ("HGETALL", f"{p}:secret:*:h"),
+                ("FLUSHALL",), ("KEYS", "*"), ("ACL", "LIST"), ("SHUTDOWN",), ("CLIENT", "KILL", "ID", "1")],
+        "worker": [("ACL", "GETUSER", "api"), ("GET", f"{p}:apikey:abc"), ("HGETALL", f"{p}:secret:*:h"),
+                   ("GET", f"{p}:idem:alpha:x"), ("SET", f"{p}:file:f", "x"), ("CONFIG", "SET", "save", "")],
+        "admin": [("GET", f"{p}:exe:exe_x"), ("LPUSH", "rq:queue:x", "y"), ("FLUSHALL",), ("ACL", "LIST")],
+        None: [("GET", f"{p}:exe:exe_x"), ("INFO",)],  # no credentials: PING only
+    }  # fmt: skip
+    try:
+        for role, commands in forbidden.items():
+            client = connect(stack, role)
+            assert client.ping()
+            for command in commands:
+                with pytest.raises(NoPermissionError):
+                    client.execute_command(*command)  # type: ignore[no-untyped-call]
+                    pytest.fail(f"{role} may {command}")
+    finally:
+        redis.Redis.from_url(redis_server.url).acl_log_reset()  # these refusals were on purpose
+
+
+@pytest.fixture
+def gated(stack: Stack, side_stack: Any) -> tuple[Side, str]:
+    """A worker of its own, serving /metrics, on an otherwise idle queue."""
+    side = side_stack()
+    metrics = f"127.0.0.1:{free_port()}"
+    side.worker("gate", EXECBOX_TELEMETRY__WORKER_METRICS_PORT=metrics.split(":")[1])
+    wait_until(lambda: _refused(metrics) is not None, 30, "the gate worker's /metrics")
+    return side, metrics
+
+
+def _refused(metrics: str) -> dict[str, float] | None:
+    try:
+        text = httpx.get(f"http://{metrics}/metrics", timeout=2).text
+    except httpx.HTTPError:
+        return None
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("execbox_jobs_refused_total{"):
+            reason = line.split('reason="')[1].split('"')[0]
+            found[reason] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def test_a_foreign_job_written_with_the_api_role_never_runs(gated: tuple[Side, str], tmp_path: Path) -> None:
+    side, metrics = gated
+    api = redis.Redis.from_url(side.env["EXECBOX_REDIS__URL"])  # what a compromised API holds
+    queue = Queue(side.env["EXECBOX_QUEUE__NAME"], connection=api, serializer=JSONSerializer)
+    markers = [tmp_path / f"marker-{i}" for i in range(4)]
+    jobs = [
+        queue.enqueue_call("os.system", args=(f"touch {markers[0]}",)),
+        queue.enqueue_call("subprocess.check_call", args=(["touch", str(markers[1])],)),
+        queue.enqueue_call(TASK, args=({},)),  # ours, but with a callback RQ would import and call
+    ]
+    api.hset(jobs[2].key, "failure_callback_name", "os.system")
+    api.hset(jobs[2].key, "success_callback_name", "os.system")
+    # A pickled message (RQ's default serializer) for os.system: never unpickled.
+    pickled = Queue(side.env["EXECBOX_QUEUE__NAME"], connection=api)
+    jobs.append(pickled.enqueue_call("os.system", args=(f"touch {markers[3]}",)))
+    api.hset(jobs[3].key, "data", pickle.dumps(("os.system", None, (f"touch {markers[3]}",), {})))
+
+    def settled() -> bool:
+        statuses = [Job.fetch(j.id, connection=api, serializer=JSONSerializer).get_status() for j in jobs]
+        return all(s is JobStatus.FAILED for s in statuses)
+
+    wait_until(settled, 30, "the worker to refuse every foreign message")
+    assert not any(m.exists() for m in markers)
+    for job in jobs:
+        latest = Job.fetch(job.id, connection=api, serializer=JSONSerializer).latest_result()
+        assert (
+            latest is not None
+            and "refused" in str(latest.exc_string)
+            and "nothing was imported" in str(latest.exc_string)
+        )
+    assert _refused(metrics) == {"function": 2.0, "callback": 1.0, "undecodable": 1.0}
