@@ -27,3 +27,30 @@ print_curl() {
   echo "Run code:"
   echo "  curl -s -X POST 'http://127.0.0.1:$port/v1/executions?wait=30'$header -H 'Content-Type: application/json' -d '{\"language\":\"python\",\"code\":\"print(1)\"}'"
 }
+
+# The deployment's Redis roles and the egress proxy's key, kept across runs (idempotent):
+# .run/stack.env gains a REDIS_<ROLE>_PASSWORD per role and EGRESS_PUBLIC_KEY; .run/redis-users.acl
+# is rendered from it (digests only); .run/egress.key is the proxy's private key (mode 0400).
+ensure_roles() {
+  local env_file=.run/stack.env role
+  [ -f "$env_file" ] || { : > "$env_file"; chmod 600 "$env_file"; }
+  for role in API WORKER EGRESS ADMIN; do
+    grep -q "^REDIS_${role}_PASSWORD=" "$env_file" \
+      || echo "REDIS_${role}_PASSWORD=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')" >> "$env_file"
+  done
+  .venv/bin/execbox redis-acl --prefix "${EXECBOX_REDIS__KEY_PREFIX:-execbox}" --passwords "$env_file" \
+    > .run/redis-users.acl
+  chmod 644 .run/redis-users.acl
+  local public
+  public=$(.venv/bin/execbox egress-key .run/egress.key)
+  sed -i '/^EGRESS_PUBLIC_KEY=/d; /^REDIS_PASSWORD=/d' "$env_file"
+  echo "EGRESS_PUBLIC_KEY=$public" >> "$env_file"
+}
+
+# A DSN for one role against Redis at host:port (reads .run/stack.env).
+role_url() {  # role host:port
+  local upper password
+  upper=$(echo "$1" | tr '[:lower:]' '[:upper:]')
+  password=$(sed -n "s/^REDIS_${upper}_PASSWORD=//p" .run/stack.env)
+  echo "redis://$1:$password@$2/0"
+}

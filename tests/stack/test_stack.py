@@ -6,7 +6,9 @@ the run records that say who ran what.
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -99,3 +101,97 @@ def test_load_spreads_over_workers_and_a_stopped_worker_loses_nothing(api: httpx
     assert len(ran_on) == 3, ran_on
     subprocess.run(["docker", "start", workers[0]], check=True, capture_output=True)
     wait_until(lambda: api.get("/readyz").json()["checks"]["workers"]["alive"] >= 3, 60, "the worker to return")
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def inspect(container: str) -> Any:
+    done = subprocess.run(["docker", "inspect", container], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)[0]
+
+
+def stack_env() -> dict[str, str]:
+    lines = (ROOT / ".run" / "stack.env").read_text().split()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+def docker_exec(container: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", "exec", container, *argv], capture_output=True, text=True, check=check)
+
+
+def test_service_containers_are_hardened() -> None:
+    """docker-bench-security 5.11 (memory), 5.13 (read-only root), 5.25/5.26 (no new privileges,
+    capabilities), 5.29 (pids) and 4.1 (a non-root user), for every service of the stack."""
+    for service in ("api", "redis", "egress", "worker"):
+        (container,) = compose_containers(service)[:1]
+        info = inspect(container)
+        host, config = info["HostConfig"], info["Config"]
+        assert host["CapDrop"] == ["ALL"] and not host["CapAdd"], service
+        assert "no-new-privileges:true" in host["SecurityOpt"] and not host["Privileged"], service
+        assert host["ReadonlyRootfs"], service
+        assert 0 < host["Memory"] == host["MemorySwap"] and host["PidsLimit"] > 0, service
+        assert config["User"] and config["User"].split(":")[0] not in ("", "0", "root"), service
+        assert not [m for m in info["Mounts"] if m["Destination"] == "/var/run/docker.sock"] or service == "worker"
+    worker = inspect(compose_containers("worker")[0])
+    assert worker["Config"]["User"].startswith("10001:")  # in the socket's group, nothing more
+    # No setuid/setgid binary left in the service image (su, mount, passwd, ...).
+    setuid = docker_exec(
+        compose_containers("api")[0], "find", "/", "-xdev", "-type", "f", "-perm", "/6000", check=False
+    )
+    assert setuid.stdout == "", setuid.stdout
+
+
+def test_only_the_egress_proxy_has_a_route_out_of_the_stack() -> None:
+    host_ip = subprocess.run(["hostname", "-I"], capture_output=True, text=True, check=True).stdout.split()[0]
+    with socket.socket() as listener:
+        listener.bind(("0.0.0.0", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        probe = f"import socket; socket.create_connection(('{host_ip}', {port}), 3).close(); print('reached')"
+        results = {}
+        for service in ("api", "worker", "egress"):
+            done = docker_exec(compose_containers(service)[0], "python3", "-c", probe, check=False)
+            results[service] = done.stdout.strip() == "reached"
+    assert results == {"api": False, "worker": False, "egress": True}, results
+
+
+def test_each_role_gets_only_its_own_redis_rights() -> None:
+    env = stack_env()
+    redis = compose_containers("redis")[0]
+
+    def cli(role: str, *argv: str) -> str:
+        password = env[f"REDIS_{role.upper()}_PASSWORD"]
+        done = docker_exec(redis, "redis-cli", "--no-auth-warning", "--user", role, "--pass", password, *argv)
+        return done.stdout.strip()
+
+    assert "NOPERM" in cli("egress", "SET", "execbox:exe:exe_x", "{}")
+    assert "NOPERM" in cli("api", "CONFIG", "GET", "*")
+    assert "NOPERM" in cli("worker", "ACL", "GETUSER", "api")
+    assert "NOPERM" in docker_exec(redis, "redis-cli", "GET", "execbox:exe:exe_x").stdout  # no credentials
+    for service in ("api", "worker", "egress"):  # each service holds its own role's password only
+        environment = "\n".join(inspect(compose_containers(service)[0])["Config"]["Env"])
+        others = [r for r in ("API", "WORKER", "EGRESS", "ADMIN") if r.lower() != service]
+        assert not any(env[f"REDIS_{r}_PASSWORD"] in environment for r in others), service
+
+
+def test_secrets_are_sealed_in_redis_and_its_append_only_file() -> None:
+    value = f"Bearer {os.urandom(16).hex()}"
+    admin = ["docker-compose" if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode
+             else "docker compose"][0].split()  # fmt: skip
+    base = [*admin, "--project-name", PROJECT, "--env-file", str(ROOT / ".run" / "stack.env"), "run", "--rm", "-T"]
+    subprocess.run([*base, "admin", "execbox", "secrets", "set", "--host", "sealed.example", "--header", "X-Key",
+                    "--value", "-"], input=value, text=True, check=True, capture_output=True, cwd=ROOT)  # fmt: skip
+    try:
+        redis = compose_containers("redis")[0]
+        password = stack_env()["REDIS_ADMIN_PASSWORD"]
+        stored = docker_exec(redis, "redis-cli", "--no-auth-warning", "--user", "admin", "--pass", password,
+                             "HGETALL", "execbox:secret:*:sealed.example").stdout  # fmt: skip
+        assert "sealed" in stored and value not in stored
+        # Every write since the last rewrite is in the incremental AOF as the command itself.
+        aof = subprocess.run(["docker", "exec", redis, "sh", "-c", "cat /data/appendonlydir/*.incr.aof"],
+                             capture_output=True, check=True).stdout  # fmt: skip
+        assert b"sealed.example" in aof and value.encode() not in aof
+    finally:
+        subprocess.run([*base, "admin", "execbox", "secrets", "delete", "--host", "sealed.example", "--header",
+                        "X-Key"], check=True, capture_output=True, cwd=ROOT)  # fmt: skip
