@@ -34,7 +34,7 @@ print_curl() {
 ensure_roles() {
   local env_file=.run/stack.env role
   [ -f "$env_file" ] || { : > "$env_file"; chmod 600 "$env_file"; }
-  for role in API WORKER EGRESS ADMIN; do
+  for role in API WORKER EGRESS ADMIN SCALER; do
     grep -q "^REDIS_${role}_PASSWORD=" "$env_file" \
       || echo "REDIS_${role}_PASSWORD=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')" >> "$env_file"
   done

@@ -133,6 +133,11 @@ class SharedStateCollector(Collector):
             ("execbox_workers_alive", "Workers that reported within the last three reaper intervals"),
             ("execbox_workers_docker_ok", "Live workers whose Docker engine answers"),
             ("execbox_warm_pool_size", "Pre-started sandboxes waiting (0 until a warm pool exists)"),
+            ("execbox_redis_memory_used_bytes", "Memory Redis uses for data"),
+            (
+                "execbox_redis_memory_max_bytes",
+                "Redis's maxmemory (0: no limit); at it, writes are refused (noeviction)",
+            ),
         ):
             family = GaugeMetricFamily(name, help_text)
             family.add_metric([], values.get(name, 0.0))

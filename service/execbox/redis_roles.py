@@ -4,8 +4,8 @@ Every component holds only its own role's password, so a compromised component r
 further in Redis than its role: the egress proxy (which parses sandbox traffic) can read the
 egress rules and sealed secrets and append refusals, nothing else; the API can queue work but not
 read egress rules or secrets; a worker cannot read API keys, idempotency records or secrets; no
-role can run administrative commands (CONFIG, ACL, FLUSHALL, MONITOR, DEBUG, KEYS, ...). The
-unauthenticated `default` user may only PING (container health checks).
+role can run administrative commands (CONFIG, ACL, FLUSHALL, MONITOR, DEBUG, KEYS, ...). Nobody
+can log in as the `default` user (it is off), so a connection without credentials can do nothing.
 
 The key map lives in `execbox.store` (prefix `p`, RQ's own keys under `rq:`). Patterns here name
 those keys; a key a role does not name is invisible to it. `%R~` grants read only, `%W~` write
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit, urlunsplit
 
-ROLES = ("api", "worker", "egress", "admin")
+ROLES = ("api", "worker", "egress", "admin", "scaler")
 
 # Data commands by category; the dangerous and administrative ones are taken away again, and the
 # few read-only introspection commands RQ needs (server version, connection name) given back.
@@ -79,16 +79,24 @@ def roles(prefix: str) -> dict[str, Role]:
             (),
             "+@read +@write +@keyspace +@string +@hash +@set +@transaction +@connection -@dangerous -@admin",
         ),
+        # An autoscaler (KEDA) reading the queue's length.
+        "scaler": Role("scaler", ("%R~rq:queue:*",), (), "+llen +ping +client|setname"),
     }
 
 
 def acl_file(prefix: str, passwords: Mapping[str, str]) -> str:
-    """The ACL file for a deployment: the default user may only PING; each role has its password
-    (stored as a SHA-256 digest, so the file holds no password)."""
+    """The ACL file for a deployment: each role with its password (stored as a SHA-256 digest, so
+    the file holds no password); the default user switched off.
+
+    The default user keeps every permission although nobody can authenticate as it: Redis replays
+    the append-only file as the default user and, up to 7.2, re-checks its permissions at each
+    replayed EXEC, so a restricted default user silently drops every transaction on restart
+    (redis/redis#14541, fixed by #14545; Debian 12 ships 7.0.15). `off` alone keeps it unusable.
+    """
     missing = [r for r in ROLES if not passwords.get(r)]
     if missing:
         raise ValueError(f"no password for role(s) {', '.join(missing)}")
-    lines = ["user default on nopass resetkeys resetchannels -@all +ping"]
+    lines = ["user default off resetpass resetkeys ~* resetchannels &* +@all"]
     lines += [role.acl_line(passwords[name]) for name, role in roles(prefix).items()]
     return "\n".join(lines) + "\n"
 

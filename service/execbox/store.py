@@ -85,6 +85,12 @@ class ExecutionStore:
         with redis_errors():
             self.redis.ping()
 
+    def memory(self) -> tuple[int, int]:
+        """Redis's used memory and its maxmemory (0: unlimited) in bytes."""
+        with redis_errors():
+            info = self.redis.info("memory")
+        return int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+
     def create(self, record: ExecutionRecord) -> None:
         ttl = int(record.queue_deadline - time.time() + self._retention_s)
         with redis_errors(), self.redis.pipeline() as pipe:

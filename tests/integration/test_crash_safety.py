@@ -11,16 +11,31 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import EXECBOX, Processes, Stack, answers_200, auth, create_key, free_port, wait_until
+from execbox.redis_roles import role_url
+from tests.conftest import (
+    EXECBOX,
+    PASSWORDS,
+    Processes,
+    Stack,
+    answers_200,
+    as_role,
+    auth,
+    create_key,
+    free_port,
+    wait_until,
+    write_acl,
+)  # fmt: skip
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis, pytest.mark.slow]
 
 
-def start_redis(processes: Processes, port: int, data: Path) -> subprocess.Popen[bytes]:
+def start_redis(processes: Processes, port: int, data: Path, prefix: str) -> subprocess.Popen[bytes]:
     binary = shutil.which("redis-server")
     assert binary, "redis-server is not installed: run scripts/install"
+    acl = write_acl(data / "users.acl", prefix)  # the same roles as the session's Redis
     proc = processes.spawn(f"redis-{port}", [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
-                                             "--appendonly", "yes", "--appendfsync", "always", "--save", ""],
+                                             "--appendonly", "yes", "--appendfsync", "always", "--save", "",
+                                             "--aclfile", str(acl)],
                            {"PATH": os.environ["PATH"]})  # fmt: skip
 
     def answers() -> bool:
@@ -43,12 +58,15 @@ def start_api(processes: Processes, env: dict[str, str]) -> tuple[subprocess.Pop
 
 def test_api_and_redis_killed_mid_load_lose_nothing(stack: Stack, processes: Processes, tmp_path: Path) -> None:
     redis_port = free_port()
-    redis_proc = start_redis(processes, redis_port, tmp_path)
-    env = {**stack.env, "EXECBOX_REDIS__URL": f"redis://127.0.0.1:{redis_port}/0",
-           "EXECBOX_QUEUE__NAME": "crash", "EXECBOX_REDIS__KEY_PREFIX": f"{stack.prefix}crash"}  # fmt: skip
+    prefix = f"{stack.prefix}crash"
+    redis_proc = start_redis(processes, redis_port, tmp_path, prefix)
+    env = {**stack.env, "EXECBOX_REDIS__URL": role_url(f"redis://127.0.0.1:{redis_port}/0", "api", PASSWORDS["api"]),
+           "EXECBOX_QUEUE__NAME": "crash", "EXECBOX_REDIS__KEY_PREFIX": prefix}  # fmt: skip
     key = create_key(env, "alpha")
     api, url = start_api(processes, env)
-    processes.spawn("crash-worker", [EXECBOX, "worker", "--name", f"{stack.prefix}-crash-worker"], env)
+    processes.spawn(
+        "crash-worker", [EXECBOX, "worker", "--name", f"{stack.prefix}-crash-worker"], as_role(env, "worker")
+    )
     code = "import time\ntime.sleep(0.3)\nprint('ok')"
     with httpx.Client(base_url=url, timeout=30, headers=auth(key)) as client:
         ids = [client.post("/v1/executions", json={"language": "python", "code": code}).json()["id"] for _ in range(8)]
@@ -59,7 +77,7 @@ def test_api_and_redis_killed_mid_load_lose_nothing(stack: Stack, processes: Pro
         wait_until(lambda: client.get(f"/v1/executions/{ids[2]}").json()["status"] != "queued", 60, "work to start")
     os.killpg(redis_proc.pid, signal.SIGKILL)  # and then Redis, mid-load
     redis_proc.wait(10)
-    start_redis(processes, redis_port, tmp_path)  # same data directory: the AOF is replayed
+    start_redis(processes, redis_port, tmp_path, prefix)  # same data directory: the AOF is replayed
     with httpx.Client(base_url=url, timeout=60, headers=auth(key)) as client:
         finals = [client.get(f"/v1/executions/{i}?wait=60").json() for i in ids]
     assert len(finals) == 12 and all("status" in f for f in finals), finals

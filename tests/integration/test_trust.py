@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from redis.exceptions import NoPermissionError
+from redis.exceptions import AuthenticationError, NoPermissionError
 from rq import Queue
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
@@ -22,14 +22,13 @@ from tests.conftest import PASSWORDS, Side, Stack, free_port, wait_until
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
 
-def connect(stack: Stack, role: str | None) -> redis.Redis:
-    url = stack.env["EXECBOX_REDIS__URL"].replace(stack.env["EXECBOX_REDIS__URL"].split("@")[0] + "@", "redis://")
-    return redis.Redis.from_url(role_url(url, role, PASSWORDS[role]) if role else url)
+def connect(stack: Stack, role: str) -> redis.Redis:
+    return redis.Redis.from_url(role_url(stack.env["EXECBOX_REDIS__URL"], role, PASSWORDS[role]))
 
 
 def test_each_role_is_refused_what_it_does_not_need(stack: Stack, redis_server: Any) -> None:
     p = stack.prefix
-    forbidden: dict[str | None, list[tuple[str, ...]]] = {
+    forbidden: dict[str, list[tuple[str, ...]]] = {
         # The proxy parses sandbox traffic: it may not touch records, keys or the queue.
         "egress": [("SET", f"{p}:exe:exe_x", "{}"), ("GET", f"{p}:apikeys"), ("LPUSH", "rq:queue:x", "y"),
                    ("HSET", f"{p}:secret:*:h", "X", "y"), ("GET", f"{p}:egress:denied:exe_x"), ("SCAN", "0"),
@@ -39,9 +38,12 @@ def test_each_role_is_refused_what_it_does_not_need(stack: Stack, redis_server: 
         "worker": [("ACL", "GETUSER", "api"), ("GET", f"{p}:apikey:abc"), ("HGETALL", f"{p}:secret:*:h"),
                    ("GET", f"{p}:idem:alpha:x"), ("SET", f"{p}:file:f", "x"), ("CONFIG", "SET", "save", "")],
         "admin": [("GET", f"{p}:exe:exe_x"), ("LPUSH", "rq:queue:x", "y"), ("FLUSHALL",), ("ACL", "LIST")],
-        None: [("GET", f"{p}:exe:exe_x"), ("INFO",)],  # no credentials: PING only
     }  # fmt: skip
     try:
+        with pytest.raises(AuthenticationError):  # without credentials nothing at all
+            redis.Redis(port=redis_server.port).get(f"{p}:exe:exe_x")
+        with pytest.raises(AuthenticationError):  # and nobody may log in as the default user
+            redis.Redis(port=redis_server.port, username="default", password="").ping()
         for role, commands in forbidden.items():
             client = connect(stack, role)
             assert client.ping()

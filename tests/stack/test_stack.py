@@ -168,7 +168,7 @@ def test_each_role_gets_only_its_own_redis_rights() -> None:
     assert "NOPERM" in cli("egress", "SET", "execbox:exe:exe_x", "{}")
     assert "NOPERM" in cli("api", "CONFIG", "GET", "*")
     assert "NOPERM" in cli("worker", "ACL", "GETUSER", "api")
-    assert "NOPERM" in docker_exec(redis, "redis-cli", "GET", "execbox:exe:exe_x").stdout  # no credentials
+    assert "NOAUTH" in docker_exec(redis, "redis-cli", "GET", "execbox:exe:exe_x").stdout  # no credentials
     for service in ("api", "worker", "egress"):  # each service holds its own role's password only
         environment = "\n".join(inspect(compose_containers(service)[0])["Config"]["Env"])
         others = [r for r in ("API", "WORKER", "EGRESS", "ADMIN") if r.lower() != service]

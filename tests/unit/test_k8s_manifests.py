@@ -75,3 +75,20 @@ def test_keda_scales_the_worker_deployment_on_the_rq_queue() -> None:
     target = scaled["spec"]["scaleTargetRef"]["name"]
     assert any(o["kind"] == "Deployment" and o["metadata"]["name"] == target for o in autoscale)
     assert scaled["spec"]["triggers"][0]["metadata"]["listName"] == "rq:queue:execbox"
+
+
+def test_each_component_uses_its_own_redis_role() -> None:
+    """No manifest refers to a shared Redis password: the API and workers each read their role's
+    Secret and connect as that user; Redis loads the users file."""
+    for obj in all_objects():
+        pod = obj.get("spec", {}).get("template", {}).get("spec") or {"containers": []}
+        for container in pod["containers"]:
+            env = {e["name"]: e for e in container.get("env", [])}
+            url = env.get("EXECBOX_REDIS__URL", {}).get("value")
+            if url is None:
+                continue
+            role = url.removeprefix("redis://").split(":")[0]
+            assert role in {"api", "worker"}, url
+            assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == f"execbox-redis-{role}"
+    (redis,) = [o for o in all_objects() if o["kind"] == "StatefulSet"]
+    assert "--aclfile" in redis["spec"]["template"]["spec"]["containers"][0]["command"]

@@ -73,11 +73,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 def shared_state(store: ExecutionStore, queue: Queue) -> dict[str, float]:
     workers = store.workers()
+    used, limit = store.memory()
     return {
         "execbox_queue_depth": float(depth(queue)),
         "execbox_executions_running": float(len(store.running())),
         "execbox_workers_alive": float(len(workers)),
         "execbox_workers_docker_ok": float(sum(1 for w in workers if w.get("docker_ok"))),
+        "execbox_redis_memory_used_bytes": float(used),
+        "execbox_redis_memory_max_bytes": float(limit),
     }
 
 
