@@ -18,7 +18,7 @@ for meta in "$here"/*/metadata.yaml; do
   # shellcheck disable=SC2086
   # Through the launcher, as the worker runs programs (an empty file frame: ten zeros).
   out=$(printf '0000000000' | docker run -i --rm --network none --read-only --cap-drop ALL --security-opt no-new-privileges \
-        --user 65534:65534 --pids-limit 64 --memory 512m --memory-swap 512m --tmpfs /tmp:size=64m \
+        --user 65534:65534 --pids-limit 64 --security-opt "seccomp=$here/../policies/seccomp.json" --memory 512m --memory-swap 512m --tmpfs /tmp:size=64m \
         --tmpfs /workspace:size=16m,uid=65534,gid=65534 \
         "$image" python3 -I -S /opt/execbox/launch.py $smoke 2>&1) || true
   if [ "$out" = "OK" ]; then echo "image $lang: smoke test OK"; else echo "image $lang: SMOKE TEST FAILED: $out" >&2; status=1; fi

@@ -7,7 +7,8 @@ marker at the end of stdout and of stderr, after all of the program's output:
 
     \n \0 "execbox-done:" nonce ":" produced ":" exit status ":" oom ":" peak ":" \0
 
-(produced: 1 when out/ holds anything; oom: 1 when the kernel's OOM killer fired in the sandbox;
+(produced: 1 when out/ holds anything; exit status: the program's, or "L" and a digit when the
+launcher itself failed, see FAULTS; oom: 1 when the kernel's OOM killer fired in the sandbox;
 peak: the sandbox's memory high-water mark in bytes, 0 when the cgroup does not say).
 It then holds the container open (until the worker removes it, or SIGUSR1), so that the
 workspace stays mounted while the worker collects artifacts through the engine.
@@ -18,8 +19,15 @@ mark it non-dumpable, so the program (same uid, no capabilities) can neither ptr
 its memory. Without a marker (the launcher was killed, or the run was stopped from outside) the
 worker takes status and OOM from the engine instead.
 
-Uses only what python3-minimal ships, imports nothing after the program starts, and is started
-with -I -S (no user site, no current directory on sys.path).
+The program runs in a session and process group of its own (killing its group never reaches
+PID 1). Every wait status is handled: a program that makes PID 1 its tracer (PTRACE_TRACEME, or
+an orphan doing so) is resumed at each stop with the signal it stopped for, so it runs as if
+untraced; a program that stops itself without a tracer stays stopped until the worker's clock
+ends the run. The launcher's own faults never reach the program's streams: they are reported in
+the marker (status "L<n>"), and the worker ends the run as a service error.
+
+Uses python3-minimal and ctypes (for ptrace), imports nothing after the program starts, and is
+started with -I -S (no user site, no current directory on sys.path).
 
 stdin carries, in order:
   10 ASCII digits      length N of the header
@@ -31,12 +39,20 @@ stdin carries, in order:
   the rest             the program's own stdin (the launcher never reads past the files)
 """
 
+import ctypes
 import os
 import signal
 import sys
 
 WORKDIR = "/workspace"
 LAUNCH_FAILED = 120
+FAULTS = {"unpack": 1, "exec": 2, "internal": 3}
+"""Marker status "L<n>": the job's files could not be unpacked, the program could not be started,
+or the launcher failed otherwise."""
+PTRACE_CONT = 7
+_NOT_INJECTED = (signal.SIGTRAP, signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.ptrace.argtypes = (ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p)
 
 
 def _read_exact(n):
@@ -70,14 +86,24 @@ def _write_file(path, size, mode):
         os.close(fd)
 
 
-def _unpack():
+_NONCE = [""]
+"""The run's nonce once read, for reporting a fault from anywhere."""
+
+
+def _read_header():
+    """(nonce, header lines): the nonce comes first, so even a later fault can be reported."""
+    lines = _read_exact(int(_read_exact(10))).decode("utf-8").splitlines()
+    nonce = lines[0][6:] if lines and lines[0].startswith("nonce ") else ""
+    _NONCE[0] = nonce
+    return nonce, lines
+
+
+def _unpack(header):
+    nonce, lines = header
     os.makedirs(os.path.join(WORKDIR, "out"), exist_ok=True)  # the output directory always exists
-    nonce = ""
     env = dict(os.environ)
-    header = _read_exact(int(_read_exact(10))).decode("utf-8")
-    for line in header.splitlines():
+    for line in lines:
         if line.startswith("nonce "):
-            nonce = line[6:]
             continue
         if line.startswith("environ "):
             block = _read_exact(int(line[8:])).decode("utf-8")
@@ -120,58 +146,111 @@ def _status_code(status):
     return code if code >= 0 else 128 - code
 
 
+def _resume_tracee(pid, status):
+    """A process that made PID 1 its tracer stopped: let it go on, delivering the signal it stopped
+    for (stops themselves are not honoured: there is nobody to continue it)."""
+    sig = os.WSTOPSIG(status)
+    inject = 0 if sig in _NOT_INJECTED else sig
+    _libc.ptrace(PTRACE_CONT, pid, None, ctypes.c_void_p(inject))  # ESRCH: it is gone already
+
+
+def _wait_for(child):
+    """Reap every process until `child` ends; its exit status."""
+    while True:
+        pid, status = os.waitpid(-1, 0)  # without WUNTRACED: a stop seen here is a ptrace stop
+        if os.WIFSTOPPED(status):
+            _resume_tracee(pid, status)
+        elif pid == child and (os.WIFEXITED(status) or os.WIFSIGNALED(status)):
+            return status
+
+
+def _reap_all():
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+        if os.WIFSTOPPED(status):
+            _resume_tracee(pid, status)  # so that the SIGKILL it is about to get can end it
+
+
+def _finish(nonce, marker, status):
+    """Tell the worker the run is over (the marker, on both streams), then wait to be released."""
+    try:
+        produced = b"1" if os.listdir(os.path.join(WORKDIR, "out")) else b"0"
+    except OSError:
+        produced = b"1"  # let the worker look for itself
+    marker += b"%s:%s:%d:%d:\x00" % (produced, status, _oom_kills(), _peak_memory())
+    for fd in (1, 2):
+        try:
+            os.write(fd, marker)
+        except OSError:
+            pass  # the engine went away: the worker takes the status from it
+    signal.sigwait({signal.SIGUSR1})
+
+
 def main():
     argv = sys.argv[1:]
     if not argv:
         sys.stderr.write("execbox launcher: no program given\n")
         return LAUNCH_FAILED
-    try:
-        nonce, env = _unpack()
-    except (OSError, ValueError, EOFError) as exc:
-        sys.stderr.write("execbox launcher: %s\n" % exc)
-        return LAUNCH_FAILED
     release = {signal.SIGUSR1}
     signal.pthread_sigmask(signal.SIG_BLOCK, release)
+    header = None
+    try:
+        header = _read_header()
+        nonce, env = _unpack(header)
+    except (OSError, ValueError, EOFError, UnicodeDecodeError) as exc:
+        nonce = header[0] if header else ""
+        if not nonce:  # a smoke test by hand: say it
+            sys.stderr.write("execbox launcher: %s\n" % exc)
+            return LAUNCH_FAILED
+        _finish(nonce, ("\n\x00execbox-done:%s:" % nonce).encode(), b"L%d" % FAULTS["unpack"])
+        return LAUNCH_FAILED
     marker = ("\n\x00execbox-done:%s:" % nonce).encode()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    exec_failed = os.pipe()
     child = os.fork()
     if child == 0:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, release)
         try:
+            os.close(exec_failed[0])
+            os.set_inheritable(exec_failed[1], False)  # closed by a successful exec
+            os.setsid()  # its own session and process group: killpg(0) never reaches PID 1
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, release)
             os.chdir(WORKDIR)
             os.execvpe(argv[0], argv, env)
-        except OSError as exc:
-            os.write(2, ("execbox launcher: cannot run %s: %s\n" % (argv[0], exc)).encode())
+        except BaseException:
+            os.write(exec_failed[1], b"x")
         os._exit(127)
+    os.close(exec_failed[1])
     os.close(0)
-    status = 0
-    while True:  # as PID 1, reap every orphan until the program itself ends
-        pid, st = os.waitpid(-1, 0)
-        if pid == child:
-            status = st
-            break
+    started = not os.read(exec_failed[0], 1)
+    os.close(exec_failed[0])
+    status = _wait_for(child)
     if os.getpid() == 1:  # only as the sandbox's init: kill(-1) elsewhere would hit the whole host
         try:
             os.kill(-1, signal.SIGKILL)  # everything the program left behind, never PID 1
         except ProcessLookupError:
             pass
-    while True:
-        try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            break
-    if nonce:  # a worker waits to collect; without a nonce (smoke tests) just end
-        try:
-            produced = b"1" if os.listdir(os.path.join(WORKDIR, "out")) else b"0"
-        except OSError:
-            produced = b"1"  # let the worker look for itself
-        marker += b"%s:%d:%d:%d:\x00" % (produced, _status_code(status), _oom_kills(), _peak_memory())
-        os.write(1, marker)
-        os.write(2, marker)
-        signal.sigwait(release)
+    _reap_all()
+    if not nonce:  # smoke tests: just end like the program
+        return _status_code(status)
+    reported = b"%d" % _status_code(status) if started else b"L%d" % FAULTS["exec"]
+    _finish(nonce, marker, reported)
     return _status_code(status)
 
 
+def _guarded():
+    try:
+        return main()
+    except BaseException:  # never the program's outcome, never a traceback on its streams
+        nonce = _NONCE[0]
+        if nonce:
+            try:
+                _finish(nonce, ("\n\x00execbox-done:%s:" % nonce).encode(), b"L%d" % FAULTS["internal"])
+            except BaseException:
+                pass
+        return LAUNCH_FAILED
+
+
 if __name__ == "__main__":
-    os._exit(main())
+    os._exit(_guarded())

@@ -88,6 +88,13 @@ def classify(outcome: RunOutcome, language: str, limits: Limits) -> Classified:
             ),
             sig,
         )
+    if outcome.launcher_fault and not outcome.oom_killed:
+        return Classified(
+            failed,
+            _error(ErrorCategory.SANDBOX_ERROR, f"{outcome.launcher_fault}; the program's outcome is unknown; retry",
+                   retryable=True, reason="launcher_fault"),
+            None,
+        )  # fmt: skip
     if outcome.oom_killed:
         return Classified(
             failed,

@@ -99,6 +99,11 @@ class PolicyRequest(BaseModel):
     queue_timeout_s: float | None = Field(
         None, gt=0, le=86400, description="How long the execution may wait in the queue before it becomes `expired`."
     )
+    runtime: Literal["runc", "runsc"] | None = Field(
+        None,
+        description="OCI runtime: `runc` (the default) or `runsc` (gVisor: a second kernel boundary; 422 when no "
+        "worker has it). The named policy may set a default.",
+    )
     network: Literal["none"] | NetworkAllowlist | None = Field(
         None,
         description="Network access: `none` (the default: no interface but loopback) or "
@@ -128,6 +133,14 @@ class AppliedPolicy(BaseModel):
     output_bytes: int = Field(description="Cap of each output stream, bytes.")
     queue_timeout_s: float = Field(description="Queue deadline, seconds after submission.")
     network: Literal["none"] | NetworkAllowlist = Field(description="Network access.")
+    runtime: str | None = Field(
+        None,
+        description="OCI runtime (runc, runsc); set by the worker that takes the run when the request and "
+        "policy left it to the operator's default.",
+    )
+    seccomp_deny: list[str] = Field(
+        default_factory=list, description="System calls the named policy denies on top of execbox's seccomp profile."
+    )
     code_bytes: int = Field(description="Largest code accepted, bytes.")
     stdin_bytes: int = Field(description="Largest stdin accepted, bytes.")
     input_files: int = Field(description="Most input files.")

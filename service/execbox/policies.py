@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -50,6 +50,10 @@ class _PolicyFile(BaseModel):
     ceilings: _Limits = _Limits()
     network_allow: list[str] | None = None
     """Host patterns a request under this policy may put in its network allowlist (none: no network)."""
+    runtime: Literal["runc", "runsc"] | None = None
+    """The runtime of runs that ask for none."""
+    seccomp_deny: list[str] | None = None
+    """System calls denied on top of execbox's profile (a policy can narrow it, never widen it)."""
 
     @field_validator("network_allow")
     @classmethod
@@ -74,6 +78,8 @@ class Policy:
     defaults: dict[str, float]
     ceilings: dict[str, float]
     network_allow: tuple[str, ...] = ()
+    runtime: str | None = None
+    seccomp_deny: tuple[str, ...] = ()
 
 
 def _read(path: Path) -> _PolicyFile:
@@ -107,7 +113,9 @@ class PolicySet:
                 if defaults[name] > ceilings[name]:
                     raise PolicyConfigError(f"{path}: default {name}={defaults[name]} is above its ceiling")
             allow = layer.network_allow if layer.network_allow is not None else base.network_allow
-            policies[path.stem] = Policy(path.stem, defaults, ceilings, tuple(allow or ()))
+            runtime = layer.runtime or base.runtime
+            deny = sorted({*(base.seccomp_deny or ()), *(layer.seccomp_deny or ())})  # narrowing adds up
+            policies[path.stem] = Policy(path.stem, defaults, ceilings, tuple(allow or ()), runtime, tuple(deny))
         return cls(policies)
 
     def max_ceiling(self, field: str) -> int:
@@ -123,7 +131,7 @@ class PolicySet:
         policy = self._policies.get(name)
         if policy is None:
             raise UnknownPolicy(name, self.names)
-        asked = request.model_dump(exclude_none=True, exclude={"name", "network"})
+        asked = request.model_dump(exclude_none=True, exclude={"name", "network", "runtime"})
         problems = [
             FieldProblem(
                 f"policy.{field}",
@@ -155,10 +163,30 @@ class PolicySet:
         if problems:
             raise PolicyExceeded(tuple(problems))
         values = policy.defaults | asked | {"code_bytes": policy.ceilings["code_bytes"]}
-        return AppliedPolicy.model_validate({**values, "name": name, "network": network})
+        runtime = request.runtime or policy.runtime
+        return AppliedPolicy.model_validate(
+            {**values, "name": name, "network": network, "runtime": runtime, "seccomp_deny": list(policy.seccomp_deny)}
+        )
 
 
 def run_limits(policy: AppliedPolicy) -> Limits:
     """The part of an applied policy the sandbox runtime enforces."""
     return Limits(policy.timeout_s, policy.cpu, policy.cpu_time_s, policy.memory_mb, policy.pids,
                   policy.disk_mb, policy.output_bytes)  # fmt: skip
+
+
+def runtime_problems(policy: AppliedPolicy, available: set[str] | None, network_runtime: str) -> list[FieldProblem]:
+    """Why the policy's runtime cannot run here: no live worker's engine has it (`available` is the
+    union of what live workers report; None when none reports, so nothing can be said yet)."""
+    wanted = policy.runtime
+    if wanted in (None, "runc") or available is None:
+        return []
+    if wanted not in available:
+        return [FieldProblem("policy.runtime", f"no worker of this deployment has the runtime {wanted!r} (they have: "
+                             f"{', '.join(sorted(available)) or 'none'}); install it (`make engine` registers runsc) "
+                             "or leave policy.runtime out")]  # fmt: skip
+    if wanted == "runsc" and isinstance(policy.network, NetworkAllowlist) and network_runtime not in available:
+        return [FieldProblem("policy.network", f"network allowlists under runsc need the engine runtime "
+                             f"{network_runtime!r} (gVisor with the run's network namespace passed through), which "
+                             "no worker has; use runc for this run or register it (docs/security.md)")]  # fmt: skip
+    return []

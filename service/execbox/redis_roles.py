@@ -58,10 +58,10 @@ def roles(prefix: str) -> dict[str, Role]:
             (f"{p}:done:*", f"{p}:idem:*"),
             f"{_DATA} {_PUBSUB}",
         ),
-        # Runs executions: records, leases, egress rules and network slots; reads input files.
+        # Runs executions: records, leases, egress rules, network slots and sandbox uids; reads input files.
         "worker": Role(
             "worker",
-            (*shared, f"%R~{p}:file:*", f"~{p}:egress:rule:*", f"~{p}:egress:slot:*"),
+            (*shared, f"%R~{p}:file:*", f"~{p}:egress:rule:*", f"~{p}:egress:slot:*", f"~{p}:uid:*"),
             (f"{p}:done:*", "rq:pubsub:*"),
             f"{_DATA} {_PUBSUB}",
         ),

@@ -21,7 +21,24 @@ class DockerSettings(BaseModel):
         None, description="Docker engine URL; unset means the DOCKER_HOST environment or the socket."
     )
     api_timeout_s: float = Field(30.0, gt=0, description="Timeout of each Docker API call.")
-    runtime: str | None = Field(None, description="OCI runtime for sandboxes, e.g. runsc (gVisor); unset: default.")
+    runtime: str | None = Field(
+        None, description="OCI runtime for sandboxes whose policy names none, e.g. runsc (gVisor); unset: runc."
+    )
+    runsc_network_runtime: str = Field(
+        "runsc-net",
+        description="The engine's name for gVisor with the run's network namespace passed through (runsc "
+        "--network=host), used for allowlisted runs under policy.runtime runsc; `runsc` itself has no network.",
+    )
+    seccomp_profile: Path | None = Field(
+        None, description="execbox's seccomp profile for every sandbox; unset: seccomp.json in the policies directory."
+    )
+    uid_range: str = Field(
+        "200000-299999",
+        description="Host uids given to sandboxes, one per live sandbox (FIRST-LAST); must belong to no one.",
+    )
+    oom_score_adj: int = Field(
+        1000, ge=-1000, le=1000, description="OOM score adjustment of sandboxes (1000: the host kills them first)."
+    )
 
 
 class QueueSettings(BaseModel):

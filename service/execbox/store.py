@@ -14,6 +14,7 @@ Keys (prefix from settings.redis.key_prefix):
   {p}:apikey:{digest}, {p}:apikeys   API keys (execbox.auth);  {p}:idem:...   idempotency (execbox.idempotency)
   {p}:egress:rule:{address}   the egress rule for the execution whose network the proxy has that address on
   {p}:egress:slot:{subnet}    a per-run network slot, reserved by a worker, cooling down after the run
+  {p}:uid:{uid}       a sandbox uid held by a live container (execbox.sandbox.uids)
   {p}:egress:denied:{id}      the proxy's refusals for an execution (JSON list)
   {p}:secret:{tenant}:{host}  hash: header name -> JSON {sealed, tls}, opened only by the proxy (tenant `*`: everyone)
   rq:*                RQ's own keys (tickets, registries, workers)
@@ -39,6 +40,9 @@ from execbox.models import ErrorCategory, ExecutionError, ExecutionRecord, Execu
 from execbox.settings import Settings
 
 Mutation = Callable[[ExecutionRecord], "ExecutionStatus | None"]
+UID_HOLD_S = 4 * 3600
+"""Longest a sandbox uid stays reserved when its worker died holding it (a warm container waits at
+most max_idle_s, a run at most its timeout; both far below this)."""
 _COOL = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], 'cooling', 'PX', ARGV[2]) end
 """
@@ -311,10 +315,11 @@ class ExecutionStore:
 
     # -- worker heartbeats ------------------------------------------------------------------
 
-    def report_worker(self, name: str, docker_ok: bool, detail: str, ttl_s: float, missing: list[str]) -> None:
-        payload = json.dumps(
-            {"name": name, "docker_ok": docker_ok, "detail": detail, "missing_images": missing, "at": time.time()}
-        )
+    def report_worker(
+        self, name: str, docker_ok: bool, detail: str, ttl_s: float, missing: list[str], runtimes: list[str]
+    ) -> None:
+        payload = json.dumps({"name": name, "docker_ok": docker_ok, "detail": detail, "missing_images": missing,
+                              "runtimes": runtimes, "at": time.time()})  # fmt: skip
         with redis_errors():
             self.redis.set(self._key("worker", name), payload, px=int(ttl_s * 1000))
 
@@ -363,6 +368,15 @@ class ExecutionStore:
             self.redis.register_script(_COOL)(
                 keys=[self._key("egress:slot", subnet)], args=[execution_id, max(int(cooldown_s * 1000), 1)]
             )
+
+    def reserve_uid(self, uid: int) -> bool:
+        """Claim a sandbox uid for one container's life (expires on its own after UID_HOLD_S)."""
+        with redis_errors():
+            return bool(self.redis.set(self._key("uid", str(uid)), "1", nx=True, ex=UID_HOLD_S))
+
+    def release_uid(self, uid: int) -> None:
+        with redis_errors():
+            self.redis.delete(self._key("uid", str(uid)))
 
     def set_secret(self, tenant: str, host: str, header: str, sealed: str, tls: bool) -> None:
         """Store a header value sealed to the egress proxy (execbox.egress.sealing); never a plaintext."""

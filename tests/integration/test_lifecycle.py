@@ -12,8 +12,8 @@ import docker
 import httpx
 import pytest
 
-from execbox.sandbox.base import EXECUTION_LABEL, MANAGED_LABEL, TRACE_LABEL
-from tests.conftest import Side, Stack, run_code, wait_until
+from execbox.sandbox.base import EXECUTION_LABEL, MANAGED_LABEL, TRACE_LABEL, UID_LABEL
+from tests.conftest import ROOT, Side, Stack, run_code, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
@@ -69,15 +69,20 @@ def test_sandbox_container_is_hardened(api: httpx.Client, docker_client: docker.
     try:
         assert config["Labels"][MANAGED_LABEL] == "true"
         assert config["Labels"][TRACE_LABEL] == body["trace_id"]
-        assert config["User"] == "65534:65534"
+        uid = config["Labels"][UID_LABEL]
+        assert config["User"] == f"{uid}:{uid}" and 200000 <= int(uid) <= 299999  # its own uid
         assert host["ReadonlyRootfs"] is True
         assert host["NetworkMode"] == "none"
         assert host["CapDrop"] == ["ALL"] and not host["CapAdd"]
-        assert host["SecurityOpt"] == ["no-new-privileges"]
+        assert host["SecurityOpt"][0] == "no-new-privileges" and len(host["SecurityOpt"]) == 2
+        profile = json.loads(host["SecurityOpt"][1].removeprefix("seccomp="))  # execbox's, not the engine's
+        assert profile["syscalls"] == json.loads((ROOT / "policies" / "seccomp.json").read_text())["syscalls"]
+        assert host["CgroupnsMode"] == "private" and host["OomScoreAdj"] == 1000
+        assert "/proc/interrupts" in host["MaskedPaths"] and "/proc/kcore" in host["MaskedPaths"]
         assert host["Privileged"] is False and not host.get("Init")  # the launcher is PID 1 and reaps
         assert config["Cmd"][:4] == ["/usr/bin/python3-launcher", "-I", "-S", "/opt/execbox/launch.py"]
         assert host["Memory"] == host["MemorySwap"] == 256 * 1024 * 1024
-        assert host["PidsLimit"] == 64 and host["CpuQuota"] == host["CpuPeriod"] == 100_000
+        assert host["PidsLimit"] == 64 + 1 and host["CpuQuota"] == host["CpuPeriod"] == 100_000  # + the launcher
         assert set(host["Tmpfs"]) == {"/tmp"} and "size=64m" in host["Tmpfs"]["/tmp"]
         (workspace,) = host["Mounts"]  # a size-capped tmpfs volume of its own, no host path
         assert workspace["Target"] == "/workspace" and workspace["Type"] == "volume" and not workspace.get("Source")

@@ -14,8 +14,9 @@ WORKER_LABEL = "execbox.worker"
 DEPLOYMENT_LABEL = "execbox.deployment"
 POOL_LABEL = "execbox.pool"
 """On warm-pool containers: the class they were made for (they carry no execution label)."""
+UID_LABEL = "execbox.uid"
+"""The sandbox's own uid (distinct among live sandboxes)."""
 WORKDIR = "/workspace"
-SANDBOX_UID = 65534
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,10 @@ class RunSpec:
     collector: Collector | None = None
     egress: EgressSpec | None = None
     """None: no network interface but loopback."""
+    runtime: str | None = None
+    """The policy's OCI runtime (`runc`, `runsc`, ...); None: the operator's default."""
+    seccomp_deny: tuple[str, ...] = ()
+    """System calls denied on top of execbox's seccomp profile (a policy may only narrow it)."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,9 @@ class RunOutcome:
     launcher_status: bool = False
     """exit_code and oom_killed are the launcher's report (its end-of-run marker), checked against
     the engine after the result is stored; False: read from the engine before the result."""
+    launcher_fault: str | None = None
+    """The sandbox's init failed (its report says so, or it ended without one): a service error,
+    never the program's outcome."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +151,9 @@ class Runtime(Protocol):
 
     def image_id(self, image: str) -> str:
         """The image's id; ImageUnavailable when the engine does not have it."""
+
+    def runtimes(self) -> list[str]:
+        """The OCI runtimes the engine has registered (runc, runsc, ...)."""
 
     def managed_containers(self, deployment: str) -> list[ContainerInfo]:
         """Every sandbox container this deployment made on this engine."""

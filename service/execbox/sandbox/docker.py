@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any, cast
 
 import docker
@@ -42,8 +43,8 @@ from execbox.sandbox.base import (
     EXECUTION_LABEL,
     MANAGED_LABEL,
     POOL_LABEL,
-    SANDBOX_UID,
     TRACE_LABEL,
+    UID_LABEL,
     WORKDIR,
     WORKER_LABEL,
     ContainerInfo,
@@ -54,11 +55,21 @@ from execbox.sandbox.base import (
     RunSpec,
 )
 from execbox.sandbox.pool import WarmPool
+from execbox.sandbox.seccomp import SeccompProfiles
+from execbox.sandbox.uids import LocalUids, UidAllocator
 from execbox.settings import DockerSettings
 
 log = logging.getLogger(__name__)
+DEFAULT_POLICIES = Path(__file__).resolve().parents[3] / "policies"
 
-SANDBOX_USER = f"{SANDBOX_UID}:{SANDBOX_UID}"
+# Docker's own masked paths (20.10) and the ones its later releases and CIS guidance add: kernel
+# state a sandbox has no use for (interrupt counts leak other tenants' activity, powercap leaks
+# energy counters usable as a side channel).
+MASKED_PATHS = (
+    "/proc/asound", "/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+    "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware", "/proc/interrupts",
+    "/proc/softirqs", "/sys/devices/virtual/powercap", "/sys/devices/system/cpu/cpu0/thermal_throttle",
+)  # fmt: skip
 # An execute-only copy of python3 (sandbox-images/common/harden.sh): see launch.py on why.
 LAUNCHER = ("/usr/bin/python3-launcher", "-I", "-S", "/opt/execbox/launch.py")
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
@@ -94,8 +105,14 @@ def done_marker(nonce: str) -> bytes:
     return b"\n\x00execbox-done:%s:" % nonce.encode()
 
 
-_MARKER_TAIL = re.compile(rb"([01]):(\d{1,3}):([01]):(\d{1,20}):\x00\Z")
+_MARKER_TAIL = re.compile(rb"([01]):(\d{1,3}|L\d):([01]):(\d{1,20}):\x00\Z")
 _MARKER_TAIL_MAX = len(b"1:255:1::\x00") + 20
+LAUNCHER_FAULTS = {
+    b"L1": "the sandbox's init could not unpack the job's files",
+    b"L2": "the sandbox's init could not start the language's program (is the image complete?)",
+    b"L3": "the sandbox's init failed",
+}
+"""What the launcher reports in place of an exit status when it failed itself (launch.py FAULTS)."""
 CLEANUP_DELAY_S = 0.05
 """Removing a container (~50 ms of engine work) starts this long after the run, so that on a small
 machine it does not compete with storing the result and answering the client (measured on 2 cores:
@@ -105,29 +122,34 @@ STATS_AFTER_S = 1.0
 no marker arrives, e.g. on timeout); shorter runs cost the engine no stats work."""
 
 
-def host_config_kwargs(spec: RunSpec, runtime: str | None, network: str | None = None) -> dict[str, Any]:
-    """Every protection of DESIGN.md's 'Every sandbox, always', as engine settings; `network` is the
-    run's own egress network (None: no network interface but loopback)."""
+def host_config_kwargs(
+    spec: RunSpec, settings: DockerSettings, uid: int, seccomp: str, network: str | None = None
+) -> dict[str, Any]:
+    """Every protection of DESIGN.md's 'Every sandbox, always', as engine settings; `uid` is the
+    run's own user, `seccomp` the profile's JSON, `network` the run's own egress network (None: no
+    network interface but loopback)."""
     lim = spec.limits
     workspace = DriverConfig(
         "local",
-        {"type": "tmpfs", "device": "tmpfs", "o": f"size={lim.disk_mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},"
-         "mode=0755,nosuid,nodev"},
-    )  # fmt: skip
+        {"type": "tmpfs", "device": "tmpfs", "o": f"size={lim.disk_mb}m,uid={uid},gid={uid},mode=0755,nosuid,nodev"},
+    )
     kwargs: dict[str, Any] = {
         "network_mode": network or "none",
         "read_only": True,
         "mounts": [Mount(target=WORKDIR, source=None, type="volume", driver_config=workspace)],
-        "tmpfs": {"/tmp": f"size={lim.disk_mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=1777,nosuid,nodev,noexec"},
+        "tmpfs": {"/tmp": f"size={lim.disk_mb}m,uid={uid},gid={uid},mode=1777,nosuid,nodev,noexec"},
         "shm_size": f"{min(lim.disk_mb, 64)}m",
         "mem_limit": f"{lim.memory_mb}m",
         "memswap_limit": f"{lim.memory_mb}m",
-        "pids_limit": lim.pids,
+        # The launcher (PID 1) is one process on top of the program's `pids`.
+        "pids_limit": lim.pids + 1,
         # CFS quota rather than nano_cpus: the same limit, and one `docker update` can change it.
         "cpu_period": CPU_PERIOD_US,
         "cpu_quota": int(lim.cpu * CPU_PERIOD_US),
         "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges"],
+        "security_opt": ["no-new-privileges", f"seccomp={seccomp}"],
+        "cgroupns": "private",  # /proc/self/cgroup shows "/", not the host's path with the container id
+        "oom_score_adj": settings.oom_score_adj,  # the host's OOM killer picks a sandbox before dockerd or Redis
         "ulimits": [
             Ulimit(name="nofile", soft=1024, hard=1024),
             Ulimit(name="fsize", soft=lim.disk_mb << 20, hard=lim.disk_mb << 20),
@@ -143,9 +165,19 @@ def host_config_kwargs(spec: RunSpec, runtime: str | None, network: str | None =
         # Names resolve at the proxy. The engine's resolver on an internal network answers nothing,
         # so a program's own lookups fail after 1 s instead of 10.
         kwargs["dns_opt"] = ["timeout:1", "attempts:1"]
+    runtime = engine_runtime(spec.runtime, settings, network is not None)
     if runtime:
         kwargs["runtime"] = runtime
     return kwargs
+
+
+def engine_runtime(name: str | None, settings: DockerSettings, networked: bool) -> str | None:
+    """The engine's runtime name for a policy's runtime: gVisor is registered twice, with its own
+    network stack off (no network at all) and with the run's network namespace passed through."""
+    name = name or settings.runtime
+    if name == "runsc" and networked:
+        return settings.runsc_network_runtime
+    return None if name in (None, "runc") else name
 
 
 class _Capture:
@@ -162,6 +194,7 @@ class _Capture:
         self.overflowed = False
         self.produced = True
         self.exit_code: int | None = None
+        self.fault: str | None = None
         self.oom = False
         self.peak: int | None = None
         self.eof = False
@@ -207,7 +240,11 @@ class _Capture:
             return False
         self.marked[stream] = True
         self.produced = fields.group(1) == b"1"
-        self.exit_code = int(fields.group(2))
+        status = fields.group(2)
+        if status.startswith(b"L"):
+            self.fault = LAUNCHER_FAULTS.get(status, LAUNCHER_FAULTS[b"L3"])
+        else:
+            self.exit_code = int(status)
         self.oom = fields.group(3) == b"1"
         self.peak = int(fields.group(4)) or None
         size = len(tail) - start
@@ -222,8 +259,14 @@ class _Capture:
 
 
 class DockerRuntime:
-    def __init__(self, settings: DockerSettings) -> None:
+    def __init__(
+        self, settings: DockerSettings, uids: UidAllocator | None = None, policies_dir: Path = DEFAULT_POLICIES
+    ) -> None:
         self._settings = settings
+        self.uids: UidAllocator = uids or LocalUids(settings.uid_range)
+        """Per-sandbox uids; the worker gives one shared by every worker through Redis."""
+        self._uid_of: dict[str, int] = {}
+        self._profiles = SeccompProfiles(settings.seccomp_profile or policies_dir / "seccomp.json")
         self._client: docker.DockerClient | None = None
         self._image_ids: dict[str, str] = {}
         self.pool: WarmPool | None = None
@@ -251,6 +294,11 @@ class DockerRuntime:
     def ping(self) -> None:
         with _docker_errors():
             self.api.ping()
+
+    def runtimes(self) -> list[str]:
+        """The OCI runtimes this worker's engine has registered."""
+        with _docker_errors():
+            return sorted((self.api.info().get("Runtimes") or {}).keys())
 
     def image_id(self, image: str) -> str:
         if image not in self._image_ids:
@@ -394,21 +442,36 @@ class DockerRuntime:
         return {MANAGED_LABEL: "true", DEPLOYMENT_LABEL: spec.deployment, WORKER_LABEL: spec.worker, **extra}
 
     def _create(self, spec: RunSpec, labels: dict[str, str], network: _EgressNetwork | None = None) -> str:
-        """Create (not start) a hardened container for spec's image, command and limits."""
+        """Create (not start) a hardened container for spec's image, command and limits, running as
+        a uid no other live sandbox has (per-uid kernel limits are then the run's own)."""
         api = self.api
-        kwargs = host_config_kwargs(spec, self._settings.runtime, network.id if network else None)
-        host_config = api.create_host_config(**kwargs)
-        created = api.create_container(
+        uid = self.uids.reserve()
+        try:
+            seccomp = self._profiles.json(spec.seccomp_deny)
+            kwargs = host_config_kwargs(spec, self._settings, uid, seccomp, network.id if network else None)
+            host_config = api.create_host_config(**kwargs)
+            host_config["MaskedPaths"] = list(MASKED_PATHS)
+            created = self._create_container(spec, labels, network, host_config, uid)
+        except BaseException:
+            self.uids.release(uid)
+            raise
+        self._uid_of[created] = uid
+        return created
+
+    def _create_container(
+        self, spec: RunSpec, labels: dict[str, str], network: _EgressNetwork | None, host_config: Any, uid: int
+    ) -> str:
+        created = self.api.create_container(
             spec.image,
             command=[*LAUNCHER, *spec.command],
-            user=SANDBOX_USER,
+            user=f"{uid}:{uid}",
             working_dir=WORKDIR,
             environment=BASE_ENV,
             stdin_open=True,
             tty=False,
             hostname="sandbox",
             network_disabled=network is None,
-            labels=labels,
+            labels={**labels, UID_LABEL: str(uid)},
             host_config=host_config,
         )
         return str(created["Id"])
@@ -468,10 +531,13 @@ class DockerRuntime:
         timed_out = not wake.is_set()
         finished = capture.done and not (timed_out or capture.overflowed or control.cancelled)
         collect_error: str | None = None
-        if finished:
+        fault = capture.fault if finished else None
+        if finished and fault is None:
             # The launcher says whether out/ is empty; a program can only lie about its own files.
             if capture.produced or spec.collect_path != "out":
                 collect_error = self._collect(cid, spec)
+        elif finished:
+            pass  # the launcher failed before or instead of the program: nothing of the run to collect
         elif not capture.eof:
             # Stopped from outside (timeout, output cap, cancel): freeze every process so the
             # collection sees a still workspace, then kill.
@@ -492,6 +558,9 @@ class DockerRuntime:
             _close(sock)
             exit_code = exit_code if exit_code is not None else state.get("ExitCode")
             oom_killed = bool(state.get("OOMKilled"))
+            if capture.eof and not (timed_out or capture.overflowed or control.cancelled or oom_killed):
+                # It ended by itself without the launcher's report: the launcher died, not the program.
+                fault = f"the sandbox's init ended without reporting the run (exit code {exit_code})"
         stdout, stdout_total, stdout_over = capture.result(STDOUT)
         stderr, stderr_total, stderr_over = capture.result(STDERR)
         return RunOutcome(
@@ -512,7 +581,8 @@ class DockerRuntime:
             collect_ms=(collected_at - ended) * 1000,
             collect_error=collect_error if spec.collector else None,
             warm=warm,
-            launcher_status=finished,
+            launcher_status=finished and fault is None,
+            launcher_fault=fault,
         )
 
     def _collect(self, cid: str, spec: RunSpec, freeze: bool = False) -> str | None:
@@ -572,6 +642,10 @@ class DockerRuntime:
         except (DockerException, requests.RequestException) as exc:
             # The reaper finds it later by its label; the run's outcome is unaffected.
             log.warning("could not remove container %s: %s", container_id[:12], exc)
+            return
+        uid = self._uid_of.pop(container_id, None)
+        if uid is not None:
+            self.uids.release(uid)  # only now: its container is gone
 
     def managed_networks(self, deployment: str) -> list[ContainerInfo]:
         """The per-run egress networks this deployment made on this engine (as reaper entries)."""

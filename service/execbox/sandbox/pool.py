@@ -58,6 +58,7 @@ class PoolClass:
             spec.image == self.template.image
             and spec.command == self.template.command
             and (wanted.disk_mb, wanted.cpu_time_s, wanted.pids) == (held.disk_mb, held.cpu_time_s, held.pids)
+            and (spec.runtime, spec.seccomp_deny) == (self.template.runtime, self.template.seccomp_deny)
         )
 
 

@@ -20,6 +20,7 @@ from execbox.queue import make_webhook_queue, webhook_notifier
 from execbox.sandbox.base import RunSpec, Runtime
 from execbox.sandbox.docker import DockerRuntime
 from execbox.sandbox.pool import PoolClass, WarmPool
+from execbox.sandbox.uids import SharedUids
 from execbox.settings import Settings
 from execbox.tracing import Spans
 from execbox.tracing import setup as setup_tracing
@@ -41,10 +42,12 @@ class WorkerContext:
     @classmethod
     def build(cls, settings: Settings, name: str | None = None) -> WorkerContext:
         registry = CollectorRegistry()
-        runtime = DockerRuntime(settings.docker)
+        store = store_mod.ExecutionStore(store_mod.connect(settings), settings)
+        uids = SharedUids(settings.docker.uid_range, store.reserve_uid, store.release_uid)
+        runtime = DockerRuntime(settings.docker, uids, settings.policies_dir)
         context = cls(
             settings=settings,
-            store=store_mod.ExecutionStore(store_mod.connect(settings), settings),
+            store=store,
             runtime=runtime,
             languages=Languages.load(settings.images_dir),
             artifacts=LocalArtifactStore(settings.artifacts_dir),
@@ -76,7 +79,9 @@ def build_pool(ctx: WorkerContext, runtime: DockerRuntime) -> WarmPool:
             raise ValueError(f"EXECBOX_POOL__SIZES: {exc.message}") from exc
         template = RunSpec(execution_id="", trace_id="", worker=ctx.name, image=language.image,
                            command=language.command, files=(), env=(), limits=limits,
-                           language=language.name, deployment=ctx.settings.redis.key_prefix)  # fmt: skip
+                           language=language.name, deployment=ctx.settings.redis.key_prefix,
+                           runtime=default.runtime or ctx.settings.docker.runtime or "runc",
+                           seccomp_deny=tuple(default.seccomp_deny))  # fmt: skip
         classes.append(PoolClass(language.name, size, template))
     metrics = ctx.metrics
     return WarmPool(

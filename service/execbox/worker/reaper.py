@@ -23,9 +23,11 @@ BY = "reaper"
 def report_health(ctx: WorkerContext) -> None:
     """Tell the API (through Redis) that this worker lives and whether its engine answers."""
     missing: list[str] = []
+    runtimes: list[str] = []
     try:
         ctx.runtime.ping()
         ok, detail = True, "docker reachable"
+        runtimes = ctx.runtime.runtimes()
         for language in ctx.languages:
             try:
                 ctx.runtime.image_id(language.image)
@@ -33,7 +35,9 @@ def report_health(ctx: WorkerContext) -> None:
                 missing.append(language.image)
     except ServiceError as exc:
         ok, detail = False, exc.message
-    ctx.store.report_worker(ctx.name, ok, detail, ttl_s=3 * ctx.settings.worker.reaper_interval_s, missing=missing)
+    ctx.store.report_worker(
+        ctx.name, ok, detail, ttl_s=3 * ctx.settings.worker.reaper_interval_s, missing=missing, runtimes=runtimes
+    )
 
 
 def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[str, int]:

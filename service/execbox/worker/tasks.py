@@ -30,7 +30,7 @@ from execbox.models import (
 )
 from execbox.policies import run_limits
 from execbox.queue import take_next
-from execbox.sandbox.base import SANDBOX_UID, WORKDIR, EgressSpec, Limits, RunControl, RunOutcome, RunSpec
+from execbox.sandbox.base import WORKDIR, EgressSpec, Limits, RunControl, RunOutcome, RunSpec
 from execbox.tracing import TraceContext, parse_traceparent
 from execbox.worker.context import WorkerContext, current
 from execbox.worker.results import apply_outcome, blame_network
@@ -66,6 +66,7 @@ def _start(ctx: WorkerContext, execution_id: str) -> ExecutionRecord | None:
     def take(record: ExecutionRecord) -> ExecutionStatus:
         record.started_at = time.time()
         record.worker = ctx.name
+        record.policy.runtime = record.policy.runtime or ctx.settings.docker.runtime or "runc"
         record.attempt += 1
         record.timing.queue_wait_ms = round((record.started_at - record.created_at) * 1000, 1)
         return ExecutionStatus.RUNNING
@@ -222,6 +223,8 @@ def _spec(
         collect_path="" if collector.root == "workspace" else "out",
         collector=collector,
         egress=egress,
+        runtime=record.policy.runtime,
+        seccomp_deny=tuple(record.policy.seccomp_deny),
     )
 
 
@@ -229,8 +232,9 @@ def _input_archive(ctx: WorkerContext, record: ExecutionRecord) -> bytes:
     """A tar of the input files for the engine's archive API.
 
     Files belong to root (mode 0644): the program reads them but, with the kernel's
-    protected_hardlinks, cannot hard-link them into its output directory; directories belong to
-    the sandbox user so it can still add files next to its inputs.
+    protected_hardlinks, cannot hard-link them into its output directory; directories are
+    writable by anyone (the sandbox's own uid is chosen later, and it is alone in there) so it can
+    still add files next to its inputs.
     """
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
@@ -244,15 +248,15 @@ def _input_archive(ctx: WorkerContext, record: ExecutionRecord) -> bytes:
                 directory = "/".join(parts[:depth])
                 if directory not in made:
                     made.add(directory)
-                    tar.addfile(_tar_entry(directory, tarfile.DIRTYPE, 0o755))
-            tar.addfile(_tar_entry(ref.path, tarfile.REGTYPE, 0o644, len(data), owner=0), io.BytesIO(data))
+                    tar.addfile(_tar_entry(directory, tarfile.DIRTYPE, 0o777))
+            tar.addfile(_tar_entry(ref.path, tarfile.REGTYPE, 0o644, len(data)), io.BytesIO(data))
     return buffer.getvalue()
 
 
-def _tar_entry(name: str, kind: bytes, mode: int, size: int = 0, owner: int = SANDBOX_UID) -> tarfile.TarInfo:
+def _tar_entry(name: str, kind: bytes, mode: int, size: int = 0) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.type, info.mode, info.size = kind, mode, size
-    info.uid = info.gid = owner
+    info.uid = info.gid = 0
     info.mtime = int(time.time())
     return info
 

@@ -21,7 +21,7 @@ from starlette.datastructures import UploadFile
 
 from execbox.api.deps import Services, ServicesDep, TenantDep
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
-from execbox.errors import ConflictError, ExecutionNotFound, FieldProblem, InvalidRequest, RequestError
+from execbox.errors import ConflictError, ExecutionNotFound, FieldProblem, InvalidRequest, PolicyExceeded, RequestError
 from execbox.inputs import prepare
 from execbox.models import (
     EXECUTION_ID_PATTERN,
@@ -35,6 +35,7 @@ from execbox.models import (
     Transition,
     check_input_path,
 )
+from execbox.policies import runtime_problems
 from execbox.queue import depth, enqueue
 from execbox.tracing import TraceContext, from_traceparent
 from execbox.webhook_policy import host_allowed
@@ -257,6 +258,12 @@ def _accept_traced(
 ) -> Accepted:
     language = services.languages.get(body.language)
     policy = services.policies.resolve(body.policy, len(body.code.encode()))
+    if policy.runtime not in (None, "runc"):
+        live = [w for w in services.store.workers() if w.get("docker_ok")]
+        available = {str(r) for w in live for r in w.get("runtimes") or []} if live else None  # type: ignore[attr-defined]
+        problems = runtime_problems(policy, available, services.settings.docker.runsc_network_runtime)
+        if problems:
+            raise PolicyExceeded(tuple(problems))
     if body.webhook is not None and not host_allowed(body.webhook.url, services.settings.webhooks.allow_hosts):
         raise InvalidRequest(
             "the webhook's host is not one the operator allows (EXECBOX_WEBHOOKS__ALLOW_HOSTS)",
