@@ -241,6 +241,26 @@ def api(stack: Stack) -> Iterator[httpx.Client]:
         yield client
 
 
+class RuntimeClient(httpx.Client):
+    """A client whose executions all ask for one OCI runtime (policy.runtime)."""
+
+    def __init__(self, runtime: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.runtime = runtime
+
+    def post(self, url: httpx.URL | str, *, json: Any = None, **kwargs: Any) -> httpx.Response:
+        if isinstance(json, dict) and str(url).startswith("/v1/executions"):
+            json = {**json, "policy": {**(json.get("policy") or {}), "runtime": self.runtime}}
+        return super().post(url, json=json, **kwargs)
+
+
+@pytest.fixture(params=["runc", "runsc"])
+def runtime_api(stack: Stack, request: pytest.FixtureRequest) -> Iterator[httpx.Client]:
+    """The API, once with runc and once under gVisor: the outcome and escape tests run under both."""
+    with RuntimeClient(request.param, base_url=stack.base_url, timeout=120, headers=auth(stack.keys["alpha"])) as c:
+        yield c
+
+
 def run_code(
     client: httpx.Client,
     code: str,

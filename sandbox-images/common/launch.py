@@ -14,9 +14,10 @@ It then holds the container open (until the worker removes it, or SIGUSR1), so t
 workspace stays mounted while the worker collects artifacts through the engine.
 
 The marker is trusted because the program cannot know the nonce: it arrives on stdin before the
-program exists, and this process runs from an execute-only copy of python3, which makes the kernel
-mark it non-dumpable, so the program (same uid, no capabilities) can neither ptrace it nor read
-its memory. Without a marker (the launcher was killed, or the run was stopped from outside) the
+program exists, and this process is non-dumpable, so the program (same uid, no capabilities) can
+neither ptrace it nor read its memory: it marks itself so (prctl PR_SET_DUMPABLE 0) before it
+reads anything, and under runc it also runs from an execute-only copy of python3, which the kernel
+marks non-dumpable by itself (gVisor cannot load an unreadable binary, so there prctl alone does). Without a marker (the launcher was killed, or the run was stopped from outside) the
 worker takes status and OOM from the engine instead.
 
 The program runs in a session and process group of its own (killing its group never reaches
@@ -50,6 +51,7 @@ FAULTS = {"unpack": 1, "exec": 2, "internal": 3}
 """Marker status "L<n>": the job's files could not be unpacked, the program could not be started,
 or the launcher failed otherwise."""
 PTRACE_CONT = 7
+PR_SET_DUMPABLE = 4
 _NOT_INJECTED = (signal.SIGTRAP, signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.ptrace.argtypes = (ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p)
@@ -190,6 +192,7 @@ def _finish(nonce, marker, status):
 
 
 def main():
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # before the nonce is read; a fork inherits it until exec
     argv = sys.argv[1:]
     if not argv:
         sys.stderr.write("execbox launcher: no program given\n")

@@ -107,7 +107,7 @@ def classify(outcome: RunOutcome, language: str, limits: Limits) -> Classified:
             ),
             sig,
         )
-    if sig == "SIGXCPU" or (sig == "SIGKILL" and _cpu_exhausted(outcome, limits)):
+    if outcome.cpu_exhausted or sig == "SIGXCPU" or (sig == "SIGKILL" and _cpu_exhausted(outcome, limits)):
         return Classified(
             failed,
             _error(

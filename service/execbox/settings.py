@@ -24,6 +24,11 @@ class DockerSettings(BaseModel):
     runtime: str | None = Field(
         None, description="OCI runtime for sandboxes whose policy names none, e.g. runsc (gVisor); unset: runc."
     )
+    offered_runtimes: list[str] | None = Field(
+        None,
+        description='Runtimes this worker offers to policy.runtime, e.g. ["runc"]; unset: every runtime its engine '
+        "has registered. Workers report them; the API refuses a runtime no live worker offers (422).",
+    )
     runsc_network_runtime: str = Field(
         "runsc-net",
         description="The engine's name for gVisor with the run's network namespace passed through (runsc "

@@ -182,7 +182,7 @@ def netside(targets: Targets, stack: Stack, processes: Any, tmp_path_factory: py
     from tests.conftest import answers_200, free_port
 
     policies = tmp_path_factory.mktemp("policies")
-    for path in (ROOT / "policies").glob("*.yaml"):
+    for path in [*(ROOT / "policies").glob("*.yaml"), ROOT / "policies" / "seccomp.json"]:
         shutil.copy(path, policies / path.name)
     (policies / "net.yaml").write_text(yaml.safe_dump({"network_allow": ["target-a:8080", "target-b:8080"]}))
     tenants = yaml.safe_load((policies / "tenants.yaml").read_text())
@@ -426,3 +426,22 @@ print(json.dumps({"proxy": os.environ["HTTP_PROXY"], "a": get("http://target-a:8
     assert second["a"][0] == 403 and second["b"] == [200, "ok b"]  # beta's own allowlist, not alpha's
     seen_by_b = targets.headers_seen_by("b")
     assert seen_by_b and all(h.get("Authorization") != secret for h in seen_by_b)  # nor alpha's secret
+
+
+def test_allowlist_under_gvisor_reaches_a_only_through_the_proxy(netside: Side, targets: Targets) -> None:
+    """gVisor with the run's network namespace passed through (runtime runsc-net): the same
+    allowlist, the same proxy, the same dropped packets."""
+    code = (
+        FETCH
+        + f"""
+print(json.dumps({{"http_a": get("http://target-a:8080/x"), "http_b": get("http://target-b:8080/"),
+                   "tcp_a": raw("{targets.a_ip}", socket.SOCK_STREAM), "kernel": os.uname().release}}))
+"""
+    )
+    with netside.client() as client:
+        body = run_code(client, code, name="net", runtime="runsc",
+                        network={"mode": "allowlist", "allow": ["target-a:8080"]})  # fmt: skip
+    found = results(body)
+    assert found["kernel"] == "4.4.0"  # gVisor's
+    assert found["http_a"] == [200, "ok a"] and found["http_b"][0] == 403 and found["tcp_a"].startswith("blocked")
+    assert body["policy"]["runtime"] == "runsc"

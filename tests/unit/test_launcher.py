@@ -95,3 +95,49 @@ def test_launcher_writes_marker_with_program_status(tmp_path: Path) -> None:
     assert proc.wait(10) == 3
     proc.stderr.close()
     assert tail.endswith(b"\x00") and done_marker("abc123") + b"1:3:" in tail  # then OOM and peak: the cgroup's
+
+
+def _run_to_marker(tmp_path: Path, frame: bytes, *argv: str) -> tuple[bytes, bytes]:
+    """Run the launcher with a nonce'd frame until its marker; (stdout, the marker tail of stderr)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RUN, str(LAUNCHER), str(tmp_path), *argv],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stderr is not None and proc.stdout is not None
+    proc.stdin.write(frame)
+    proc.stdin.close()
+    tail = b""
+    while not (tail.endswith(b"\x00") and b"execbox-done" in tail):
+        chunk = proc.stderr.read(1)
+        assert chunk, tail
+        tail += chunk
+    proc.send_signal(signal.SIGUSR1)
+    proc.wait(10)
+    out = proc.stdout.read()
+    proc.stdout.close()
+    proc.stderr.close()
+    return out, tail
+
+
+def test_a_program_that_makes_the_launcher_its_tracer_keeps_its_status(tmp_path: Path) -> None:
+    code = (b"import ctypes, os\nctypes.CDLL(None).ptrace(0, 0, None, None)\n"
+            b"for _ in range(3):\n    pid = os.fork()\n    if pid == 0:\n        os._exit(0)\n    os.waitpid(pid, 0)\n"
+            b"print('survived', flush=True)\nos._exit(5)\n")  # fmt: skip
+    out, tail = _run_to_marker(tmp_path, frame_files((("main.py", code),), "feed"), sys.executable, "main.py")
+    assert out.startswith(b"survived\n") and done_marker("feed") + b"0:5:" in tail, (out, tail)
+    assert b"Traceback" not in tail
+
+
+def test_launcher_faults_are_reported_in_the_marker_never_on_the_programs_streams(tmp_path: Path) -> None:
+    bad = frame_files((("../escape", b"x"),), "cafe")
+    _, tail = _run_to_marker(tmp_path / "w", bad, "true")
+    assert tail.startswith(done_marker("cafe")) and done_marker("cafe") + b"0:L1:" in tail, tail
+    _, tail = _run_to_marker(tmp_path, frame_files((), "beef"), "/no/such/program")
+    assert done_marker("beef") + b"0:L2:" in tail and b"no/such" not in tail, tail
+
+
+def test_capture_reads_a_launcher_fault() -> None:
+    capture = _Capture(100, done_marker("ab"), threading.Event())
+    for stream in (STDOUT, STDERR):
+        capture._take(stream, done_marker("ab") + b"0:L2:0:0:\x00")
+    assert capture.done and capture.exit_code is None and capture.fault is not None and "start" in capture.fault

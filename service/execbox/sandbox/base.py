@@ -104,6 +104,9 @@ class RunOutcome:
     launcher_status: bool = False
     """exit_code and oom_killed are the launcher's report (its end-of-run marker), checked against
     the engine after the result is stored; False: read from the engine before the result."""
+    cpu_exhausted: bool = False
+    """Stopped by the worker when the sandbox's CPU time passed cpu_time_s (where RLIMIT_CPU does
+    not hold, i.e. under gVisor)."""
     launcher_fault: str | None = None
     """The sandbox's init failed (its report says so, or it ended without one): a service error,
     never the program's outcome."""

@@ -70,8 +70,10 @@ MASKED_PATHS = (
     "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware", "/proc/interrupts",
     "/proc/softirqs", "/sys/devices/virtual/powercap", "/sys/devices/system/cpu/cpu0/thermal_throttle",
 )  # fmt: skip
-# An execute-only copy of python3 (sandbox-images/common/harden.sh): see launch.py on why.
+# An execute-only copy of python3 (sandbox-images/common/harden.sh): see launch.py on why. gVisor
+# cannot load an unreadable binary; there the launcher relies on prctl(PR_SET_DUMPABLE, 0) alone.
 LAUNCHER = ("/usr/bin/python3-launcher", "-I", "-S", "/opt/execbox/launch.py")
+GVISOR_LAUNCHER = ("/usr/bin/python3", "-I", "-S", "/opt/execbox/launch.py")
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
 STDOUT, STDERR = 1, 2
 CPU_PERIOD_US = 100_000
@@ -141,8 +143,8 @@ def host_config_kwargs(
         "shm_size": f"{min(lim.disk_mb, 64)}m",
         "mem_limit": f"{lim.memory_mb}m",
         "memswap_limit": f"{lim.memory_mb}m",
-        # The launcher (PID 1) is one process on top of the program's `pids`.
-        "pids_limit": lim.pids + 1,
+        # The launcher (PID 1) is one process on top of the program's `pids`; see _pids_limit.
+        "pids_limit": _pids_limit(lim.pids, spec.runtime or settings.runtime),
         # CFS quota rather than nano_cpus: the same limit, and one `docker update` can change it.
         "cpu_period": CPU_PERIOD_US,
         "cpu_quota": int(lim.cpu * CPU_PERIOD_US),
@@ -156,6 +158,9 @@ def host_config_kwargs(
             Ulimit(name="core", soft=0, hard=0),
             Ulimit(name="stack", soft=8 << 20, hard=8 << 20),
             Ulimit(name="cpu", soft=lim.cpu_time_s, hard=lim.cpu_time_s + 1),
+            # Per uid, and the uid is the sandbox's own: the program and the launcher, nothing else.
+            # Under gVisor this is what bounds the program's processes (see _pids_limit).
+            Ulimit(name="nproc", soft=lim.pids + 1, hard=lim.pids + 1),
         ],
         "ipc_mode": "private",
         "privileged": False,
@@ -169,6 +174,21 @@ def host_config_kwargs(
     if runtime:
         kwargs["runtime"] = runtime
     return kwargs
+
+
+GVISOR_BASE_TASKS, GVISOR_TASKS_PER_TASK = 64, 6
+"""Host tasks of a gVisor sandbox (ptrace platform), measured here: ~46 with one program task, then
+~5.3 per program task (215 for 33, 383 for 65); with headroom."""
+
+
+def _pids_limit(pids: int, runtime: str | None) -> int:
+    """The pids cgroup counts host tasks. Under runc those are the program's processes and threads
+    plus the launcher. Under gVisor they are the sandbox kernel's own threads (it fails to start,
+    or crashes, when they run out), while the program's tasks live inside it and are bounded by
+    RLIMIT_NPROC; the cgroup is then sized for gVisor at the program's full `pids`."""
+    if runtime == "runsc":
+        return GVISOR_BASE_TASKS + GVISOR_TASKS_PER_TASK * (pids + 1)
+    return pids + 1
 
 
 def engine_runtime(name: str | None, settings: DockerSettings, networked: bool) -> str | None:
@@ -296,9 +316,11 @@ class DockerRuntime:
             self.api.ping()
 
     def runtimes(self) -> list[str]:
-        """The OCI runtimes this worker's engine has registered."""
+        """The OCI runtimes this worker's engine has registered and the operator offers."""
         with _docker_errors():
-            return sorted((self.api.info().get("Runtimes") or {}).keys())
+            registered = set((self.api.info().get("Runtimes") or {}).keys())
+        offered = self._settings.offered_runtimes
+        return sorted(registered if offered is None else registered & {*offered, self._settings.runsc_network_runtime})
 
     def image_id(self, image: str) -> str:
         if image not in self._image_ids:
@@ -447,7 +469,8 @@ class DockerRuntime:
         api = self.api
         uid = self.uids.reserve()
         try:
-            seccomp = self._profiles.json(spec.seccomp_deny)
+            gvisor = (spec.runtime or self._settings.runtime) == "runsc"
+            seccomp = self._profiles.json(spec.seccomp_deny, gvisor=gvisor)
             kwargs = host_config_kwargs(spec, self._settings, uid, seccomp, network.id if network else None)
             host_config = api.create_host_config(**kwargs)
             host_config["MaskedPaths"] = list(MASKED_PATHS)
@@ -461,9 +484,10 @@ class DockerRuntime:
     def _create_container(
         self, spec: RunSpec, labels: dict[str, str], network: _EgressNetwork | None, host_config: Any, uid: int
     ) -> str:
+        launcher = GVISOR_LAUNCHER if str(host_config.get("Runtime", "")).startswith("runsc") else LAUNCHER
         created = self.api.create_container(
             spec.image,
-            command=[*LAUNCHER, *spec.command],
+            command=[*launcher, *spec.command],
             user=f"{uid}:{uid}",
             working_dir=WORKDIR,
             environment=BASE_ENV,
@@ -521,7 +545,10 @@ class DockerRuntime:
         threading.Thread(target=_feed, args=(raw, payload), daemon=True).start()
         # Not joined: the stats stream ends by itself when the container is removed.
         peak: list[int] = []
-        sampler = threading.Timer(STATS_AFTER_S, self._sample_memory, args=(cid, peak))
+        # gVisor does not enforce RLIMIT_CPU: there the sandbox cgroup's CPU time is watched instead.
+        cpu_over = threading.Event()
+        cpu_cap_ns = spec.limits.cpu_time_s * 10**9 if (spec.runtime or self._settings.runtime) == "runsc" else None
+        sampler = threading.Timer(STATS_AFTER_S, self._sample, args=(cid, peak, cpu_cap_ns, cpu_over, wake))
         sampler.daemon = True
         sampler.start()
 
@@ -529,7 +556,8 @@ class DockerRuntime:
         sampler.cancel()
         ended = time.monotonic()
         timed_out = not wake.is_set()
-        finished = capture.done and not (timed_out or capture.overflowed or control.cancelled)
+        stopped = capture.overflowed or control.cancelled or cpu_over.is_set()
+        finished = capture.done and not (timed_out or stopped)
         collect_error: str | None = None
         fault = capture.fault if finished else None
         if finished and fault is None:
@@ -558,7 +586,7 @@ class DockerRuntime:
             _close(sock)
             exit_code = exit_code if exit_code is not None else state.get("ExitCode")
             oom_killed = bool(state.get("OOMKilled"))
-            if capture.eof and not (timed_out or capture.overflowed or control.cancelled or oom_killed):
+            if capture.eof and not (timed_out or stopped or oom_killed):
                 # It ended by itself without the launcher's report: the launcher died, not the program.
                 fault = f"the sandbox's init ended without reporting the run (exit code {exit_code})"
         stdout, stdout_total, stdout_over = capture.result(STDOUT)
@@ -583,6 +611,7 @@ class DockerRuntime:
             warm=warm,
             launcher_status=finished and fault is None,
             launcher_fault=fault,
+            cpu_exhausted=cpu_over.is_set(),
         )
 
     def _collect(self, cid: str, spec: RunSpec, freeze: bool = False) -> str | None:
@@ -623,7 +652,9 @@ class DockerRuntime:
         except (NotFound, APIError):
             pass  # already stopped
 
-    def _sample_memory(self, cid: str, peak: list[int]) -> None:
+    def _sample(
+        self, cid: str, peak: list[int], cpu_cap_ns: int | None, cpu_over: threading.Event, wake: threading.Event
+    ) -> None:
         # cgroup v1 reports max_usage (the high-water mark); v2 only the current usage.
         try:
             for stats in self.api.stats(cid, decode=True, stream=True):
@@ -631,6 +662,11 @@ class DockerRuntime:
                 value = memory.get("max_usage") or memory.get("usage")
                 if value:
                     peak.append(int(value))
+                used = ((stats.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage") or 0
+                if cpu_cap_ns is not None and used >= cpu_cap_ns:
+                    cpu_over.set()
+                    wake.set()
+                    return
         except (DockerException, requests.RequestException, ValueError):
             pass
 

@@ -17,22 +17,28 @@ from typing import Any
 
 class SeccompProfiles:
     def __init__(self, path: Path) -> None:
-        self._path = path
-        self._base: dict[str, Any] | None = None
+        """Read at start-up: a worker without its profile must not start (it would run sandboxes under
+        whatever the engine allows)."""
+        try:
+            self._base: dict[str, Any] = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(
+                f"the seccomp profile {path} is unreadable ({exc}); scripts/seccomp-profile makes it"
+            ) from exc
         self._cache: dict[tuple[str, ...], str] = {}
         self._lock = threading.Lock()
 
     def base(self) -> dict[str, Any]:
-        if self._base is None:
-            self._base = json.loads(self._path.read_text())
         return self._base
 
-    def json(self, deny: tuple[str, ...] = ()) -> str:
-        """The profile as the engine takes it (its JSON text), with `deny` taken out of every rule."""
-        key = tuple(sorted(set(deny)))
+    def json(self, deny: tuple[str, ...] = (), gvisor: bool = False) -> str:
+        """The profile as the engine takes it (its JSON text), with `deny` taken out of every rule;
+        for gVisor, see for_gvisor."""
+        key = (*sorted(set(deny)), "+gvisor" if gvisor else "")
         with self._lock:
             if key not in self._cache:
-                self._cache[key] = json.dumps(narrowed(self.base(), key), separators=(",", ":"))
+                profile = narrowed(self.base(), tuple(sorted(set(deny))))
+                self._cache[key] = json.dumps(for_gvisor(profile) if gvisor else profile, separators=(",", ":"))
             return self._cache[key]
 
 
@@ -49,6 +55,19 @@ def narrowed(profile: dict[str, Any], deny: tuple[str, ...]) -> dict[str, Any]:
     return result
 
 
+def for_gvisor(profile: dict[str, Any]) -> dict[str, Any]:
+    """Under gVisor the profile filters the program's calls to gVisor's own kernel (runsc
+    --oci-seccomp), and none reaches the host's. clone3 is then allowed: Docker's profile answers it
+    ENOSYS so that glibc falls back to clone (whose namespace flags seccomp can see), but gVisor
+    (2022-12) answers EPERM instead and no thread can start; gVisor's clone3 creates nothing on the host."""
+    result = copy.deepcopy(profile)
+    result["syscalls"] = [
+        r for r in result["syscalls"] if "clone3" not in r["names"] or r["action"] == "SCMP_ACT_ALLOW"
+    ]
+    result["syscalls"].append({"names": ["clone3"], "action": "SCMP_ACT_ALLOW"})
+    return result
+
+
 def allowed(profile: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     """Each name some ALLOW rule admits, with the conditions of those rules (for tests and review)."""
     found: dict[str, list[dict[str, Any]]] = {}
@@ -61,4 +80,4 @@ def allowed(profile: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
-__all__ = ["SeccompProfiles", "allowed", "narrowed"]
+__all__ = ["SeccompProfiles", "allowed", "for_gvisor", "narrowed"]

@@ -1,0 +1,258 @@
+"""The sandbox's kernel surface and its isolation from other sandboxes, tried from inside, under
+runc and under gVisor. Each test names the attack it stands for."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import docker
+import httpx
+import pytest
+
+from execbox.redis_roles import role_url
+from execbox.sandbox.base import EXECUTION_LABEL
+from tests.conftest import (
+    EXECBOX,
+    PASSWORDS,
+    Processes,
+    Stack,
+    answers_200,
+    as_role,
+    auth,
+    create_key,
+    free_port,
+    run_code,
+    wait_until,
+    write_acl,
+)  # fmt: skip
+
+pytestmark = [pytest.mark.docker, pytest.mark.redis]
+
+LAUNCHER_NAMES = ("launch.py", "python3-launcher", "/opt/execbox")
+
+
+@pytest.fixture
+def api(runtime_api: httpx.Client) -> httpx.Client:
+    return runtime_api
+
+
+def results(body: dict[str, Any]) -> Any:
+    assert body["status"] == "succeeded", (body["error"], body["stderr"][-2000:])
+    return json.loads(body["stdout"].strip().splitlines()[-1])
+
+
+def no_launcher_internals(body: dict[str, Any]) -> None:
+    visible = json.dumps({k: body.get(k) for k in ("stdout", "stderr", "error")})
+    assert not any(name in visible for name in LAUNCHER_NAMES), visible
+
+
+SYSCALLS = """
+import ctypes, errno, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+def call(*args):
+    ret = libc.syscall(*args)
+    return "ok" if ret >= 0 else errno.errorcode[ctypes.get_errno()]
+params = ctypes.create_string_buffer(120)
+out = {"io_uring_setup": call(425, 8, params)}  # x86_64 numbers
+for name, family in (("unix", 1), ("inet", 2), ("inet6", 10), ("netlink", 16), ("packet", 17),
+                     ("bluetooth", 31), ("vsock", 40), ("alg", 38), ("xdp", 44)):
+    out[name] = call(41, family, 1 if family != 16 else 3, 0)
+print(json.dumps(out))
+"""
+
+
+def test_kernel_surface_is_narrowed(api: httpx.Client) -> None:
+    """io_uring (a long run of privilege escalations) and the socket families a sandbox never needs
+    (vsock reaches the hypervisor host through network_mode=none; packet, netlink, bluetooth, alg,
+    xdp are old attack surface) are refused; the families programs use still work."""
+    found = results(run_code(api, SYSCALLS))
+    assert found.pop("io_uring_setup") in ("EPERM", "ENOSYS")
+    assert {k: found[k] for k in ("unix", "inet", "inet6")} == {"unix": "ok", "inet": "ok", "inet6": "ok"}
+    refused = {k: v for k, v in found.items() if k not in ("unix", "inet", "inet6")}
+    assert all(v in ("EPERM", "EAFNOSUPPORT", "EINVAL") for v in refused.values()), refused
+
+
+def test_cgroup_and_proc_reveal_nothing_of_the_host(api: httpx.Client) -> None:
+    code = """
+import json
+def read(path):
+    try:
+        return open(path).read()
+    except OSError as e:
+        return "error " + type(e).__name__
+print(json.dumps({"cgroup": read("/proc/self/cgroup"), "interrupts": read("/proc/interrupts")}))
+"""
+    found = results(run_code(api, code))
+    lines = [line.split(":", 2)[2] for line in found["cgroup"].splitlines() if line.count(":") >= 2]
+    assert all(path in ("/", "") for path in lines), found["cgroup"]  # no docker/<container id> (gVisor: none)
+    assert found["interrupts"] in ("", "error PermissionError", "error FileNotFoundError"), found["interrupts"][:200]
+
+
+def test_the_hosts_oom_killer_picks_a_sandbox_first(api: httpx.Client, docker_client: docker.DockerClient) -> None:
+    """oom_score_adj of the sandbox's host process (the launcher under runc, gVisor's sandbox
+    kernel under runsc) is the configured 1000, so a host short of memory kills sandboxes before
+    dockerd or Redis."""
+    exe = api.post("/v1/executions", json={"language": "python", "code": "import time\ntime.sleep(30)"}).json()["id"]
+    try:
+        found = wait_until(lambda: docker_client.api.containers(filters={"label": f"{EXECUTION_LABEL}={exe}"}), 30,
+                           "the sandbox")  # fmt: skip
+        pid = docker_client.api.inspect_container(found[0]["Id"])["State"]["Pid"]  # type: ignore[index]
+        assert Path(f"/proc/{pid}/oom_score_adj").read_text().strip() == "1000"
+    finally:
+        api.post(f"/v1/executions/{exe}/cancel")
+
+
+INOTIFY_HOG = """
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+held = []
+while True:
+    fd = libc.inotify_init1(0)
+    if fd < 0:
+        break
+    held.append(fd)
+print(len(held), os.strerror(ctypes.get_errno()), flush=True)
+time.sleep(6)
+"""
+INOTIFY_ONE = """
+import ctypes, os, time
+time.sleep(0.5)
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init1(0)
+print("created" if fd >= 0 else os.strerror(ctypes.get_errno()))
+"""
+
+
+def test_one_sandbox_exhausting_a_per_uid_limit_does_not_starve_another(api: httpx.Client) -> None:
+    """inotify instances are counted per host uid (max_user_instances, 128 by default): with one
+    uid for every sandbox, a tenant holding them all made inotify_init1 fail in every other
+    tenant's concurrent sandbox. Each live sandbox now has a uid of its own."""
+    hog_id = api.post("/v1/executions", json={"language": "python", "code": INOTIFY_HOG}).json()["id"]
+    wait_until(lambda: api.get(f"/v1/executions/{hog_id}").json()["status"] == "running", 30, "the hog to start")
+    other = run_code(api, INOTIFY_ONE)  # on the other worker, while the hog holds every instance it could get
+    hog = api.get(f"/v1/executions/{hog_id}?wait=60").json()
+    assert hog["status"] == "succeeded" and int(hog["stdout"].split()[0]) >= 64, hog["stdout"]
+    assert hog["started_at"] < other["started_at"] < hog["finished_at"], "the two runs did not overlap"
+    assert other["stdout"].strip() == "created", other["stdout"]
+
+
+def test_a_traced_program_keeps_its_own_outcome(api: httpx.Client) -> None:
+    """PTRACE_TRACEME makes the program's parent, the launcher, its tracer: every signal the
+    program then receives stops it and is reported to the launcher, which used to read the stop as
+    the program's exit and crash with its own traceback on the user's stderr."""
+    traced = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+print("traceme", libc.ptrace(0, 0, None, None), flush=True)
+for _ in range(3):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)  # each child's exit sends this program SIGCHLD: a stop under ptrace
+print("forked and waited", flush=True)
+"""
+    body = run_code(api, traced)
+    assert body["status"] == "succeeded", (body["error"], body["stderr"])
+    assert body["stdout"] == "traceme 0\nforked and waited\n"
+    no_launcher_internals(body)
+    crash = run_code(api, traced + "raise RuntimeError('after tracing')\n")
+    assert crash["error"]["category"] == "code.exception" and crash["error"]["details"]["type"] == "RuntimeError"
+    no_launcher_internals(crash)
+
+
+def test_a_program_that_stops_itself_is_ended_by_the_clock(api: httpx.Client) -> None:
+    body = run_code(api, "import os, signal\nprint('stopping', flush=True)\nos.kill(os.getpid(), signal.SIGSTOP)",
+                    timeout_s=2)  # fmt: skip
+    assert body["error"]["category"] == "limit.timeout", body["error"]
+    assert body["stdout"] == "stopping\n"
+    no_launcher_internals(body)
+
+
+def test_killing_its_own_process_group_or_closing_its_streams_ends_only_the_program(api: httpx.Client) -> None:
+    killer = run_code(api, "import os, signal\nprint('bye', flush=True)\nos.killpg(0, signal.SIGKILL)")
+    assert killer["error"]["category"] == "code.exit_nonzero" and killer["signal"] == "SIGKILL", killer["error"]
+    assert killer["stdout"] == "bye\n"
+    closer = run_code(api, "import os\nprint('before', flush=True)\nos.close(1)\nos.close(2)\nos._exit(4)")
+    assert closer["error"]["details"]["exit_code"] == 4 and closer["stdout"] == "before\n"
+    for body in (killer, closer):
+        no_launcher_internals(body)
+
+
+PIDS = """
+import os, time
+children = []
+for _ in range({children}):
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(0.5)
+        os._exit(0)
+    children.append(pid)
+for pid in children:
+    os.waitpid(pid, 0)
+print("ok", len(children))
+"""
+
+
+def test_the_pids_limit_is_the_programs_own(api: httpx.Client) -> None:
+    """With `pids: 10` the program may have ten processes, itself and nine children, every time;
+    the launcher (PID 1) is counted on top. An eleventh is refused."""
+    for _ in range(20):
+        body = run_code(api, PIDS.format(children=9), pids=10)
+        assert body["status"] == "succeeded" and body["stdout"] == "ok 9\n", (body["error"], body["stderr"][-500:])
+    over = run_code(api, PIDS.format(children=10), pids=10)
+    assert over["error"]["category"] == "limit.pids", over["error"]
+
+
+def test_a_runtime_no_worker_offers_is_refused(stack: Stack, processes: Processes, tmp_path: Path) -> None:
+    """A deployment of its own (Redis, API, one worker offering runc only): asking for gVisor is a
+    422 naming policy.runtime, before anything is queued."""
+    port, prefix = free_port(), f"{stack.prefix}rt"
+    acl = write_acl(tmp_path / "users.acl", prefix)
+    processes.spawn(
+        f"redis-{port}",
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--dir",
+            str(tmp_path),
+            "--aclfile",
+            str(acl),
+        ],
+        {"PATH": os.environ["PATH"]},
+    )
+    env = {**stack.env, "EXECBOX_REDIS__URL": role_url(f"redis://127.0.0.1:{port}/0", "api", PASSWORDS["api"]),
+           "EXECBOX_REDIS__KEY_PREFIX": prefix, "EXECBOX_QUEUE__NAME": "rt"}  # fmt: skip
+    wait_until(lambda: _answers(port), 10, "the runtime test's Redis")
+    key = create_key(env, "alpha")
+    api_port = free_port()
+    processes.spawn(f"rt-api-{api_port}", [EXECBOX, "api", "--port", str(api_port)], env)
+    processes.spawn(f"rt-worker-{api_port}", [EXECBOX, "worker", "--name", f"{prefix}-w"],
+                    as_role({**env, "EXECBOX_DOCKER__OFFERED_RUNTIMES": '["runc"]'}, "worker"))  # fmt: skip
+    url = f"http://127.0.0.1:{api_port}"
+    wait_until(lambda: answers_200(f"{url}/readyz"), 30, "the runtime test's API and worker")
+    with httpx.Client(base_url=url, timeout=60, headers=auth(key)) as client:
+        refused = client.post("/v1/executions", json={"language": "python", "code": "print(1)",
+                                                      "policy": {"runtime": "runsc"}})  # fmt: skip
+        accepted = client.post("/v1/executions?wait=30", json={"language": "python", "code": "print(1)",
+                                                               "policy": {"runtime": "runc"}})  # fmt: skip
+    assert refused.status_code == 422, refused.text
+    assert [e["field"] for e in refused.json()["errors"]] == ["policy.runtime"] and "runsc" in refused.text
+    assert accepted.status_code == 200 and accepted.json()["policy"]["runtime"] == "runc"
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
+            sock.sendall(b"PING\r\n")
+            return bool(sock.recv(16))
+    except OSError:
+        return False
