@@ -94,11 +94,20 @@ class ApiKeys:
 
     def tenant_of(self, authorization: str | None) -> str:
         """The tenant an `Authorization: Bearer` header belongs to; InvalidKey otherwise."""
+        redis_key = self.lookup_key(authorization)
+        with redis_errors():
+            raw = self._redis.get(redis_key)
+        return self.tenant_from(raw)
+
+    def lookup_key(self, authorization: str | None) -> str:
+        """Where the key of an `Authorization: Bearer` header is stored (for an async lookup)."""
         key = bearer_token(authorization)
         if key is None:
             raise InvalidKey("no API key")
-        with redis_errors():
-            raw = self._redis.get(self._key(_digest(key)))
+        return self._key(_digest(key))
+
+    @staticmethod
+    def tenant_from(raw: bytes | str | None) -> str:
         if raw is None:
             raise InvalidKey("unknown API key")
         info = json.loads(raw)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,14 @@ from execbox.store import redis_errors
 
 KEY_PATTERN = re.compile(r"^[\x21-\x7e]{1,255}$")
 _PENDING = "pending"
+CLAIM_S = 10
+"""Life of a first attempt's claim, renewed while it creates: an attempt that crashed holds the key
+this long at most, then a retry creates instead."""
+_RENEW = """
+local entry = redis.call('GET', KEYS[1])
+if entry and cjson.decode(entry)['state'] == 'pending' then return redis.call('EXPIRE', KEYS[1], ARGV[1]) end
+return 0
+"""
 
 
 class IdempotencyMismatch(RequestError):
@@ -74,7 +83,7 @@ class IdempotencyKeys:
         deadline = time.monotonic() + self._wait_s
         while True:
             with redis_errors():
-                claimed = self._redis.set(redis_key, pending, nx=True, ex=self._ttl_s)
+                claimed = self._redis.set(redis_key, pending, nx=True, ex=CLAIM_S)
             if claimed:
                 return Outcome(self._create(redis_key, request_hash, create), replayed=False)
             resource_id = self._await(redis_key, key, request_hash, deadline)
@@ -83,18 +92,33 @@ class IdempotencyKeys:
             # The first attempt failed and released the key: this request may try to create.
 
     def _create(self, redis_key: str, request_hash: str, create: Callable[[], str]) -> str:
+        done_creating = threading.Event()
+        renewer = threading.Thread(target=self._renew, args=(redis_key, done_creating), daemon=True)
+        renewer.start()
         try:
             resource_id = create()
         except BaseException:
             with redis_errors():
                 self._redis.delete(redis_key)  # let a retry try again
             raise
+        finally:
+            done_creating.set()
         done = json.dumps({"state": "done", "hash": request_hash, "id": resource_id})
         with redis_errors(), self._redis.pipeline() as pipe:
             pipe.set(redis_key, done, ex=self._ttl_s)
             pipe.publish(redis_key, resource_id)
             pipe.execute()
         return resource_id
+
+    def _renew(self, redis_key: str, done: threading.Event) -> None:
+        """Keep the claim alive while this attempt creates (a create slower than CLAIM_S, e.g. large
+        inline files, must not let a retry create a second resource)."""
+        renew = self._redis.register_script(_RENEW)
+        while not done.wait(CLAIM_S / 3):
+            try:
+                renew(keys=[redis_key], args=[CLAIM_S])
+            except redis.RedisError:
+                pass  # the create itself will fail on the same Redis
 
     def _await(self, redis_key: str, key: str, request_hash: str, deadline: float) -> str | None:
         """The resource id once the first attempt finishes; None if it gave the key up."""

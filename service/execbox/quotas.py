@@ -80,7 +80,8 @@ class Quotas:
         return self._quotas.tenants.get(tenant, self._quotas.default)
 
     def admit(self, tenant: str, policy_name: str, execution_id: str, queue_depth: int) -> Admission:
-        """Check every limit and take a running slot for execution_id; raise when one is passed."""
+        """Check every limit and take a running slot for execution_id, atomically; raise when one is
+        passed (then nothing was counted or taken)."""
         quota = self.quota(tenant)
         if policy_name not in quota.policies:
             raise PolicyNotAllowed(tenant, policy_name, quota.policies)
@@ -89,14 +90,14 @@ class Quotas:
                             headers={"Retry-After": "5"})  # fmt: skip
         now = time.time()
         reset = int(60 - now % 60) or 60
-        count = self._store.count_submission(tenant, int(now // 60))
+        verdict, count = self._store.admit(tenant, execution_id, int(now // 60), quota.per_minute, quota.running)
         limits = {"RateLimit-Limit": str(quota.per_minute), "RateLimit-Reset": str(reset)}
-        if count > quota.per_minute:
+        if verdict == "rate":
             raise RateLimited(
-                f"tenant {tenant!r} submitted more than {quota.per_minute} executions this minute; retry in {reset} s",
+                f"tenant {tenant!r} submitted {quota.per_minute} executions this minute, its limit; retry in {reset} s",
                 headers={**limits, "RateLimit-Remaining": "0", "Retry-After": str(reset)},
             )
-        if not self._store.take_slot(tenant, execution_id, quota.running):
+        if verdict == "running":
             raise RateLimited(
                 f"tenant {tenant!r} already has {quota.running} executions queued or running; wait for one to end",
                 headers={"Retry-After": "1", "RateLimit-Limit": str(quota.per_minute),

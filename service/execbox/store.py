@@ -8,7 +8,7 @@ Keys (prefix from settings.redis.key_prefix):
   {p}:cancel:{id}     list a cancel request is pushed to; the running worker blocks on it
   {p}:done:{id}       pub/sub channel told when the execution reaches a terminal status
   {p}:file:{id}       an uploaded or inline input file (hash: meta, data)
-  {p}:rate:{tenant}:{minute}, {p}:active:{tenant}   quota counters (per minute; queued or running ids)
+  {p}:rate:{tenant}:{minute}, {p}:active:{tenant}   quota counters (per minute; zset of queued or running ids)
   {p}:worker:{name}   a worker's heartbeat
   {p}:q:{queue}:ring, :ring:members, :pending:{tenant}   fair dispatch (execbox.queue)
   {p}:apikey:{digest}, {p}:apikeys   API keys (execbox.auth);  {p}:idem:...   idempotency (execbox.idempotency)
@@ -43,6 +43,15 @@ Mutation = Callable[[ExecutionRecord], "ExecutionStatus | None"]
 UID_HOLD_S = 4 * 3600
 """Longest a sandbox uid stays reserved when its worker died holding it (a warm container waits at
 most max_idle_s, a run at most its timeout; both far below this)."""
+_ADMIT = """
+local count = tonumber(redis.call('GET', KEYS[1]) or '0')
+if count >= tonumber(ARGV[1]) then return {'rate', count} end
+if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[2]) then return {'running', count} end
+redis.call('INCR', KEYS[1])
+redis.call('EXPIRE', KEYS[1], 120)
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
+return {'ok', count + 1}
+"""
 _COOL = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], 'cooling', 'PX', ARGV[2]) end
 """
@@ -180,7 +189,7 @@ class ExecutionStore:
             pipe.zrem(self._key("deadlines"), record.id)
             pipe.sadd(self._key("running"), record.id)
         elif record.status.terminal:
-            pipe.srem(self._key("active", record.tenant), record.id)
+            pipe.zrem(self._key("active", record.tenant), record.id)
             pipe.zrem(self._key("deadlines"), record.id)
             pipe.srem(self._key("running"), record.id)
             pipe.delete(self._key("lease", record.id), self._key("cancel", record.id))
@@ -216,42 +225,6 @@ class ExecutionStore:
             return ExecutionStatus.FAILED
 
         return self.transition(execution_id, {ExecutionStatus.RUNNING}, by, lost)
-
-    def refresh(self, execution_id: str, by: str) -> ExecutionRecord | None:
-        """Read an execution, first settling a queue deadline that passed or a lease that lapsed."""
-        record = self.get(execution_id)
-        if record is None or record.status.terminal:
-            return record
-        settled = (
-            self.expire_if_due(execution_id, by)
-            if record.status is ExecutionStatus.QUEUED
-            else self.fail_if_lost(execution_id, by)
-        )
-        return settled or self.get(execution_id)
-
-    def wait_terminal(self, execution_id: str, timeout_s: float, by: str) -> ExecutionRecord | None:
-        """Block until the execution is terminal or timeout_s passed; return its latest record.
-
-        Woken by the finishing worker's publish; also wakes at the queue deadline and every
-        lease period while running, so an expiry or a lost worker is settled within the wait.
-        """
-        deadline = time.monotonic() + timeout_s
-        with redis_errors():
-            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-            try:
-                pubsub.subscribe(self.done_channel(execution_id))
-                while True:
-                    record = self.refresh(execution_id, by)
-                    remaining = deadline - time.monotonic()
-                    if record is None or record.status.terminal or remaining <= 0:
-                        return record
-                    if record.status is ExecutionStatus.QUEUED:
-                        step = max(record.queue_deadline - time.time(), 0.0) + 0.01
-                    else:
-                        step = self._lease_s
-                    pubsub.get_message(timeout=min(remaining, step))
-            finally:
-                pubsub.close()
 
     # -- uploaded and inline input files ----------------------------------------------------
 
@@ -290,28 +263,34 @@ class ExecutionStore:
 
     # -- tenant quotas ------------------------------------------------------------------------
 
-    def count_submission(self, tenant: str, minute: int) -> int:
-        """Count one submission in the tenant's current minute; return the minute's count."""
-        key = self._key("rate", f"{tenant}:{minute}")
-        with redis_errors(), self.redis.pipeline() as pipe:
-            pipe.incr(key)
-            pipe.expire(key, 120)
-            count, _ = pipe.execute()
-        return int(count)
-
-    def take_slot(self, tenant: str, execution_id: str, limit: int) -> bool:
-        """Count execution_id among the tenant's queued or running ones, unless that passes limit."""
-        key = self._key("active", tenant)
+    def admit(self, tenant: str, execution_id: str, minute: int, per_minute: int, running: int) -> tuple[str, int]:
+        """One atomic admission: ("ok", count) counts the submission in the tenant's minute and
+        takes a slot among its queued or running executions; ("rate" | "running", count) refuses
+        and changes nothing (a refused request does not use up the window)."""
+        keys = [self._key("rate", f"{tenant}:{minute}"), self._key("active", tenant)]
         with redis_errors():
-            self.redis.sadd(key, execution_id)
-            if int(self.redis.scard(key)) > limit:
-                self.redis.srem(key, execution_id)
-                return False
-        return True
+            verdict, count = self.redis.register_script(_ADMIT)(
+                keys=keys, args=[per_minute, running, execution_id, time.time()]
+            )
+        return _text(verdict), int(count)
 
     def release_slot(self, tenant: str, execution_id: str) -> None:
         with redis_errors():
-            self.redis.srem(self._key("active", tenant), execution_id)
+            self.redis.zrem(self._key("active", tenant), execution_id)
+
+    def reclaim_slots(self, older_than_s: float) -> int:
+        """Give back slots whose execution was never created (an API died between admission and
+        create) or has ended; only slots older than older_than_s, so a create in flight keeps its own."""
+        freed = 0
+        cutoff = time.time() - older_than_s
+        with redis_errors():
+            for key in self.redis.scan_iter(match=self._key("active", "*"), count=100):
+                stale = [_text(m) for m in self.redis.zrangebyscore(key, "-inf", cutoff)]
+                for execution_id in stale:
+                    record = self.get(execution_id)
+                    if record is None or record.status.terminal:
+                        freed += int(self.redis.zrem(key, execution_id))
+        return freed
 
     # -- worker heartbeats ------------------------------------------------------------------
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
@@ -11,6 +14,7 @@ from execbox import __version__, logs
 from execbox.api import problems
 from execbox.api.deps import Services
 from execbox.api.routes import admin, executions, files, health, languages
+from execbox.api.waits import Waiters
 from execbox.artifact_store import LocalArtifactStore
 from execbox.auth import ApiKeys
 from execbox.idempotency import IdempotencyKeys
@@ -31,7 +35,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     logs.configure(settings.log_level, "api")
     client = connect(settings)
+    waiters = Waiters(settings)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await waiters.start()
+        try:
+            yield
+        finally:
+            await waiters.close()
+
     app = FastAPI(
+        lifespan=lifespan,
         title="execbox",
         version=__version__,
         description="Sandboxed code execution for AI agents: submit code with a resource policy, get back "
@@ -59,6 +74,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         idempotency=IdempotencyKeys(client, settings.redis.key_prefix, settings.api.idempotency_ttl_s),
         keys=ApiKeys(client, settings.redis.key_prefix),
         quotas=Quotas.load(settings.policies_dir / "tenants.yaml", store, settings.queue.max_depth),
+        waiters=waiters,
     )
     problems.install(app, settings.api.max_body_bytes)
     app.add_middleware(HttpMetrics, metrics=metrics, routes=app.routes)

@@ -9,6 +9,7 @@ from fastapi import Depends, Header, Request
 from prometheus_client import CollectorRegistry
 from rq import Queue
 
+from execbox.api.waits import Waiters
 from execbox.artifact_store import ArtifactStore
 from execbox.auth import DEFAULT_TENANT, ApiKeys
 from execbox.idempotency import IdempotencyKeys
@@ -17,7 +18,7 @@ from execbox.metrics import ApiMetrics
 from execbox.policies import PolicySet
 from execbox.quotas import Quotas
 from execbox.settings import Settings
-from execbox.store import ExecutionStore
+from execbox.store import ExecutionStore, redis_errors
 from execbox.tracing import Spans
 
 
@@ -35,6 +36,7 @@ class Services:
     idempotency: IdempotencyKeys
     keys: ApiKeys
     quotas: Quotas
+    waiters: Waiters
 
 
 def _services(request: Request) -> Services:
@@ -45,13 +47,17 @@ def _services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(_services)]
 
 
-def _tenant(
+async def _tenant(
     request: Request, authorization: Annotated[str | None, Header(description="`Bearer <API key>`")] = None
 ) -> str:
+    """On the event loop (one async Redis GET): authentication never waits for a thread."""
     services = _services(request)
     if not services.settings.auth.enabled:
         return DEFAULT_TENANT
-    return services.keys.tenant_of(authorization)
+    redis_key = services.keys.lookup_key(authorization)
+    with redis_errors():
+        raw = await services.waiters.redis.get(redis_key)
+    return services.keys.tenant_from(raw)
 
 
 TenantDep = Annotated[str, Depends(_tenant)]

@@ -43,7 +43,10 @@ def report_health(ctx: WorkerContext) -> None:
 def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[str, int]:
     """One sweep. `unowned_before` carries the containers the previous sweep found without an owner
     (the periodic loop passes its own set); None removes unowned containers at once (`execbox reap`)."""
-    counts = {"expired": 0, "lost": 0, "containers": 0, "networks": 0, "artifact_dirs": 0}
+    counts = {"expired": 0, "lost": 0, "slots": 0, "containers": 0, "networks": 0, "artifact_dirs": 0}
+    # A slot taken by an API that died before creating its execution (or one whose release was
+    # lost) is given back; a minute is far longer than any admission takes to create.
+    counts["slots"] = ctx.store.reclaim_slots(older_than_s=60.0)
     for execution_id in ctx.store.due_for_expiry():
         if ctx.store.expire_if_due(execution_id, BY) is not None:
             counts["expired"] += 1

@@ -8,15 +8,16 @@ import json
 import re
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated
 from urllib.parse import quote
 
+from anyio import CapacityLimiter, to_thread
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
-from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from execbox.api.deps import Services, ServicesDep, TenantDep
@@ -41,6 +42,10 @@ from execbox.tracing import TraceContext, from_traceparent
 from execbox.webhook_policy import host_allowed
 
 router = APIRouter(prefix="/v1/executions", tags=["executions"])
+_ACCEPTS = CapacityLimiter(8)
+"""Admissions (a few Redis round trips each) run in at most this many threads: a burst of them
+then queues here instead of starving the event loop of the interpreter lock (on 2 cores, 40 busy
+threads made /healthz wait seconds)."""
 BY = "api"
 _PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*([0-9]+(?:\.[0-9]+)?)", re.IGNORECASE)
 
@@ -185,19 +190,28 @@ async def create_execution(
     wait_s = _wait_seconds(services, wait, prefer)
     body, extra = await _read_body(request, services.policies.max_ceiling("input_files"))
     if idempotency_key is None:
-        accepted = await run_in_threadpool(_accept, services, tenant, body, extra, traceparent)
+        accepted = await to_thread.run_sync(_accept, services, tenant, body, extra, traceparent, limiter=_ACCEPTS)
     else:
-        accepted, replayed = await run_in_threadpool(
-            _accept_once, services, tenant, body, extra, traceparent, idempotency_key
+        accepted, replayed = await to_thread.run_sync(
+            _accept_once, services, tenant, body, extra, traceparent, idempotency_key, limiter=_ACCEPTS
         )
         if replayed:
             response.headers["Idempotent-Replayed"] = "true"
     response.headers.update(accepted.headers)
     record, trace = accepted.record, accepted.trace
     if wait_s > 0:
-        waited = await run_in_threadpool(services.store.wait_terminal, record.id, wait_s, BY)
-        record = waited or record
+        record = await services.waiters.wait(record.id, wait_s, _disconnect(request)) or record
     return _answer(response, record, trace)
+
+
+def _disconnect(request: Request) -> Callable[[], Awaitable[None]]:
+    """Returns when the client has gone (the body is read by now, so the next message is that)."""
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    return gone
 
 
 def request_digest(body: ExecutionCreate, extra: list[tuple[str, bytes]]) -> str:
@@ -230,8 +244,12 @@ def _accept_once(
 
 
 def _owned(services: Services, tenant: str, execution_id: str) -> ExecutionRecord:
-    """The execution, settled if due; 404 when it is missing or another tenant's (never 403: no leak)."""
-    record = services.store.refresh(execution_id, BY)
+    """The execution as stored (reads change nothing: the sweeper settles expiries and lost
+    workers); 404 when it is missing or another tenant's (never 403: no leak)."""
+    return _mine(services.store.get(execution_id), tenant, execution_id)
+
+
+def _mine(record: ExecutionRecord | None, tenant: str, execution_id: str) -> ExecutionRecord:
     if record is None or record.tenant != tenant:
         raise ExecutionNotFound(execution_id)
     return record
@@ -272,17 +290,22 @@ def _accept_traced(
     now = time.time()
     deadline = now + policy.queue_timeout_s
     record_id = new_execution_id()
-    prepared = prepare(
-        body,
-        policy,
-        language.file,
-        services.store,
-        extra,
-        keep_until=deadline + services.settings.retention_s,
-        ttl_s=services.settings.retention_s,
-        tenant=tenant,
-    )
+    # Quotas before any byte is stored: a refused request leaves nothing behind.
     admission = services.quotas.admit(tenant, policy.name, record_id, depth(services.queue))
+    try:
+        prepared = prepare(
+            body,
+            policy,
+            language.file,
+            services.store,
+            extra,
+            keep_until=deadline + services.settings.retention_s,
+            ttl_s=services.settings.retention_s,
+            tenant=tenant,
+        )
+    except BaseException:
+        services.store.release_slot(tenant, record_id)
+        raise
     record = ExecutionRecord(
         id=record_id,
         tenant=tenant,
@@ -317,8 +340,9 @@ def _accept_traced(
 
 
 @router.get("/{execution_id}", response_model=ExecutionPublic, responses=_RESPONSES, summary="Get an execution")
-def get_execution(
+async def get_execution(
     execution_id: ExecutionId,
+    request: Request,
     response: Response,
     services: ServicesDep,
     tenant: TenantDep,
@@ -327,9 +351,9 @@ def get_execution(
     traceparent: TraceHeader = None,
 ) -> ExecutionPublic:
     wait_s = _wait_seconds(services, wait, prefer)
-    record = _owned(services, tenant, execution_id)
+    record = _mine(await services.waiters.record(execution_id), tenant, execution_id)
     if wait_s > 0:
-        record = services.store.wait_terminal(execution_id, wait_s, BY) or record
+        record = await services.waiters.wait(execution_id, wait_s, _disconnect(request)) or record
     return _answer(response, record, from_traceparent(traceparent), status=200)
 
 

@@ -15,7 +15,7 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz", summary="Liveness: the API process answers")
-def healthz() -> dict[str, str]:
+async def healthz() -> dict[str, str]:  # on the event loop: never queued behind the thread pool
     return {"status": "ok"}
 
 

@@ -1,0 +1,131 @@
+"""Waiting for executions without a thread per waiter.
+
+Every `?wait=` / `Prefer: wait` request of this API process shares one Redis pub/sub connection
+(a pattern subscription to the deployment's `done:*` channels) and waits on an asyncio event, so a
+thousand waiting clients hold a thousand small objects, not a thousand threads or connections, and
+`/healthz` never queues behind them. A wait ends when the execution's done channel fires, when its
+time is up, or at once when the client disconnects. After any reconnection to Redis every waiter
+re-reads its record (a completion may have been published while the connection was down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from execbox.models import ExecutionRecord
+from execbox.settings import Settings
+from execbox.store import redis_errors
+
+log = logging.getLogger(__name__)
+ASYNC_CONNECTIONS = 16
+
+
+class Waiters:
+    def __init__(self, settings: Settings) -> None:
+        self._prefix = settings.redis.key_prefix
+        # A few connections shared by every request of the process: a burst of reads queues for
+        # one (bounded by the socket timeout) instead of opening hundreds.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            settings.redis.url,
+            max_connections=ASYNC_CONNECTIONS,
+            timeout=settings.redis.socket_timeout_s,
+            socket_timeout=settings.redis.socket_timeout_s,
+            socket_connect_timeout=settings.redis.socket_timeout_s,
+        )
+        self._redis = aioredis.Redis(connection_pool=pool)
+        self._waiting: dict[str, set[asyncio.Event]] = {}
+        self._listener: asyncio.Task[None] | None = None
+        self._subscribed = asyncio.Event()
+
+    @property
+    def redis(self) -> aioredis.Redis:
+        """The process's async Redis client (short reads on the event loop, e.g. API key lookups)."""
+        return self._redis
+
+    @property
+    def count(self) -> int:
+        return sum(len(events) for events in self._waiting.values())
+
+    async def start(self) -> None:
+        self._listener = asyncio.create_task(self._listen(), name="execbox-waiters")
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener
+        await self._redis.aclose()
+
+    async def _listen(self) -> None:
+        pattern = f"{self._prefix}:done:*"
+        delay = 0.2
+        while True:
+            try:
+                async with self._redis.pubsub(ignore_subscribe_messages=True) as pubsub:
+                    await pubsub.psubscribe(pattern)
+                    self._subscribed.set()
+                    self._wake_all()  # anything published while we were away: re-read
+                    delay = 0.2
+                    async for message in pubsub.listen():
+                        if message.get("type") == "pmessage":
+                            channel = message["channel"]
+                            name = channel.decode() if isinstance(channel, bytes) else str(channel)
+                            for event in self._waiting.get(name.rsplit(":", 1)[-1], ()):
+                                event.set()
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError) as exc:
+                self._subscribed.clear()
+                log.warning("wait channel lost (%s); reconnecting", exc)
+                self._wake_all()
+                await asyncio.sleep(delay)  # Redis is down: nothing to be told by
+                delay = min(delay * 2, 5.0)
+
+    def _wake_all(self) -> None:
+        for events in self._waiting.values():
+            for event in events:
+                event.set()
+
+    async def record(self, execution_id: str) -> ExecutionRecord | None:
+        with redis_errors():
+            raw = await self._redis.get(f"{self._prefix}:exe:{execution_id}")
+        return None if raw is None else ExecutionRecord.model_validate_json(raw)
+
+    async def wait(
+        self, execution_id: str, timeout_s: float, disconnected: Callable[[], Awaitable[None]]
+    ) -> ExecutionRecord | None:
+        """The execution's record once it is terminal, or its latest when timeout_s passed or the
+        client went away. Reads only: settling expiries and lost workers is the sweeper's work."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        event = asyncio.Event()
+        self._waiting.setdefault(execution_id, set()).add(event)
+        gone = asyncio.ensure_future(disconnected())
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._subscribed.wait(), max(deadline - loop.time(), 0))
+            while True:
+                event.clear()  # before the read: a completion after it wakes the wait below
+                record = await self.record(execution_id)
+                remaining = deadline - loop.time()
+                if record is None or record.status.terminal or remaining <= 0 or gone.done():
+                    return record
+                woken = asyncio.ensure_future(event.wait())
+                await asyncio.wait({woken, gone}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                woken.cancel()
+        finally:
+            gone.cancel()
+            events = self._waiting.get(execution_id)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self._waiting[execution_id]
+
+
+__all__ = ["Waiters"]
