@@ -218,6 +218,11 @@ def stack(
         "EXECBOX_WORKER__LEASE_S": "3",
         "EXECBOX_WORKER__REAPER_INTERVAL_S": "1",
         "EXECBOX_WORKER__ORPHAN_GRACE_S": "1",
+        # Every worker of the deployment consumes webhook deliveries: they all allow the test receivers.
+        "EXECBOX_WEBHOOKS__ALLOW_HOSTS": '["localhost"]',
+        "EXECBOX_WEBHOOKS__BACKOFF_S": "0.2",
+        "EXECBOX_WEBHOOKS__CLAIM_IDLE_S": "2",
+        "EXECBOX_WEBHOOKS__TIMEOUT_S": "1",
         "EXECBOX_LOG_LEVEL": "INFO",
     }
     port = free_port()

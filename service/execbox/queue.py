@@ -14,7 +14,6 @@ The record in the store stays the single source of truth, so a stale entry does 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
@@ -26,32 +25,12 @@ from execbox.settings import Settings
 from execbox.store import redis_errors
 
 TASK = "execbox.worker.tasks.run_next"
-WEBHOOK_TASK = "execbox.worker.webhooks.deliver"
-JOB_FUNCTIONS = frozenset({TASK, WEBHOOK_TASK})
+JOB_FUNCTIONS = frozenset({TASK})
 """The only functions a worker runs from the queue (RQ would import any dotted path it is given)."""
 
 
 def make_queue(client: redis.Redis, settings: Settings) -> Queue:
     return Queue(settings.queue.name, connection=client, serializer=JSONSerializer)
-
-
-def make_webhook_queue(client: redis.Redis, settings: Settings) -> Queue:
-    """Webhook deliveries: workers take them when no execution waits."""
-    return Queue(f"{settings.queue.name}-webhooks", connection=client, serializer=JSONSerializer)
-
-
-def enqueue_webhook(queue: Queue, execution_id: str, settings: Settings) -> None:
-    hooks = settings.webhooks
-    budget = hooks.max_attempts * hooks.timeout_s + 1.5 * hooks.backoff_s * 2**hooks.max_attempts
-    with redis_errors():
-        queue.enqueue_call(
-            WEBHOOK_TASK,
-            args=({"execution_id": execution_id},),
-            job_id=f"webhook-{execution_id}",
-            timeout=int(min(budget + 30, 3600)),
-            result_ttl=60,
-            failure_ttl=settings.retention_s,
-        )
 
 
 # Keys, under <prefix>:q:<queue>: pending:<tenant> (JSON entries, oldest first), ring (tenants with
@@ -132,23 +111,9 @@ def depth(queue: Queue) -> int:
 __all__ = [
     "JOB_FUNCTIONS",
     "TASK",
-    "WEBHOOK_TASK",
     "Entry",
     "depth",
     "enqueue",
-    "enqueue_webhook",
     "make_queue",
-    "make_webhook_queue",
     "take_next",
-    "webhook_notifier",
 ]
-
-
-def webhook_notifier(queue: Queue, settings: Settings) -> Callable[[ExecutionRecord], None]:
-    """A store terminal hook: queue a delivery for executions that asked for a webhook."""
-
-    def notify(record: ExecutionRecord) -> None:
-        if record.webhook is not None:
-            enqueue_webhook(queue, record.id, settings)
-
-    return notify

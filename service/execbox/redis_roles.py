@@ -25,7 +25,7 @@ ROLES = ("api", "worker", "egress", "admin", "scaler")
 # few read-only introspection commands RQ needs (server version, connection name) given back.
 _DATA = (
     "+@read +@write +@keyspace +@string +@list +@hash +@set +@sortedset +@transaction +@scripting "
-    "+@connection +@blocking -@dangerous -@admin +info +client|setname +client|getname +client|info +client|id"
+    "+@connection +@blocking +@stream -@dangerous -@admin +info +client|setname +client|getname +client|info +client|id"
 )
 _PUBSUB = "+subscribe +unsubscribe +psubscribe +punsubscribe +publish +ping"
 
@@ -49,7 +49,8 @@ class Role:
 def roles(prefix: str) -> dict[str, Role]:
     p = prefix
     shared = (f"~{p}:exe:*", f"~{p}:deadlines", f"~{p}:running", f"~{p}:lease:*", f"~{p}:cancel:*",
-              f"~{p}:active:*", f"~{p}:worker:*", f"~{p}:q:*", f"%R~{p}:egress:denied:*", "~rq:*")  # fmt: skip
+              f"~{p}:active:*", f"~{p}:worker:*", f"~{p}:q:*", f"%R~{p}:egress:denied:*", "~rq:*",
+              f"~{p}:events")  # fmt: skip
     return {
         # Accepts and reads executions, files, keys, idempotency records, quotas; queues tickets.
         "api": Role(
@@ -61,7 +62,7 @@ def roles(prefix: str) -> dict[str, Role]:
         # Runs executions: records, leases, egress rules, network slots and sandbox uids; reads input files.
         "worker": Role(
             "worker",
-            (*shared, f"%R~{p}:file:*", f"~{p}:egress:rule:*", f"~{p}:egress:slot:*", f"~{p}:uid:*"),
+            (*shared, f"%R~{p}:file:*", f"~{p}:egress:rule:*", f"~{p}:egress:slot:*", f"~{p}:uid:*", f"~{p}:due:*"),
             (f"{p}:done:*", "rq:pubsub:*"),
             f"{_DATA} {_PUBSUB}",
         ),

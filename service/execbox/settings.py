@@ -128,6 +128,12 @@ class WebhookSettings(BaseModel):
     max_attempts: int = Field(5, ge=1, le=20, description="Tries per delivery before giving up.")
     backoff_s: float = Field(1.0, gt=0, description="First retry delay; doubles each try, plus up to 50% jitter.")
     timeout_s: float = Field(10.0, gt=0, description="Timeout of each delivery request.")
+    claim_idle_s: float = Field(
+        30.0,
+        gt=0,
+        description="A delivery a consumer took and never acknowledged (it died) is taken over by another "
+        "worker after this long.",
+    )
 
 
 class AuthSettings(BaseModel):

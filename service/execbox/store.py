@@ -17,6 +17,8 @@ Keys (prefix from settings.redis.key_prefix):
   {p}:uid:{uid}       a sandbox uid held by a live container (execbox.sandbox.uids)
   {p}:egress:denied:{id}      the proxy's refusals for an execution (JSON list)
   {p}:secret:{tenant}:{host}  hash: header name -> JSON {sealed, tls}, opened only by the proxy (tenant `*`: everyone)
+  {p}:events          stream of status changes (the outbox), read by consumer groups (webhooks)
+  {p}:due:{name}      zset member -> time it is due (webhook retries)
   rq:*                RQ's own keys (tickets, registries, workers)
 
 Which component may touch which of these is fixed by its Redis role (execbox.redis_roles).
@@ -31,6 +33,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import redis
 from redis.exceptions import RedisError, WatchError
@@ -40,6 +43,8 @@ from execbox.models import ErrorCategory, ExecutionError, ExecutionRecord, Execu
 from execbox.settings import Settings
 
 Mutation = Callable[[ExecutionRecord], "ExecutionStatus | None"]
+EVENTS_MAXLEN = 100_000
+"""The event stream keeps about this many entries (consumers keep up within seconds)."""
 UID_HOLD_S = 4 * 3600
 """Longest a sandbox uid stays reserved when its worker died holding it (a warm container waits at
 most max_idle_s, a run at most its timeout; both far below this)."""
@@ -90,6 +95,47 @@ class ExecutionStore:
 
     def _key(self, kind: str, execution_id: str = "") -> str:
         return f"{self._p}:{kind}:{execution_id}" if execution_id else f"{self._p}:{kind}"
+
+    @property
+    def events_stream(self) -> str:
+        return self._key("events")
+
+    # -- the event stream (consumer groups) ------------------------------------------------
+
+    def ensure_group(self, group: str) -> None:
+        with redis_errors():
+            try:
+                self.redis.xgroup_create(self.events_stream, group, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    def read_events(self, group: str, consumer: str, block_s: float, idle_s: float) -> list[tuple[str, dict[str, str]]]:
+        """Events for this consumer: first those a dead consumer left pending for idle_s, then new ones."""
+        with redis_errors():
+            reply: Any = self.redis.xautoclaim(self.events_stream, group, consumer, int(idle_s * 1000), count=16)
+            entries = list(reply[1] or [])
+            if not entries:
+                got: Any = self.redis.xreadgroup(group, consumer, {self.events_stream: ">"}, count=16,
+                                                 block=max(int(block_s * 1000), 1))  # fmt: skip
+                entries = [entry for _, stream_entries in got or [] for entry in stream_entries]
+        return [(_text(i), {_text(k): _text(v) for k, v in fields.items()}) for i, fields in entries if fields]
+
+    def ack_event(self, group: str, event_id: str) -> None:
+        with redis_errors():
+            self.redis.xack(self.events_stream, group, event_id)
+
+    def schedule(self, name: str, member: str, at: float) -> None:
+        """Put member on a delayed set (retries are due at `at`, read by whoever takes due work)."""
+        with redis_errors():
+            self.redis.zadd(self._key("due", name), {member: at})
+
+    def take_due(self, name: str, limit: int = 16) -> list[str]:
+        """Members due by now, each taken by exactly one caller (the one whose ZREM removed it)."""
+        key = self._key("due", name)
+        with redis_errors():
+            due = [_text(m) for m in self.redis.zrangebyscore(key, "-inf", time.time(), start=0, num=limit)]
+            return [m for m in due if self.redis.zrem(key, m)]
 
     def done_channel(self, execution_id: str) -> str:
         return self._key("done", execution_id)
@@ -189,6 +235,10 @@ class ExecutionStore:
             pipe.zrem(self._key("deadlines"), record.id)
             pipe.sadd(self._key("running"), record.id)
         elif record.status.terminal:
+            # The outbox: the event is written in the status change's own transaction, so no
+            # consumer (webhook delivery) can miss it, whichever process dies when.
+            event = {"type": "execution.terminal", "id": record.id, "status": record.status.value}
+            pipe.xadd(self.events_stream, event, maxlen=EVENTS_MAXLEN, approximate=True)  # type: ignore[arg-type]
             pipe.zrem(self._key("active", record.tenant), record.id)
             pipe.zrem(self._key("deadlines"), record.id)
             pipe.srem(self._key("running"), record.id)

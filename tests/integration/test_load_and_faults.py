@@ -69,6 +69,10 @@ def test_three_hundred_waiting_clients_do_not_stall_the_api(roomy: tuple[Side, d
     finally:
         stop.set()
         prober.join()
+    with side.client() as client:  # what is still queued need not run after the test
+        for answer in answers:
+            if answer.status_code == 202:
+                client.post(f"/v1/executions/{answer.json()['id']}/cancel", headers=auth(keys["busy"]))
     assert sorted({a.status_code for a in answers}) <= [200, 202], [a.text for a in answers if a.status_code > 202][:2]
     finished = [a.json() for a in answers if a.status_code == 200]
     assert finished and all(f["status"] == "succeeded" and f["stdout"] == "ok\n" for f in finished)

@@ -22,7 +22,7 @@ from execbox.languages import Languages
 from execbox.metrics import HttpMetrics, SharedStateCollector, api_metrics
 from execbox.models import ExecutionCreate
 from execbox.policies import PolicySet
-from execbox.queue import depth, make_queue, make_webhook_queue, webhook_notifier
+from execbox.queue import depth, make_queue
 from execbox.quotas import Quotas
 from execbox.settings import Settings
 from execbox.store import ExecutionStore, connect
@@ -56,10 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     metrics = api_metrics(registry)
     store = ExecutionStore(client, settings)
     queue = make_queue(client, settings)
-    store.terminal_hooks += [
-        metrics.outcomes.observe,
-        webhook_notifier(make_webhook_queue(client, settings), settings),
-    ]
+    store.terminal_hooks.append(metrics.outcomes.observe)
     registry.register(SharedStateCollector(lambda: shared_state(store, queue)))
     app.state.services = Services(
         settings=settings,

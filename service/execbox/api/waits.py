@@ -16,7 +16,11 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from execbox.models import ExecutionRecord
 from execbox.settings import Settings
@@ -31,14 +35,20 @@ class Waiters:
         self._prefix = settings.redis.key_prefix
         # A few connections shared by every request of the process: a burst of reads queues for
         # one (bounded by the socket timeout) instead of opening hundreds.
+        # Connections found dead (Redis restarted) are replaced and the command retried, briefly.
         pool = aioredis.BlockingConnectionPool.from_url(
             settings.redis.url,
             max_connections=ASYNC_CONNECTIONS,
             timeout=settings.redis.socket_timeout_s,
             socket_timeout=settings.redis.socket_timeout_s,
             socket_connect_timeout=settings.redis.socket_timeout_s,
+            health_check_interval=30,
         )
-        self._redis = aioredis.Redis(connection_pool=pool)
+        self._redis = aioredis.Redis(
+            connection_pool=pool,
+            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 4),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        )
         self._waiting: dict[str, set[asyncio.Event]] = {}
         self._listener: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()

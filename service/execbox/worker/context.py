@@ -16,7 +16,6 @@ from execbox.languages import Languages
 from execbox.metrics import WorkerMetrics, worker_metrics
 from execbox.models import PolicyRequest
 from execbox.policies import PolicySet, run_limits
-from execbox.queue import make_webhook_queue, webhook_notifier
 from execbox.sandbox.base import RunSpec, Runtime
 from execbox.sandbox.docker import DockerRuntime
 from execbox.sandbox.pool import PoolClass, WarmPool
@@ -60,10 +59,7 @@ class WorkerContext:
         runtime.on_status_mismatch = context.metrics.status_mismatches.inc
         if settings.pool.sizes:
             context.pool = runtime.pool = build_pool(context, runtime)
-        context.store.terminal_hooks += [
-            context.metrics.outcomes.observe,
-            webhook_notifier(make_webhook_queue(context.store.redis, settings), settings),
-        ]
+        context.store.terminal_hooks.append(context.metrics.outcomes.observe)
         return context
 
 

@@ -21,10 +21,11 @@ from rq.serializers import JSONSerializer
 
 from execbox import logs
 from execbox.errors import ServiceError
-from execbox.queue import make_queue, make_webhook_queue
+from execbox.queue import make_queue
 from execbox.settings import Settings
 from execbox.worker import gate, reaper
 from execbox.worker.context import WorkerContext, current, install
+from execbox.worker.webhooks import WebhookConsumer
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +86,13 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
         )
     stop = threading.Event()
     reaper.start(ctx, stop)
+    WebhookConsumer(ctx.store, settings.webhooks, ctx.name).start(stop)
     if ctx.pool is not None:
         ctx.pool.start(stop)
     try:
         for generation in itertools.count():
             worker = _Worker(
-                [make_queue(ctx.store.redis, settings), make_webhook_queue(ctx.store.redis, settings)],
+                [make_queue(ctx.store.redis, settings)],
                 connection=ctx.store.redis,
                 serializer=JSONSerializer,
                 # RQ keeps a dead worker's name registered for a while; a restarted loop takes a new one.

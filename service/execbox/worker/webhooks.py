@@ -1,8 +1,15 @@
-"""deliver: the RQ job that POSTs a finished execution to its webhook, signed, with retries.
+"""Webhook delivery: a consumer of the event stream, off the execution path.
 
-Retries on network errors and non-2xx answers, with exponential backoff and jitter, up to
-`max_attempts`; each attempt is logged on the execution (`webhook_deliveries`). Redirects are not
-followed and the host is checked against the operator's allowlist again at delivery time.
+Every terminal status change is an entry of the event stream (written in the same transaction as
+the change, see execbox.store). Each worker process runs one consumer thread of the `webhooks`
+group: it takes new entries, and entries another consumer took but never acknowledged (it died)
+once they have been idle for `claim_idle_s`; for an execution with a webhook it POSTs the finished
+execution, signed, and acknowledges the entry only after that attempt is recorded. A failed
+attempt is rescheduled on a delayed set with exponential backoff and jitter, up to
+`max_attempts`; nothing ever sleeps in the thread that runs executions. Each attempt is logged on
+the execution (`webhook_deliveries`); receivers deduplicate on `Execbox-Execution-Id` (a consumer
+that dies after sending and before acknowledging causes one repeat). Redirects are not followed
+and the host is checked against the operator's allowlist again at delivery time.
 """
 
 from __future__ import annotations
@@ -12,17 +19,22 @@ import hmac
 import logging
 import random
 import secrets
+import threading
 import time
-from typing import Any
 
 import httpx
 
 from execbox import logs
+from execbox.errors import ServiceError
 from execbox.models import ExecutionRecord, WebhookDelivery
+from execbox.settings import WebhookSettings
+from execbox.store import ExecutionStore
 from execbox.webhook_policy import host_allowed
-from execbox.worker.context import current
 
 log = logging.getLogger(__name__)
+GROUP = "webhooks"
+RETRIES = "webhooks"
+"""The delayed set of executions whose next delivery attempt is due."""
 
 
 def sign(secret: str, body: bytes, timestamp: int) -> str:
@@ -30,49 +42,79 @@ def sign(secret: str, body: bytes, timestamp: int) -> str:
     return f"t={timestamp},v1={digest}"
 
 
-def deliver(payload: dict[str, Any]) -> str:
-    ctx = current()
-    execution_id = str(payload["execution_id"])
-    record = ctx.store.get(execution_id)
-    if record is None or record.webhook is None:
-        return "nothing to deliver"
-    settings = ctx.settings.webhooks
-    with logs.bound(record.trace_id, execution_id):
-        if not host_allowed(record.webhook.url, settings.allow_hosts):
-            _log_attempt(ctx, execution_id, 1, None, "host no longer allowed by the operator; not sent")
-            return "refused"
-        body = record.public().model_dump_json().encode()
-        with httpx.Client(timeout=settings.timeout_s, follow_redirects=False) as http:
-            for attempt in range(1, settings.max_attempts + 1):
-                status, error = _attempt(http, record, body)
-                _log_attempt(ctx, execution_id, attempt, status, error)
-                if error is None:
-                    log.info("webhook delivered", extra={"attempt": attempt, "status_code": status})
-                    return "delivered"
-                if attempt < settings.max_attempts:
-                    delay = settings.backoff_s * 2 ** (attempt - 1)
-                    time.sleep(delay + random.uniform(0, delay / 2))  # jitter, not a secret
-        log.warning("webhook not delivered after %d attempts", settings.max_attempts)
-        return "gave up"
+class WebhookConsumer:
+    def __init__(self, store: ExecutionStore, settings: WebhookSettings, name: str) -> None:
+        self._store = store
+        self._settings = settings
+        self._name = name
+
+    def start(self, stop: threading.Event) -> threading.Thread:
+        thread = threading.Thread(target=self.run, args=(stop,), name="webhooks", daemon=True)
+        thread.start()
+        return thread
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self._store.ensure_group(GROUP)
+                while not stop.is_set():
+                    self.step()
+            except ServiceError as exc:
+                log.warning("webhook consumer: %s", exc.message)
+                stop.wait(1.0)  # Redis is away: nothing to block on
+
+    def step(self) -> None:
+        """One round: due retries, then stream entries (blocking briefly for new ones)."""
+        for execution_id in self._store.take_due(RETRIES):
+            self._deliver(execution_id)
+        for event_id, event in self._store.read_events(GROUP, self._name, block_s=1.0,
+                                                       idle_s=self._settings.claim_idle_s):  # fmt: skip
+            if event.get("type") == "execution.terminal":
+                self._deliver(event["id"])
+            self._store.ack_event(GROUP, event_id)
+
+    def _deliver(self, execution_id: str) -> None:
+        record = self._store.get(execution_id)
+        if record is None or record.webhook is None:
+            return
+        settings = self._settings
+        attempt = len(record.webhook_deliveries) + 1
+        if attempt > settings.max_attempts or any(d.error is None for d in record.webhook_deliveries):
+            return  # delivered already, or given up: an entry seen twice changes nothing
+        with logs.bound(record.trace_id, execution_id):
+            if not host_allowed(record.webhook.url, settings.allow_hosts):
+                self._log(execution_id, attempt, None, "host no longer allowed by the operator; not sent")
+                return
+            status, error = _attempt(record, settings.timeout_s)
+            self._log(execution_id, attempt, status, error)
+            if error is None:
+                log.info("webhook delivered", extra={"attempt": attempt, "status_code": status})
+            elif attempt < settings.max_attempts:
+                delay = settings.backoff_s * 2 ** (attempt - 1)
+                self._store.schedule(RETRIES, execution_id, time.time() + delay + random.uniform(0, delay / 2))
+            else:
+                log.warning("webhook not delivered after %d attempts", settings.max_attempts)
+
+    def _log(self, execution_id: str, attempt: int, status: int | None, error: str | None) -> None:
+        entry = WebhookDelivery(attempt=attempt, at=time.time(), status_code=status, error=error)
+        self._store.update(execution_id, lambda record: record.webhook_deliveries.append(entry))
 
 
-def _attempt(http: httpx.Client, record: ExecutionRecord, body: bytes) -> tuple[int | None, str | None]:
+def _attempt(record: ExecutionRecord, timeout_s: float) -> tuple[int | None, str | None]:
     assert record.webhook is not None
+    body = record.public().model_dump_json().encode()
     headers = {
         "Content-Type": "application/json",
         "Execbox-Signature": sign(record.webhook.secret, body, int(time.time())),
         "Execbox-Execution-Id": record.id,
+        "Execbox-Delivery-Attempt": str(len(record.webhook_deliveries) + 1),
         "traceparent": f"00-{record.trace_id}-{secrets.token_hex(8)}-01",
     }
     try:
-        response = http.post(record.webhook.url, content=body, headers=headers)
+        with httpx.Client(timeout=timeout_s, follow_redirects=False) as http:
+            response = http.post(record.webhook.url, content=body, headers=headers)
     except httpx.HTTPError as exc:
         return None, f"{type(exc).__name__}: {exc}"[:300]
     if 200 <= response.status_code < 300:
         return response.status_code, None
     return response.status_code, f"answered {response.status_code}"
-
-
-def _log_attempt(ctx: Any, execution_id: str, attempt: int, status: int | None, error: str | None) -> None:
-    entry = WebhookDelivery(attempt=attempt, at=time.time(), status_code=status, error=error)
-    ctx.store.update(execution_id, lambda record: record.webhook_deliveries.append(entry))

@@ -1,0 +1,106 @@
+"""Many concurrent waiting clients: what agents do (POST ?wait=S and hold the connection). A
+benchmark: it prints figures and asserts nothing.
+
+For each --clients N: N clients post code that sleeps --sleep seconds with ?wait=--wait at once,
+while /healthz is probed every 50 ms from its own thread (as an orchestrator would). Prints the
+answers' latency p50/p99 and their status codes, /healthz p50/p99/max, and the API's resident
+memory and open file descriptors before and after. The bench starts its own Redis, API and
+--workers workers (auth off, a quota that does not throttle), like bench/compare.py.
+
+Usage: python bench/waiters.py [--clients 100 1000] [--workers 2] [--wait 30] [--sleep 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare import Service, redis_server, rss_mib, summary
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def one_round(service: Service, clients: int, wait_s: float, sleep_s: float) -> dict[str, Any]:
+    api_pid = service.procs[0].pid
+    before = {"rss_mib": rss_mib(api_pid), "fds": open_fds(api_pid)}
+    probes: list[float] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        with httpx.Client(base_url=service.url, timeout=30) as health:
+            while not stop.wait(0.05):
+                start = time.monotonic()
+                health.get("/healthz")
+                probes.append((time.monotonic() - start) * 1000)
+
+    async def waiters() -> list[tuple[float, int | str]]:
+        limits = httpx.Limits(max_connections=clients + 10, max_keepalive_connections=clients + 10)
+        body = {"language": "python", "code": f"import time\ntime.sleep({sleep_s})\nprint('ok')"}
+        async with httpx.AsyncClient(base_url=service.url, timeout=wait_s + 60, limits=limits) as client:
+
+            async def one() -> tuple[float, int | str]:
+                start = time.monotonic()
+                try:
+                    answer = await client.post(f"/v1/executions?wait={wait_s}", json=body)
+                    ok = answer.status_code == 202 or (answer.status_code == 200 and answer.json()["stdout"] == "ok\n")
+                    return (time.monotonic() - start) * 1000, answer.status_code if ok else "wrong answer"
+                except httpx.HTTPError as exc:
+                    return (time.monotonic() - start) * 1000, type(exc).__name__
+
+            return list(await asyncio.gather(*(one() for _ in range(clients))))
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        answers = asyncio.run(waiters())
+    finally:
+        stop.set()
+        prober.join()
+    after = {"rss_mib": rss_mib(api_pid), "fds": open_fds(api_pid)}
+    return {
+        "clients": clients,
+        "answers": summary([ms for ms, _ in answers]),
+        "statuses": dict(Counter(str(status) for _, status in answers)),
+        "healthz": {**summary(probes), "max_ms": max(probes) if probes else None},
+        "api_before": before,
+        "api_after": after,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--wait", type=float, default=30)
+    parser.add_argument("--sleep", type=float, default=1)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="execbox-waiters-") as tmp, redis_server(Path(tmp)) as redis_url:
+        service = Service(args.workers, 1, Path(tmp), redis_url)
+        try:
+            for clients in args.clients:
+                row = one_round(service, clients, args.wait, args.sleep)
+                a, h = row["answers"], row["healthz"]
+                print(f"{clients} waiting clients: answers p50 {a['p50_ms']:.0f} ms p99 {a['p99_ms']:.0f} ms "
+                      f"{row['statuses']}; /healthz p50 {h['p50_ms']:.1f} ms p99 {h['p99_ms']:.1f} ms "
+                      f"max {h['max_ms']:.1f} ms over {h['n']} probes; API {row['api_before']} -> {row['api_after']}",
+                      flush=True)  # fmt: skip
+        finally:
+            service.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
