@@ -33,6 +33,19 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def idle_probes(service: Service, seconds: float) -> dict[str, float]:
+    """/healthz with nothing else going on: the baseline, in the same run."""
+    probes = []
+    with httpx.Client(base_url=service.url, timeout=30) as health:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            start = time.monotonic()
+            health.get("/healthz")
+            probes.append((time.monotonic() - start) * 1000)
+            time.sleep(0.05)
+    return summary(probes)
+
+
 def one_round(service: Service, clients: int, wait_s: float, sleep_s: float) -> dict[str, Any]:
     api_pid = service.procs[0].pid
     before = {"rss_mib": rss_mib(api_pid), "fds": open_fds(api_pid)}
@@ -90,6 +103,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="execbox-waiters-") as tmp, redis_server(Path(tmp)) as redis_url:
         service = Service(args.workers, 1, Path(tmp), redis_url)
         try:
+            idle = idle_probes(service, 3.0)
+            print(f"baseline, no clients: /healthz p50 {idle['p50_ms']:.1f} ms p99 {idle['p99_ms']:.1f} ms "
+                  f"over {idle['n']} probes", flush=True)  # fmt: skip
             for clients in args.clients:
                 row = one_round(service, clients, args.wait, args.sleep)
                 a, h = row["answers"], row["healthz"]
@@ -97,6 +113,7 @@ def main() -> int:
                       f"{row['statuses']}; /healthz p50 {h['p50_ms']:.1f} ms p99 {h['p99_ms']:.1f} ms "
                       f"max {h['max_ms']:.1f} ms over {h['n']} probes; API {row['api_before']} -> {row['api_after']}",
                       flush=True)  # fmt: skip
+                print(f"  ratio /healthz p99 under load / idle: {h['p99_ms'] / idle['p99_ms']:.1f}", flush=True)
         finally:
             service.stop()
     return 0
