@@ -202,9 +202,22 @@ def processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
 
 
 @pytest.fixture(scope="session")
+def docker_proxy(
+    docker_client: docker.DockerClient, processes: Processes, tmp_path_factory: pytest.TempPathFactory
+) -> str:
+    """The narrowed Docker socket every worker of the session uses (as in the compose stack)."""
+    path = tmp_path_factory.mktemp("docker-proxy") / "docker.sock"
+    processes.spawn("docker-proxy", [EXECBOX, "docker-proxy", "--listen", str(path), "--deployment", PREFIX,
+                                     "--egress-container", f"{PREFIX}-egress"], dict(os.environ))  # fmt: skip
+    wait_until(path.exists, 10, "the docker proxy's socket")
+    return f"unix://{path}"
+
+
+@pytest.fixture(scope="session")
 def stack(
     redis_server: Redis,
     docker_client: docker.DockerClient,
+    docker_proxy: str,
     processes: Processes,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Stack:
@@ -224,6 +237,7 @@ def stack(
         "EXECBOX_WEBHOOKS__CLAIM_IDLE_S": "2",
         "EXECBOX_WEBHOOKS__TIMEOUT_S": "1",
         "EXECBOX_LOG_LEVEL": "INFO",
+        "EXECBOX_DOCKER__URL": docker_proxy,
     }
     port = free_port()
     processes.spawn("api", [EXECBOX, "api", "--port", str(port)], env)

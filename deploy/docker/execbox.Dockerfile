@@ -20,7 +20,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     EXECBOX_ARTIFACTS_DIR=/var/lib/execbox/artifacts
 # The artifacts volume starts out owned by the (non-root) worker; no setuid/setgid binary is left
 # (su, mount, passwd, ...), so nothing in a service container can regain privileges.
-RUN mkdir -p /var/lib/execbox/artifacts && chown 10001:10001 /var/lib/execbox/artifacts \
+RUN mkdir -p /var/lib/execbox/artifacts /run/execbox-docker \
+ && chown 10001:10001 /var/lib/execbox/artifacts /run/execbox-docker \
  && find / -xdev -type f -perm /6000 -exec chmod a-s {} + \
  && rm -f /usr/bin/su /bin/su
 USER 10001:10001

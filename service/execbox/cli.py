@@ -1,4 +1,5 @@
-"""The `execbox` command: `api`, `worker`, `egress`, `reap`, `keys`, `secrets`, `egress-key`, `redis-acl`."""
+"""The `execbox` command: `api`, `worker`, `egress`, `docker-proxy`, `reap`, `keys`, `secrets`, `egress-key`,
+`redis-acl`."""
 
 from __future__ import annotations
 
@@ -45,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     keys.add_parser("list", help="list keys (ids and tenants, never the keys)")
     revoke = keys.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("key_id")
+    dproxy = sub.add_parser("docker-proxy", help="serve a narrowed Docker socket for workers (in its container)")
+    dproxy.add_argument("--listen", required=True, help="unix socket path the workers connect to")
+    dproxy.add_argument("--engine", default="/var/run/docker.sock", help="the engine's socket")
+    dproxy.add_argument("--deployment", default="execbox", help="the deployment label (EXECBOX_REDIS__KEY_PREFIX)")
+    dproxy.add_argument("--egress-container", default="execbox-egress", help="the egress proxy's container name")
     egress_key = sub.add_parser(
         "egress-key", help="make the egress proxy's key pair (if missing); print the public key"
     )
@@ -53,6 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     acl.add_argument("--prefix", default="execbox", help="the deployment's key prefix (EXECBOX_REDIS__KEY_PREFIX)")
     acl.add_argument("--passwords", type=Path, required=True, help="env file with REDIS_<ROLE>_PASSWORD lines")
     args = parser.parse_args(argv)
+    if args.command == "docker-proxy":
+        from execbox import logs
+        from execbox.dockerproxy.server import run
+
+        logs.configure("INFO", "docker-proxy")
+        run(args.listen, args.engine, args.deployment, args.egress_container)
+        return 0
     if args.command == "egress-key":
         from execbox.egress.sealing import generate
 

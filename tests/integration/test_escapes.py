@@ -229,8 +229,13 @@ def test_a_runtime_no_worker_offers_is_refused(stack: Stack, processes: Processe
         ],
         {"PATH": os.environ["PATH"]},
     )
-    env = {**stack.env, "EXECBOX_REDIS__URL": role_url(f"redis://127.0.0.1:{port}/0", "api", PASSWORDS["api"]),
-           "EXECBOX_REDIS__KEY_PREFIX": prefix, "EXECBOX_QUEUE__NAME": "rt"}  # fmt: skip
+    env = {
+        **stack.env,
+        "EXECBOX_REDIS__URL": role_url(f"redis://127.0.0.1:{port}/0", "api", PASSWORDS["api"]),
+        "EXECBOX_REDIS__KEY_PREFIX": prefix,
+        "EXECBOX_QUEUE__NAME": "rt",
+        "EXECBOX_DOCKER__URL": "unix:///var/run/docker.sock",
+    }  # another deployment: not the session's docker proxy
     wait_until(lambda: _answers(port), 10, "the runtime test's Redis")
     key = create_key(env, "alpha")
     api_port = free_port()

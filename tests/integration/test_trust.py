@@ -7,6 +7,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+import docker
 import httpx
 import pytest
 import redis
@@ -17,7 +18,7 @@ from rq.serializers import JSONSerializer
 
 from execbox.queue import TASK
 from execbox.redis_roles import role_url
-from tests.conftest import PASSWORDS, Side, Stack, free_port, wait_until
+from tests.conftest import PASSWORDS, ROOT, Side, Stack, free_port, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
@@ -109,3 +110,59 @@ def test_a_foreign_job_written_with_the_api_role_never_runs(gated: tuple[Side, s
             and "nothing was imported" in str(latest.exc_string)
         )
     assert _refused(metrics) == {"function": 2.0, "callback": 1.0, "undecodable": 1.0}
+
+
+def test_the_workers_docker_socket_refuses_what_a_sandbox_must_not_be(
+    docker_proxy: str, docker_client: docker.DockerClient, stack: Stack
+) -> None:
+    """A worker taken over holds the docker proxy's socket, not the engine's: it can still start
+    hardened sandboxes (the whole suite runs its workers through it), but nothing that would give
+    it the host."""
+    worker = docker.APIClient(base_url=docker_proxy, version="auto", timeout=10)
+    labels = {"execbox.managed": "true", "execbox.deployment": stack.prefix}
+    image = "execbox/sandbox-python:latest"
+    seccomp = "seccomp=" + (ROOT / "policies" / "seccomp.json").read_text()
+    good: dict[str, Any] = {"cap_drop": ["ALL"], "security_opt": ["no-new-privileges", seccomp], "read_only": True,
+            "mem_limit": "64m", "memswap_limit": "64m", "pids_limit": 16, "network_mode": "none"}  # fmt: skip
+    attempts: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+        "privileged": ({**good, "privileged": True}, {}),
+        "bind of /": ({**good, "binds": ["/:/host"]}, {}),
+        "docker socket": ({**good, "binds": ["/var/run/docker.sock:/var/run/docker.sock"]}, {}),
+        "added capability": ({**good, "cap_add": ["SYS_ADMIN"]}, {}),
+        "host pid": ({**good, "pid_mode": "host"}, {}),
+        "host network": ({**good, "network_mode": "host"}, {}),
+        "unconfined seccomp": ({**good, "security_opt": ["no-new-privileges", "seccomp=unconfined"]}, {}),
+        "device": ({**good, "devices": ["/dev/kvm:/dev/kvm"]}, {}),
+        "root user": (good, {"user": "0"}),
+        "other image": (good, {"image": "execbox/service:latest"}),
+        "another deployment": (good, {"labels": {"execbox.managed": "true", "execbox.deployment": "other"}}),
+    }
+    for name, (host, extra) in attempts.items():
+        with pytest.raises(docker.errors.APIError) as refused:
+            worker.create_container(
+                extra.get("image", image),
+                "true",
+                user=extra.get("user", "200000"),
+                labels=extra.get("labels", labels),
+                host_config=worker.create_host_config(**host),
+            )
+        assert refused.value.status_code == 403, name  # fmt: skip
+    # A container that is not this deployment's (here: made on the engine directly) cannot be
+    # touched: not read through the archive API, not stopped, not removed, not entered.
+    other = docker_client.containers.create(image, "sleep 30", labels={"purpose": "not execbox"})
+    other_id = str(other.id)
+    try:
+        for call in (lambda: worker.get_archive(other_id, "/etc"), lambda: worker.kill(other_id),
+                     lambda: worker.remove_container(other_id, force=True), lambda: worker.exec_create(other_id, "id"),
+                     lambda: worker.containers(all=True),  # a listing without execbox's label filter
+                     lambda: worker.create_network("x", internal=False, labels=labels)):  # fmt: skip
+            with pytest.raises(docker.errors.APIError) as refused:
+                call()
+            assert refused.value.status_code == 403
+        other.reload()
+        assert other.status == "created"
+    finally:
+        other.remove(force=True)
+    ok = worker.create_container(image, "true", user="200000", labels=labels,
+                                 host_config=worker.create_host_config(**good))  # fmt: skip
+    worker.remove_container(ok["Id"], force=True)  # the hardened one is allowed, and ours to remove

@@ -123,7 +123,7 @@ def docker_exec(container: str, *argv: str, check: bool = True) -> subprocess.Co
 def test_service_containers_are_hardened() -> None:
     """docker-bench-security 5.11 (memory), 5.13 (read-only root), 5.25/5.26 (no new privileges,
     capabilities), 5.29 (pids) and 4.1 (a non-root user), for every service of the stack."""
-    for service in ("api", "redis", "egress", "worker"):
+    for service in ("api", "redis", "egress", "worker", "docker-proxy"):
         (container,) = compose_containers(service)[:1]
         info = inspect(container)
         host, config = info["HostConfig"], info["Config"]
@@ -132,9 +132,11 @@ def test_service_containers_are_hardened() -> None:
         assert host["ReadonlyRootfs"], service
         assert 0 < host["Memory"] == host["MemorySwap"] and host["PidsLimit"] > 0, service
         assert config["User"] and config["User"].split(":")[0] not in ("", "0", "root"), service
-        assert not [m for m in info["Mounts"] if m["Destination"] == "/var/run/docker.sock"] or service == "worker"
+        holds_socket = any(m.get("Source") == "/var/run/docker.sock" for m in info["Mounts"])
+        assert holds_socket == (service == "docker-proxy"), service  # only the proxy holds the engine
     worker = inspect(compose_containers("worker")[0])
-    assert worker["Config"]["User"].startswith("10001:")  # in the socket's group, nothing more
+    assert worker["Config"]["User"] == "10001:10001"  # not even in the socket's group
+    assert inspect(compose_containers("docker-proxy")[0])["HostConfig"]["NetworkMode"] == "none"
     # No setuid/setgid binary left in the service image (su, mount, passwd, ...).
     setuid = docker_exec(
         compose_containers("api")[0], "find", "/", "-xdev", "-type", "f", "-perm", "/6000", check=False

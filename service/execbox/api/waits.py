@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import BusyLoadingError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from execbox.models import ExecutionRecord
@@ -35,7 +35,8 @@ class Waiters:
         self._prefix = settings.redis.key_prefix
         # A few connections shared by every request of the process: a burst of reads queues for
         # one (bounded by the socket timeout) instead of opening hundreds.
-        # Connections found dead (Redis restarted) are replaced and the command retried, briefly.
+        # Connections found dead (Redis restarted, or still loading its AOF) are replaced and the
+        # command retried for a few seconds.
         pool = aioredis.BlockingConnectionPool.from_url(
             settings.redis.url,
             max_connections=ASYNC_CONNECTIONS,
@@ -43,12 +44,10 @@ class Waiters:
             socket_timeout=settings.redis.socket_timeout_s,
             socket_connect_timeout=settings.redis.socket_timeout_s,
             health_check_interval=30,
+            retry=Retry(ExponentialBackoff(cap=1.0, base=0.1), 8),  # ~5 s: a restart and its AOF replay
+            retry_on_error=[RedisConnectionError, RedisTimeoutError, BusyLoadingError],
         )
-        self._redis = aioredis.Redis(
-            connection_pool=pool,
-            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 4),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],
-        )
+        self._redis = aioredis.Redis(connection_pool=pool)
         self._waiting: dict[str, set[asyncio.Event]] = {}
         self._listener: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()

@@ -33,9 +33,9 @@ from urllib.parse import urlsplit
 import h11
 
 from execbox.egress.rules import EgressRule, IpNetwork, address_allowed
+from execbox.httpheads import HEAD_LIMIT, ClientRequest, MalformedRequest, read_request
 
 log = logging.getLogger(__name__)
-HEAD_LIMIT = 64 * 1024
 USAGE_PRUNE_AT = 4096
 USAGE_KEEP_S = 2 * 3600.0
 _HOP_BY_HOP = {
@@ -106,7 +106,10 @@ class EgressProxy:
             rule = await asyncio.to_thread(self._source.rule, local)
             if rule is None:
                 raise Denied("no egress rule for this network", 403)
-            client = await _read_request(reader, rule.idle_timeout_s)
+            try:
+                client = await read_request(reader, rule.idle_timeout_s)
+            except MalformedRequest as exc:
+                raise Denied(exc.reason, 400) from exc
             request = client.request
             method, target = request.method.decode("latin-1").upper(), request.target.decode("latin-1")
             if method == "CONNECT":
@@ -229,67 +232,6 @@ async def _pipe(
     return over.is_set()
 
 
-@dataclass
-class _ClientRequest:
-    """A request head h11 accepted, and the connection state that parses the rest (its body)."""
-
-    conn: h11.Connection
-    request: h11.Request
-
-
-async def _read_request(reader: asyncio.StreamReader, timeout_s: float) -> _ClientRequest:
-    """Read and parse one request head, strictly: what any server behind us might read differently
-    (bare LF or CR, obs-fold, duplicate or conflicting framing or Host headers) is refused."""
-    buffer = b""
-    while True:
-        end = buffer.find(b"\r\n\r\n")
-        if end >= 0:
-            break
-        if b"\n\n" in buffer or b"\n\r\n" in buffer:
-            raise Denied("malformed request head (bare LF line ending)", 400)
-        if len(buffer) > HEAD_LIMIT:
-            raise Denied(f"request head larger than {HEAD_LIMIT} bytes", 400)
-        chunk = await asyncio.wait_for(reader.read(65536), timeout_s)
-        if not chunk:
-            raise asyncio.IncompleteReadError(buffer, None)
-        buffer += chunk
-    _check_head_bytes(buffer[:end])
-    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_LIMIT)
-    conn.receive_data(buffer)
-    try:
-        event = conn.next_event()
-    except h11.RemoteProtocolError as exc:
-        raise Denied(f"malformed request head ({exc})", 400) from exc
-    if not isinstance(event, h11.Request):
-        raise Denied("malformed request head", 400)
-    return _ClientRequest(conn, event)
-
-
-_FRAMING = (b"host", b"content-length", b"transfer-encoding")
-
-
-def _check_head_bytes(head: bytes) -> None:
-    """What h11 tolerates (or merges) but some upstreams read otherwise: every line ends in CRLF,
-    no stray CR or LF inside a line, no continuation lines, no NUL; Host and the body's framing
-    given once, and never both framings."""
-    counts = dict.fromkeys(_FRAMING, 0)
-    for index, line in enumerate(head.split(b"\r\n")):
-        if b"\n" in line or b"\r" in line:
-            raise Denied("malformed request head (bare LF or CR inside a line)", 400)
-        if b"\x00" in line:
-            raise Denied("malformed request head (NUL byte)", 400)
-        if index and line[:1] in (b" ", b"\t"):
-            raise Denied("malformed request head (obsolete line folding)", 400)
-        name = line.partition(b":")[0].lower()
-        if index and name in counts:
-            counts[name] += 1
-    for name, count in counts.items():
-        if count > 1:
-            raise Denied(f"duplicate {name.decode()} header", 400)
-    if counts[b"content-length"] and counts[b"transfer-encoding"]:
-        raise Denied("both Content-Length and Transfer-Encoding", 400)
-
-
 def _check_host_header(request: h11.Request, host: str, port: int, tls: bool) -> None:
     """A Host header must name the target the request line names (else a server behind an allowed
     name could be asked for another virtual host than the one checked)."""
@@ -325,7 +267,7 @@ def _absolute_target(target: str) -> tuple[str, int, bool]:
 async def _forward(
     rule: EgressRule,
     usage: _Usage,
-    client: _ClientRequest,
+    client: ClientRequest,
     downstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     host: str,

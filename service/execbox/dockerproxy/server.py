@@ -1,0 +1,258 @@
+"""`execbox docker-proxy`: the worker's Docker socket, narrowed (see execbox.dockerproxy.rules).
+
+Listens on a unix socket the worker mounts instead of the engine's. Each request head is parsed
+strictly (execbox.httpheads), routed, checked (bodies of container and network creates, updates
+and connects; ownership of every container or network named in the path, resolved to its full id
+through the engine and forwarded by that id), then sent to the engine as a head of the proxy's own
+making with exactly the framed body and `Connection: close`. Attach requests switch to a raw
+stream both ways, as the engine does; every other answer is passed back as it comes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from typing import Any
+
+import h11
+
+from execbox.dockerproxy import rules
+from execbox.httpheads import ClientRequest, MalformedRequest, read_request
+
+log = logging.getLogger(__name__)
+BODY_LIMIT = 1 << 20
+"""Largest checked body (create, update, connect): far above any the worker sends."""
+_CHECKED = {"create", "update", "network-create", "network-connect"}
+
+
+class DockerProxy:
+    def __init__(self, engine_socket: str, deployment: str, egress_container: str) -> None:
+        self._engine = engine_socket
+        self._deployment = deployment
+        self._egress = egress_container
+        self._owned: dict[tuple[str, str], str] = {}
+        """(kind, id or name) -> full id, for objects already seen to be this deployment's."""
+
+    async def serve(self, path: str) -> asyncio.AbstractServer:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        server = await asyncio.start_unix_server(self._handle, path)
+        os.chmod(path, 0o660)
+        return server
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            client = await read_request(reader, 60.0)
+            await self._serve(client, reader, writer)
+        except rules.Refused as exc:
+            log.warning("docker call refused: %s", exc.reason)
+            await _answer(writer, 403, exc.reason)
+        except MalformedRequest as exc:
+            await _answer(writer, 400, exc.reason)
+        except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
+            pass
+        except Exception:
+            log.exception("docker proxy connection failed")
+            await _answer(writer, 502, "docker proxy error")
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _serve(self, client: ClientRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = client.request
+        method, target = request.method.decode(), request.target.decode("latin-1")
+        route = rules.route(method, target)
+        headers = {name.decode().lower(): value.decode("latin-1") for name, value in request.headers}
+        if "transfer-encoding" in headers:
+            raise rules.Refused("chunked request bodies are not used by workers")
+        if route.scope == "engine" and target.split("?", 1)[0].endswith(("/containers/json", "/networks")):
+            if rules.MANAGED not in target:
+                raise rules.Refused("listings must filter on execbox's labels")
+        if route.object_id is not None:
+            kind = "networks" if route.scope.startswith("network") else "containers"
+            full = await self._owned_id(kind, route.object_id)
+            target = target.replace(f"/{route.object_id}", f"/{full}", 1)
+        body = b""
+        if route.scope in _CHECKED:
+            body = await _read_body(client, reader, int(headers.get("content-length") or 0))
+            await self._check(route.scope, body)
+        await self._forward(client, reader, writer, method, target, body, route.scope in _CHECKED)
+
+    async def _check(self, scope: str, body: bytes) -> None:
+        try:
+            data: dict[str, Any] = json.loads(body or b"{}")
+        except ValueError as exc:
+            raise rules.Refused("the body is not JSON") from exc
+        if scope == "create":
+            network = str((data.get("HostConfig") or {}).get("NetworkMode") or "none")
+            ours = network == "none" or await self._is_ours("networks", network)
+            rules.check_create(data, self._deployment, lambda _: ours)
+        elif scope == "update":
+            rules.check_update(data)
+        elif scope == "network-create":
+            rules.check_network_create(data, self._deployment)
+        else:
+            rules.check_connect(data, self._egress)
+
+    async def _is_ours(self, kind: str, name: str) -> bool:
+        try:
+            await self._owned_id(kind, name)
+        except rules.Refused:
+            return False
+        return True
+
+    async def _owned_id(self, kind: str, name: str) -> str:
+        cached = self._owned.get((kind, name))
+        if cached is not None:
+            return cached
+        status, data = await self._engine_get(f"/{kind}/{name}" + ("/json" if kind == "containers" else ""))
+        labels = (data.get("Config") or {}).get("Labels") if kind == "containers" else data.get("Labels")
+        if status != 200 or not rules.ours(labels, self._deployment):
+            raise rules.Refused(f"{kind[:-1]} {name!r} is not one of this deployment's")
+        full = str(data.get("Id"))
+        if len(self._owned) > 10_000:
+            self._owned.clear()  # ids are never reused; the cache only saves lookups
+        self._owned[(kind, name)] = full
+        return full
+
+    async def _engine_get(self, path: str) -> tuple[int, dict[str, Any]]:
+        reader, writer = await asyncio.open_unix_connection(self._engine)
+        try:
+            conn = h11.Connection(h11.CLIENT)
+            head = h11.Request(method="GET", target=path, headers=[("Host", "docker"), ("Connection", "close")])
+            writer.write(conn.send(head) or b"")
+            writer.write(conn.send(h11.EndOfMessage()) or b"")
+            await writer.drain()
+            status, chunks = 0, []
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    conn.receive_data(await reader.read(65536))
+                elif isinstance(event, h11.Response):
+                    status = event.status_code
+                elif isinstance(event, h11.Data):
+                    chunks.append(bytes(event.data))
+                elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+                    break
+            try:
+                return status, json.loads(b"".join(chunks) or b"{}")
+            except ValueError:
+                return status, {}
+        finally:
+            writer.close()
+
+    async def _forward(
+        self,
+        client: ClientRequest,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        method: str,
+        target: str,
+        body: bytes,
+        body_read: bool,
+    ) -> None:
+        request = client.request
+        upgrade = any(n == b"upgrade" for n, _ in request.headers)
+        kept = [(n, v) for n, v in request.headers if n not in (b"connection", b"host", b"keep-alive")]
+        headers = [(b"Host", b"docker"), *kept, (b"Connection", b"Upgrade" if upgrade else b"close")]
+        out = h11.Connection(h11.CLIENT)
+        engine_r, engine_w = await asyncio.open_unix_connection(self._engine)
+        try:
+            engine_w.write(out.send(h11.Request(method=method, target=target, headers=headers)) or b"")
+            if body_read:
+                engine_w.write(out.send(h11.Data(data=body)) or b"")
+            else:
+                await _copy_body(client, reader, engine_w, out)
+            engine_w.write(out.send(h11.EndOfMessage()) or b"")
+            await engine_w.drain()
+            if upgrade:  # attach: the engine answers 101 and then it is a raw stream both ways
+                early, _ = client.conn.trailing_data
+                if early:
+                    engine_w.write(early)
+                await _both_ways((reader, writer), (engine_r, engine_w))
+            else:
+                await _one_way(engine_r, writer)
+        finally:
+            engine_w.close()
+
+
+async def _read_body(client: ClientRequest, reader: asyncio.StreamReader, length: int) -> bytes:
+    if length > BODY_LIMIT:
+        raise rules.Refused(f"a {length}-byte body is larger than any a worker sends")
+    chunks: list[bytes] = []
+    while True:
+        event = client.conn.next_event()
+        if event is h11.NEED_DATA:
+            data = await asyncio.wait_for(reader.read(65536), 60.0)
+            if not data:
+                raise asyncio.IncompleteReadError(b"", None)
+            client.conn.receive_data(data)
+        elif isinstance(event, h11.Data):
+            chunks.append(bytes(event.data))
+        elif isinstance(event, h11.EndOfMessage):
+            return b"".join(chunks)
+
+
+async def _copy_body(
+    client: ClientRequest, reader: asyncio.StreamReader, engine: asyncio.StreamWriter, out: h11.Connection
+) -> None:
+    """An unchecked body (an input archive): streamed as framed, never more."""
+    while True:
+        event = client.conn.next_event()
+        if event is h11.NEED_DATA:
+            data = await asyncio.wait_for(reader.read(65536), 60.0)
+            if not data:
+                raise asyncio.IncompleteReadError(b"", None)
+            client.conn.receive_data(data)
+        elif isinstance(event, h11.Data):
+            engine.write(out.send(h11.Data(data=event.data)) or b"")
+            await engine.drain()
+        elif isinstance(event, h11.EndOfMessage) or event is h11.PAUSED:
+            return
+
+
+async def _one_way(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    while chunk := await source.read(65536):
+        sink.write(chunk)
+        await sink.drain()
+
+
+async def _both_ways(
+    client: tuple[asyncio.StreamReader, asyncio.StreamWriter], engine: tuple[asyncio.StreamReader, asyncio.StreamWriter]
+) -> None:
+    async def copy(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, OSError):
+            while chunk := await source.read(65536):
+                sink.write(chunk)
+                await sink.drain()
+            if sink.can_write_eof():
+                sink.write_eof()  # the worker's stdin end (shutdown) reaches the engine
+
+    inbound = asyncio.ensure_future(copy(engine[0], client[1]))
+    outbound = asyncio.ensure_future(copy(client[0], engine[1]))
+    try:
+        await inbound  # the stream ends when the engine ends it
+    finally:
+        outbound.cancel()
+
+
+async def _answer(writer: asyncio.StreamWriter, status: int, reason: str) -> None:
+    body = json.dumps({"message": f"execbox docker-proxy: {reason}"}).encode()
+    head = f"HTTP/1.1 {status} Refused\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    with contextlib.suppress(Exception):
+        writer.write(head.encode() + b"Connection: close\r\n\r\n" + body)
+        await writer.drain()
+
+
+def run(listen: str, engine: str, deployment: str, egress_container: str) -> None:
+    async def serve() -> None:
+        server = await DockerProxy(engine, deployment, egress_container).serve(listen)
+        log.info("docker proxy listening on %s for deployment %s", listen, deployment)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(serve())
