@@ -6,11 +6,26 @@ both Content-Length and Transfer-Encoding)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import h11
 
 HEAD_LIMIT = 64 * 1024
+
+
+_LIVE: set[asyncio.Task[object]] = set()
+
+
+def hold_current_task() -> asyncio.Task[object] | None:
+    """Keep the running connection handler referenced until it ends. asyncio's stream server drops
+    its reference when the client's side closes, and a handler then waiting only on the other side
+    (an upstream or the engine) could be garbage-collected mid-copy, cutting that stream."""
+    task = asyncio.current_task()
+    if task is not None:
+        _LIVE.add(task)
+        task.add_done_callback(_LIVE.discard)
+    return task
 
 
 class MalformedRequest(Exception):
@@ -80,4 +95,32 @@ def check_head_bytes(head: bytes) -> None:
         raise MalformedRequest("both Content-Length and Transfer-Encoding")
 
 
-__all__ = ["HEAD_LIMIT", "ClientRequest", "MalformedRequest", "check_head_bytes", "read_request"]
+async def body_chunks(client: ClientRequest, reader: asyncio.StreamReader, timeout_s: float) -> AsyncIterator[bytes]:
+    """The request's body as h11 frames it (Content-Length or chunked), chunk by chunk; ends at the
+    end of the message (or where the connection may switch protocols), never later: bytes the
+    client sends behind the body are not part of it."""
+    while True:
+        try:
+            event = client.conn.next_event()
+        except h11.RemoteProtocolError as exc:
+            raise MalformedRequest(f"malformed request body ({exc})") from exc
+        if event is h11.NEED_DATA:
+            data = await asyncio.wait_for(reader.read(65536), timeout_s)
+            if not data:
+                raise asyncio.IncompleteReadError(b"", None)
+            client.conn.receive_data(data)
+        elif isinstance(event, h11.Data):
+            yield bytes(event.data)
+        elif isinstance(event, h11.EndOfMessage) or event is h11.PAUSED:
+            return
+
+
+__all__ = [
+    "HEAD_LIMIT",
+    "ClientRequest",
+    "MalformedRequest",
+    "body_chunks",
+    "check_head_bytes",
+    "hold_current_task",
+    "read_request",
+]

@@ -28,7 +28,7 @@ def assert_failed(body: dict[str, Any], category: str) -> dict[str, Any]:
 
 def test_print_succeeds_with_output_timing_and_image(api: httpx.Client) -> None:
     body = run_code(api, "print(1)")
-    assert body["status"] == "succeeded"
+    assert body["status"] == "succeeded", (body["error"], body["stderr"])
     assert body["stdout"] == "1\n"
     assert body["stderr"] == ""
     assert body["exit_code"] == 0 and body["error"] is None and body["signal"] is None

@@ -44,7 +44,12 @@ def _services(request: Request) -> Services:
     return services
 
 
-ServicesDep = Annotated[Services, Depends(_services)]
+async def _services_dep(request: Request) -> Services:
+    """Async, so that FastAPI resolves it on the event loop rather than in a worker thread."""
+    return _services(request)
+
+
+ServicesDep = Annotated[Services, Depends(_services_dep)]
 
 
 async def _tenant(

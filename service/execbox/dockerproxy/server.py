@@ -20,7 +20,7 @@ from typing import Any
 import h11
 
 from execbox.dockerproxy import rules
-from execbox.httpheads import ClientRequest, MalformedRequest, read_request
+from execbox.httpheads import ClientRequest, MalformedRequest, body_chunks, hold_current_task, read_request
 
 log = logging.getLogger(__name__)
 BODY_LIMIT = 1 << 20
@@ -44,6 +44,7 @@ class DockerProxy:
         return server
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hold_current_task()
         try:
             client = await read_request(reader, 60.0)
             await self._serve(client, reader, writer)
@@ -183,36 +184,16 @@ class DockerProxy:
 async def _read_body(client: ClientRequest, reader: asyncio.StreamReader, length: int) -> bytes:
     if length > BODY_LIMIT:
         raise rules.Refused(f"a {length}-byte body is larger than any a worker sends")
-    chunks: list[bytes] = []
-    while True:
-        event = client.conn.next_event()
-        if event is h11.NEED_DATA:
-            data = await asyncio.wait_for(reader.read(65536), 60.0)
-            if not data:
-                raise asyncio.IncompleteReadError(b"", None)
-            client.conn.receive_data(data)
-        elif isinstance(event, h11.Data):
-            chunks.append(bytes(event.data))
-        elif isinstance(event, h11.EndOfMessage):
-            return b"".join(chunks)
+    return b"".join([chunk async for chunk in body_chunks(client, reader, 60.0)])
 
 
 async def _copy_body(
     client: ClientRequest, reader: asyncio.StreamReader, engine: asyncio.StreamWriter, out: h11.Connection
 ) -> None:
     """An unchecked body (an input archive): streamed as framed, never more."""
-    while True:
-        event = client.conn.next_event()
-        if event is h11.NEED_DATA:
-            data = await asyncio.wait_for(reader.read(65536), 60.0)
-            if not data:
-                raise asyncio.IncompleteReadError(b"", None)
-            client.conn.receive_data(data)
-        elif isinstance(event, h11.Data):
-            engine.write(out.send(h11.Data(data=event.data)) or b"")
-            await engine.drain()
-        elif isinstance(event, h11.EndOfMessage) or event is h11.PAUSED:
-            return
+    async for chunk in body_chunks(client, reader, 60.0):
+        engine.write(out.send(h11.Data(data=chunk)) or b"")
+        await engine.drain()
 
 
 async def _one_way(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:

@@ -33,7 +33,14 @@ from urllib.parse import urlsplit
 import h11
 
 from execbox.egress.rules import EgressRule, IpNetwork, address_allowed
-from execbox.httpheads import HEAD_LIMIT, ClientRequest, MalformedRequest, read_request
+from execbox.httpheads import (
+    HEAD_LIMIT,
+    ClientRequest,
+    MalformedRequest,
+    body_chunks,
+    hold_current_task,
+    read_request,
+)  # fmt: skip
 
 log = logging.getLogger(__name__)
 USAGE_PRUNE_AT = 4096
@@ -99,6 +106,7 @@ class EgressProxy:
         return await asyncio.start_server(self._handle, host, port, limit=HEAD_LIMIT)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hold_current_task()
         local = writer.get_extra_info("sockname")[0]
         rule: EgressRule | None = None
         host, port = "", 0
@@ -291,25 +299,16 @@ async def _forward(
     if not send(_upstream_request(client.request, host, port, secrets)):
         upstream[1].close()
         return True
-    while True:
-        try:
-            event = client.conn.next_event()
-        except h11.RemoteProtocolError as exc:
-            upstream[1].close()
-            raise Denied(f"malformed request body ({exc})", 400) from exc
-        if event is h11.NEED_DATA:
-            chunk = await asyncio.wait_for(downstream[0].read(65536), rule.idle_timeout_s)
-            if not chunk:
-                raise asyncio.IncompleteReadError(b"", None)
-            client.conn.receive_data(chunk)
-            continue
-        if isinstance(event, h11.Data) and not send(h11.Data(data=event.data)):
-            upstream[1].close()
-            return True
-        if isinstance(event, h11.EndOfMessage):
-            send(h11.EndOfMessage())
-            await writer.drain()
-            break
+    try:
+        async for chunk in body_chunks(client, downstream[0], rule.idle_timeout_s):
+            if not send(h11.Data(data=chunk)):
+                upstream[1].close()
+                return True
+    except MalformedRequest as exc:
+        upstream[1].close()
+        raise Denied(exc.reason, 400) from exc
+    send(h11.EndOfMessage())
+    await writer.drain()
     return await _pipe(rule, usage, downstream, upstream, request_done=True)
 
 
