@@ -14,9 +14,10 @@ def _rows(model: type[BaseModel], env_prefix: str) -> list[str]:
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             rows += _rows(annotation, f"{env_prefix}{name.upper()}__")
             continue
-        default = (
-            field.default if name not in ("policies_dir", "images_dir", "artifacts_dir") else "(repository folder)"
-        )
+        if name in ("policies_dir", "images_dir", "artifacts_dir"):
+            default: object = "(repository folder)"
+        else:
+            default = field.get_default(call_default_factory=True)  # default_factory fields too
         rows.append(f"| `{env_prefix}{name.upper()}` | `{default}` | {field.description or ''} |")
     return rows
 
