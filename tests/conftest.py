@@ -94,6 +94,43 @@ def answers_200(url: str) -> bool:
         return False
 
 
+def start_redis(processes: Processes, port: int, data: Path, prefix: str) -> subprocess.Popen[bytes]:
+    """A Redis of its own for another deployment (`prefix`), with the deployment's roles and AOF on."""
+    binary = shutil.which("redis-server")
+    assert binary, "redis-server is not installed: run scripts/install"
+    acl = write_acl(data / "users.acl", prefix)
+    proc = processes.spawn(f"redis-{port}", [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
+                                             "--appendonly", "yes", "--appendfsync", "always", "--save", "",
+                                             "--aclfile", str(acl)], {"PATH": os.environ["PATH"]})  # fmt: skip
+    wait_until(lambda: redis_answers(port), 10, f"the Redis on :{port} to answer")
+    return proc
+
+
+def redis_answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith((b"+PONG", b"-NOAUTH"))  # no credentials: refused, but up
+    except OSError:
+        return False
+
+
+def policies_with_tenants(directory: Path, tenants_yaml: str) -> Path:
+    """A copy of policies/ whose tenants.yaml is `tenants_yaml` (quotas for one test's tenants)."""
+    policies = directory / "policies"
+    shutil.copytree(ROOT / "policies", policies)
+    (policies / "tenants.yaml").write_text(tenants_yaml)
+    return policies
+
+
+def deployment_env(stack: Stack, redis_port: int, prefix: str, queue: str) -> dict[str, str]:
+    """The API's environment for another deployment on its own Redis; its workers use the engine's
+    socket, since the session's docker proxy serves the session's deployment only."""
+    return {**stack.env, "EXECBOX_REDIS__URL": role_url(f"redis://127.0.0.1:{redis_port}/0", "api", PASSWORDS["api"]),
+            "EXECBOX_REDIS__KEY_PREFIX": prefix, "EXECBOX_QUEUE__NAME": queue,
+            "EXECBOX_DOCKER__URL": "unix:///var/run/docker.sock"}  # fmt: skip
+
+
 @dataclass
 class Redis:
     url: str
@@ -129,15 +166,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Redis]:
         stderr=subprocess.DEVNULL,
     )
 
-    def answers() -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
-                sock.sendall(b"PING\r\n")
-                return sock.recv(16).startswith((b"+PONG", b"-NOAUTH"))  # no credentials: refused, but up
-        except OSError:
-            return False
-
-    wait_until(answers, 10, "redis-server to answer")
+    wait_until(lambda: redis_answers(port), 10, "redis-server to answer")
     yield Redis(role_url(f"redis://127.0.0.1:{port}/0", "harness", PASSWORDS["harness"]), port)
     proc.terminate()
     proc.wait(10)

@@ -39,11 +39,9 @@ class Role:
 
     def acl_line(self, password: str) -> str:
         digest = hashlib.sha256(password.encode()).hexdigest()
-        keys = " ".join(self.keys)
-        channels = " ".join(f"&{c}" for c in self.channels)
-        return f"user {self.name} on #{digest} resetkeys {keys} resetchannels {channels} -@all {self.commands}".replace(
-            "  ", " "
-        )
+        parts = ["user", self.name, "on", f"#{digest}", "resetkeys", *self.keys, "resetchannels",
+                 *(f"&{c}" for c in self.channels), "-@all", self.commands]  # fmt: skip
+        return " ".join(parts)
 
 
 def roles(prefix: str) -> dict[str, Role]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -11,41 +10,21 @@ from pathlib import Path
 import httpx
 import pytest
 
-from execbox.redis_roles import role_url
 from tests.conftest import (
     EXECBOX,
-    PASSWORDS,
     Processes,
     Stack,
     answers_200,
     as_role,
     auth,
     create_key,
+    deployment_env,
     free_port,
+    start_redis,
     wait_until,
-    write_acl,
 )  # fmt: skip
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis, pytest.mark.slow]
-
-
-def start_redis(processes: Processes, port: int, data: Path, prefix: str) -> subprocess.Popen[bytes]:
-    binary = shutil.which("redis-server")
-    assert binary, "redis-server is not installed: run scripts/install"
-    acl = write_acl(data / "users.acl", prefix)  # the same roles as the session's Redis
-    proc = processes.spawn(f"redis-{port}", [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
-                                             "--appendonly", "yes", "--appendfsync", "always", "--save", "",
-                                             "--aclfile", str(acl)],
-                           {"PATH": os.environ["PATH"]})  # fmt: skip
-
-    def answers() -> bool:
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}", timeout=0.2) is not None
-        except httpx.HTTPError as exc:  # Redis answers HTTP with a protocol error: it is up
-            return "Connection refused" not in str(exc)
-
-    wait_until(answers, 10, "the crash-test Redis to answer")
-    return proc
 
 
 def start_api(processes: Processes, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
@@ -60,13 +39,7 @@ def test_api_and_redis_killed_mid_load_lose_nothing(stack: Stack, processes: Pro
     redis_port = free_port()
     prefix = f"{stack.prefix}crash"
     redis_proc = start_redis(processes, redis_port, tmp_path, prefix)
-    env = {
-        **stack.env,
-        "EXECBOX_REDIS__URL": role_url(f"redis://127.0.0.1:{redis_port}/0", "api", PASSWORDS["api"]),
-        "EXECBOX_QUEUE__NAME": "crash",
-        "EXECBOX_REDIS__KEY_PREFIX": prefix,
-        "EXECBOX_DOCKER__URL": "unix:///var/run/docker.sock",
-    }  # another deployment: not the session's docker proxy
+    env = deployment_env(stack, redis_port, prefix, "crash")
     key = create_key(env, "alpha")
     api, url = start_api(processes, env)
     processes.spawn(

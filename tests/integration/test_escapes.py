@@ -4,8 +4,6 @@ runc and under gVisor. Each test names the attack it stands for."""
 from __future__ import annotations
 
 import json
-import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -13,21 +11,20 @@ import docker
 import httpx
 import pytest
 
-from execbox.redis_roles import role_url
 from execbox.sandbox.base import EXECUTION_LABEL
 from tests.conftest import (
     EXECBOX,
-    PASSWORDS,
     Processes,
     Stack,
     answers_200,
     as_role,
     auth,
     create_key,
+    deployment_env,
     free_port,
     run_code,
+    start_redis,
     wait_until,
-    write_acl,
 )  # fmt: skip
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
@@ -211,32 +208,8 @@ def test_a_runtime_no_worker_offers_is_refused(stack: Stack, processes: Processe
     """A deployment of its own (Redis, API, one worker offering runc only): asking for gVisor is a
     422 naming policy.runtime, before anything is queued."""
     port, prefix = free_port(), f"{stack.prefix}rt"
-    acl = write_acl(tmp_path / "users.acl", prefix)
-    processes.spawn(
-        f"redis-{port}",
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--dir",
-            str(tmp_path),
-            "--aclfile",
-            str(acl),
-        ],
-        {"PATH": os.environ["PATH"]},
-    )
-    env = {
-        **stack.env,
-        "EXECBOX_REDIS__URL": role_url(f"redis://127.0.0.1:{port}/0", "api", PASSWORDS["api"]),
-        "EXECBOX_REDIS__KEY_PREFIX": prefix,
-        "EXECBOX_QUEUE__NAME": "rt",
-        "EXECBOX_DOCKER__URL": "unix:///var/run/docker.sock",
-    }  # another deployment: not the session's docker proxy
-    wait_until(lambda: _answers(port), 10, "the runtime test's Redis")
+    start_redis(processes, port, tmp_path, prefix)
+    env = deployment_env(stack, port, prefix, "rt")
     key = create_key(env, "alpha")
     api_port = free_port()
     processes.spawn(f"rt-api-{api_port}", [EXECBOX, "api", "--port", str(api_port)], env)
@@ -252,12 +225,3 @@ def test_a_runtime_no_worker_offers_is_refused(stack: Stack, processes: Processe
     assert refused.status_code == 422, refused.text
     assert [e["field"] for e in refused.json()["errors"]] == ["policy.runtime"] and "runsc" in refused.text
     assert accepted.status_code == 200 and accepted.json()["policy"]["runtime"] == "runc"
-
-
-def _answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
-            sock.sendall(b"PING\r\n")
-            return bool(sock.recv(16))
-    except OSError:
-        return False

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import ROOT, Side, auth, create_key
+from tests.conftest import Side, auth, create_key, policies_with_tenants
 
 pytestmark = [pytest.mark.redis]
 BODY = {"language": "python", "code": "print(1)"}
@@ -17,13 +16,12 @@ BODY = {"language": "python", "code": "print(1)"}
 
 @pytest.fixture
 def limited(side_stack: Callable[..., Side], tmp_path: Path) -> tuple[Side, dict[str, str]]:
-    policies = tmp_path / "policies"
-    shutil.copytree(ROOT / "policies", policies)
-    (policies / "tenants.yaml").write_text(
+    policies = policies_with_tenants(
+        tmp_path,
         "default: {running: 100, per_minute: 1000, policies: [default, large]}\n"
         "tenants:\n"
         "  rated: {running: 100, per_minute: 3, policies: [default]}\n"
-        "  narrow: {running: 2, per_minute: 1000, policies: [default]}\n"
+        "  narrow: {running: 2, per_minute: 1000, policies: [default]}\n",
     )
     side = side_stack(EXECBOX_POLICIES_DIR=str(policies))  # no worker: accepted executions stay queued
     keys = {tenant: create_key(side.env, tenant) for tenant in ("rated", "narrow", "other")}

@@ -57,10 +57,6 @@ class Waiters:
         """The process's async Redis client (short reads on the event loop, e.g. API key lookups)."""
         return self._redis
 
-    @property
-    def count(self) -> int:
-        return sum(len(events) for events in self._waiting.values())
-
     async def start(self) -> None:
         self._listener = asyncio.create_task(self._listen(), name="execbox-waiters")
 

@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 import h11
+import httpx
 
 from execbox.dockerproxy import rules
 from execbox.httpheads import ClientRequest, MalformedRequest, body_chunks, hold_current_task, read_request
@@ -35,6 +36,10 @@ class DockerProxy:
         self._egress = egress_container
         self._owned: dict[tuple[str, str], str] = {}
         """(kind, id or name) -> full id, for objects already seen to be this deployment's."""
+        self._inspect = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=engine_socket), base_url="http://docker", timeout=30.0
+        )
+        """The proxy's own inspections of containers and networks (ownership checks)."""
 
     async def serve(self, path: str) -> asyncio.AbstractServer:
         with contextlib.suppress(FileNotFoundError):
@@ -121,30 +126,11 @@ class DockerProxy:
         return full
 
     async def _engine_get(self, path: str) -> tuple[int, dict[str, Any]]:
-        reader, writer = await asyncio.open_unix_connection(self._engine)
         try:
-            conn = h11.Connection(h11.CLIENT)
-            head = h11.Request(method="GET", target=path, headers=[("Host", "docker"), ("Connection", "close")])
-            writer.write(conn.send(head) or b"")
-            writer.write(conn.send(h11.EndOfMessage()) or b"")
-            await writer.drain()
-            status, chunks = 0, []
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    conn.receive_data(await reader.read(65536))
-                elif isinstance(event, h11.Response):
-                    status = event.status_code
-                elif isinstance(event, h11.Data):
-                    chunks.append(bytes(event.data))
-                elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
-                    break
-            try:
-                return status, json.loads(b"".join(chunks) or b"{}")
-            except ValueError:
-                return status, {}
-        finally:
-            writer.close()
+            answer = await self._inspect.get(path)
+            return answer.status_code, answer.json()
+        except (httpx.HTTPError, ValueError):
+            return 0, {}
 
     async def _forward(
         self,

@@ -144,7 +144,7 @@ def host_config_kwargs(
         "mem_limit": f"{lim.memory_mb}m",
         "memswap_limit": f"{lim.memory_mb}m",
         # The launcher (PID 1) is one process on top of the program's `pids`; see _pids_limit.
-        "pids_limit": _pids_limit(lim.pids, spec.runtime or settings.runtime),
+        "pids_limit": _pids_limit(lim.pids, policy_runtime(spec, settings)),
         # CFS quota rather than nano_cpus: the same limit, and one `docker update` can change it.
         "cpu_period": CPU_PERIOD_US,
         "cpu_quota": int(lim.cpu * CPU_PERIOD_US),
@@ -170,10 +170,15 @@ def host_config_kwargs(
         # Names resolve at the proxy. The engine's resolver on an internal network answers nothing,
         # so a program's own lookups fail after 1 s instead of 10.
         kwargs["dns_opt"] = ["timeout:1", "attempts:1"]
-    runtime = engine_runtime(spec.runtime, settings, network is not None)
+    runtime = engine_runtime(policy_runtime(spec, settings), settings, network is not None)
     if runtime:
         kwargs["runtime"] = runtime
     return kwargs
+
+
+def policy_runtime(spec: RunSpec, settings: DockerSettings) -> str:
+    """The policy's runtime for this run (runc, runsc): the spec's, else the operator's default."""
+    return spec.runtime or settings.runtime or "runc"
 
 
 GVISOR_BASE_TASKS, GVISOR_TASKS_PER_TASK = 64, 6
@@ -191,13 +196,12 @@ def _pids_limit(pids: int, runtime: str | None) -> int:
     return pids + 1
 
 
-def engine_runtime(name: str | None, settings: DockerSettings, networked: bool) -> str | None:
+def engine_runtime(name: str, settings: DockerSettings, networked: bool) -> str | None:
     """The engine's runtime name for a policy's runtime: gVisor is registered twice, with its own
     network stack off (no network at all) and with the run's network namespace passed through."""
-    name = name or settings.runtime
     if name == "runsc" and networked:
         return settings.runsc_network_runtime
-    return None if name in (None, "runc") else name
+    return None if name == "runc" else name
 
 
 class _Capture:
@@ -469,12 +473,13 @@ class DockerRuntime:
         api = self.api
         uid = self.uids.reserve()
         try:
-            gvisor = (spec.runtime or self._settings.runtime) == "runsc"
+            gvisor = policy_runtime(spec, self._settings) == "runsc"
             seccomp = self._profiles.json(spec.seccomp_deny, gvisor=gvisor)
             kwargs = host_config_kwargs(spec, self._settings, uid, seccomp, network.id if network else None)
             host_config = api.create_host_config(**kwargs)
             host_config["MaskedPaths"] = list(MASKED_PATHS)
-            created = self._create_container(spec, labels, network, host_config, uid)
+            launcher = GVISOR_LAUNCHER if gvisor else LAUNCHER
+            created = self._create_container(spec, labels, network, host_config, uid, launcher)
         except BaseException:
             self.uids.release(uid)
             raise
@@ -482,9 +487,14 @@ class DockerRuntime:
         return created
 
     def _create_container(
-        self, spec: RunSpec, labels: dict[str, str], network: _EgressNetwork | None, host_config: Any, uid: int
+        self,
+        spec: RunSpec,
+        labels: dict[str, str],
+        network: _EgressNetwork | None,
+        host_config: Any,
+        uid: int,
+        launcher: tuple[str, ...],
     ) -> str:
-        launcher = GVISOR_LAUNCHER if str(host_config.get("Runtime", "")).startswith("runsc") else LAUNCHER
         created = self.api.create_container(
             spec.image,
             command=[*launcher, *spec.command],
@@ -547,7 +557,7 @@ class DockerRuntime:
         peak: list[int] = []
         # gVisor does not enforce RLIMIT_CPU: there the sandbox cgroup's CPU time is watched instead.
         cpu_over = threading.Event()
-        cpu_cap_ns = spec.limits.cpu_time_s * 10**9 if (spec.runtime or self._settings.runtime) == "runsc" else None
+        cpu_cap_ns = spec.limits.cpu_time_s * 10**9 if policy_runtime(spec, self._settings) == "runsc" else None
         sampler = threading.Timer(STATS_AFTER_S, self._sample, args=(cid, peak, cpu_cap_ns, cpu_over, wake))
         sampler.daemon = True
         sampler.start()

@@ -85,7 +85,7 @@ class WebhookConsumer:
             if not host_allowed(record.webhook.url, settings.allow_hosts):
                 self._log(execution_id, attempt, None, "host no longer allowed by the operator; not sent")
                 return
-            status, error = _attempt(record, settings.timeout_s)
+            status, error = _attempt(record, attempt, settings.timeout_s)
             self._log(execution_id, attempt, status, error)
             if error is None:
                 log.info("webhook delivered", extra={"attempt": attempt, "status_code": status})
@@ -100,14 +100,14 @@ class WebhookConsumer:
         self._store.update(execution_id, lambda record: record.webhook_deliveries.append(entry))
 
 
-def _attempt(record: ExecutionRecord, timeout_s: float) -> tuple[int | None, str | None]:
+def _attempt(record: ExecutionRecord, attempt: int, timeout_s: float) -> tuple[int | None, str | None]:
     assert record.webhook is not None
     body = record.public().model_dump_json().encode()
     headers = {
         "Content-Type": "application/json",
         "Execbox-Signature": sign(record.webhook.secret, body, int(time.time())),
         "Execbox-Execution-Id": record.id,
-        "Execbox-Delivery-Attempt": str(len(record.webhook_deliveries) + 1),
+        "Execbox-Delivery-Attempt": str(attempt),
         "traceparent": f"00-{record.trace_id}-{secrets.token_hex(8)}-01",
     }
     try:
