@@ -24,7 +24,7 @@ import docker
 import httpx
 import pytest
 
-from execbox.redis_roles import ROLES, acl_file, role_url
+from execbox.core.redis_roles import ROLES, acl_file, role_url
 
 ROOT = Path(__file__).resolve().parents[1]
 EXECBOX = str(Path(sys.executable).with_name("execbox"))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make the Secrets the manifests use, once per cluster (idempotent: existing Secrets are kept):
-#   execbox-redis-acl            the Redis users file (execbox.redis_roles; password digests only)
+#   execbox-redis-acl            the Redis users file (execbox.core.redis_roles; password digests only)
 #   execbox-redis-<role>         one password per role: api, worker, egress, admin, scaler (username too)
 #   execbox-egress-key           the egress proxy's private key (mount it into the proxy only)
 # and print the egress public key for the admin's EXECBOX_EGRESS__PUBLIC_KEY.

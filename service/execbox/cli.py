@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from execbox.settings import Settings
+from execbox.core.settings import Settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     acl.add_argument("--passwords", type=Path, required=True, help="env file with REDIS_<ROLE>_PASSWORD lines")
     args = parser.parse_args(argv)
     if args.command == "docker-proxy":
-        from execbox import logs
+        from execbox.core import logs
         from execbox.dockerproxy.server import run
 
         logs.configure("INFO", "docker-proxy")
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         print(generate(args.path))
         return 0
     if args.command == "redis-acl":
-        from execbox.redis_roles import ROLES, acl_file
+        from execbox.core.redis_roles import ROLES, acl_file
 
         lines = dict(line.split("=", 1) for line in args.passwords.read_text().split() if "=" in line)
         sys.stdout.write(acl_file(args.prefix, {r: lines.get(f"REDIS_{r.upper()}_PASSWORD", "") for r in ROLES}))
@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
 
         run_worker(settings, burst=args.burst, name=args.name)
     elif args.command == "keys":
-        from execbox.auth import ApiKeys
-        from execbox.store import connect
+        from execbox.core.redis import connect
+        from execbox.tenancy.apikeys import ApiKeys
 
         api_keys = ApiKeys(connect(settings), settings.redis.key_prefix)
         if args.keys_command == "create":
@@ -109,10 +109,12 @@ def main(argv: list[str] | None = None) -> int:
 
         run_egress(settings, host=args.host)
     elif args.command == "secrets":
+        from execbox.core.keys import Keys
+        from execbox.core.redis import connect
         from execbox.egress.sealing import Opener, SealingError, seal
-        from execbox.store import ExecutionStore, connect
+        from execbox.egress.store import EgressStore
 
-        store = ExecutionStore(connect(settings), settings)
+        store = EgressStore(connect(settings), Keys(settings.redis.key_prefix), settings.retention_s)
         public_key = settings.egress.public_key
         if args.secrets_command in ("set", "reseal") and not public_key:
             print("EXECBOX_EGRESS__PUBLIC_KEY is not set: secrets are stored sealed to the egress proxy's key "

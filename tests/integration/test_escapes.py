@@ -11,7 +11,7 @@ import docker
 import httpx
 import pytest
 
-from execbox.sandbox.base import EXECUTION_LABEL
+from execbox.sandbox.runtime import EXECUTION_LABEL
 from tests.conftest import (
     EXECBOX,
     Processes,

@@ -12,7 +12,7 @@ import docker
 import httpx
 import pytest
 
-from execbox.sandbox.base import EXECUTION_LABEL, MANAGED_LABEL, TRACE_LABEL, UID_LABEL
+from execbox.sandbox.runtime import EXECUTION_LABEL, MANAGED_LABEL, TRACE_LABEL, UID_LABEL
 from tests.conftest import ROOT, Side, Stack, run_code, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]

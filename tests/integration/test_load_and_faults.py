@@ -87,9 +87,9 @@ def test_three_hundred_waiting_clients_do_not_stall_the_api(roomy: tuple[Side, d
 def test_a_crashed_first_attempt_does_not_lock_its_idempotency_key(stack: Stack, redis_server: Redis) -> None:
     """What an API killed between claiming a key and creating the execution leaves behind: a
     pending claim. A retry with the same key must create the execution within seconds."""
-    from execbox.api.routes.executions import request_digest
-    from execbox.idempotency import CLAIM_S
-    from execbox.models import ExecutionCreate
+    from execbox.executions.idempotency import CLAIM_S
+    from execbox.executions.schemas import ExecutionCreate
+    from execbox.executions.submit import request_digest
 
     body = {"language": "python", "code": "print('once')"}
     key = f"crash-{time.time_ns()}"

@@ -20,8 +20,8 @@ import pytest
 import redis
 import yaml
 
+from execbox.core.redis_roles import role_url
 from execbox.egress import sealing
-from execbox.redis_roles import role_url
 from tests.conftest import (
     EXECBOX,
     PASSWORDS,

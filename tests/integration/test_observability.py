@@ -16,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from execbox.sandbox.base import EXECUTION_LABEL, TRACE_LABEL
+from execbox.sandbox.runtime import EXECUTION_LABEL, TRACE_LABEL
 from tests.conftest import Processes, Side, Stack, free_port, run_code, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]

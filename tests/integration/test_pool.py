@@ -12,7 +12,7 @@ from typing import Any
 import docker
 import pytest
 
-from execbox.sandbox.base import POOL_LABEL, WORKER_LABEL
+from execbox.sandbox.runtime import POOL_LABEL, WORKER_LABEL
 from tests.conftest import Side, run_code, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]

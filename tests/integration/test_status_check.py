@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from execbox.sandbox.base import Limits, RunControl, RunSpec
+from execbox.core.settings import DockerSettings
 from execbox.sandbox.docker import DockerRuntime
-from execbox.settings import DockerSettings
+from execbox.sandbox.runtime import Limits, RunControl, RunSpec
 from tests.conftest import Stack
 
 pytestmark = [pytest.mark.docker]

@@ -16,8 +16,8 @@ from rq import Queue
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
-from execbox.queue import TASK
-from execbox.redis_roles import role_url
+from execbox.core.redis_roles import role_url
+from execbox.executions.queue import TASK
 from tests.conftest import PASSWORDS, ROOT, Side, Stack, free_port, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]

@@ -8,8 +8,8 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from execbox.artifact_store import LocalArtifactStore
-from execbox.artifacts import ArtifactCaps, Collector, safe_name
+from execbox.files.blobs import LocalArtifactStore
+from execbox.files.collect import ArtifactCaps, Collector, safe_name
 
 CAPS = ArtifactCaps(file_bytes=100, total_bytes=150, files=3)
 

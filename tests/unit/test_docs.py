@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from execbox.config_reference import render
+from execbox.core.config_reference import render
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 

@@ -9,11 +9,13 @@ from typing import Any
 
 import pytest
 
-from execbox.artifact_store import LocalArtifactStore
-from execbox.artifacts import ArtifactCaps, Collector
-from execbox.models import ErrorCategory, ExecutionCreate, ExecutionRecord, ExecutionStatus, Expect
-from execbox.policies import PolicySet
-from execbox.sandbox.base import Limits, RunOutcome
+from execbox.catalog.policies import PolicySet
+from execbox.core.status import ErrorCategory, ExecutionStatus
+from execbox.executions.record import ExecutionRecord
+from execbox.executions.schemas import ExecutionCreate, Expect
+from execbox.files.blobs import LocalArtifactStore
+from execbox.files.collect import ArtifactCaps, Collector
+from execbox.sandbox.runtime import Limits, RunOutcome
 from execbox.worker.results import INLINE_OUTPUT_BYTES, apply_outcome, decode_stream
 from tests.unit.test_policies import ROOT
 

@@ -10,23 +10,30 @@ from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
 from rq import Queue
 
-from execbox import __version__, logs
+from execbox import __version__
 from execbox.api import problems
 from execbox.api.deps import Services
 from execbox.api.routes import admin, executions, files, health, languages
-from execbox.api.waits import Waiters
-from execbox.artifact_store import LocalArtifactStore
-from execbox.auth import ApiKeys
-from execbox.idempotency import IdempotencyKeys
-from execbox.languages import Languages
-from execbox.metrics import HttpMetrics, SharedStateCollector, api_metrics
-from execbox.models import ExecutionCreate
-from execbox.policies import PolicySet
-from execbox.queue import depth, make_queue
-from execbox.quotas import Quotas
-from execbox.settings import Settings
-from execbox.store import ExecutionStore, connect
-from execbox.tracing import setup as setup_tracing
+from execbox.catalog.languages import Languages
+from execbox.catalog.policies import PolicySet
+from execbox.core import logs
+from execbox.core.keys import Keys
+from execbox.core.metrics import HttpMetrics, SharedStateCollector, api_metrics
+from execbox.core.redis import connect
+from execbox.core.settings import Settings
+from execbox.core.tracing import setup as setup_tracing
+from execbox.executions import events
+from execbox.executions.idempotency import IdempotencyKeys
+from execbox.executions.queue import depth, make_queue
+from execbox.executions.schemas import ExecutionCreate
+from execbox.executions.store import ExecutionStore
+from execbox.executions.submit import Submissions
+from execbox.executions.waits import Waiters
+from execbox.files.blobs import LocalArtifactStore
+from execbox.files.store import FileStore
+from execbox.fleet.registry import WorkerRegistry
+from execbox.tenancy.apikeys import ApiKeys
+from execbox.tenancy.quotas import Quotas, Slots
 
 __all__ = ["create_app"]
 
@@ -54,23 +61,39 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     registry = CollectorRegistry()
     metrics = api_metrics(registry)
+    keys = Keys(settings.redis.key_prefix)
     store = ExecutionStore(client, settings)
+    events.subscribe(store, metrics.outcomes)
     queue = make_queue(client, settings)
-    store.terminal_hooks.append(metrics.outcomes.observe)
-    registry.register(SharedStateCollector(lambda: shared_state(store, queue)))
+    fleet = WorkerRegistry(client, keys)
+    registry.register(SharedStateCollector(lambda: shared_state(store, fleet, queue)))
+    file_store = FileStore(client, keys)
+    policies = PolicySet.load(settings.policies_dir)
+    language_set = Languages.load(settings.images_dir)
+    spans = setup_tracing(settings.telemetry.otlp_endpoint, "execbox-api")
+    idempotency = IdempotencyKeys(client, settings.redis.key_prefix, settings.api.idempotency_ttl_s)
+    quotas = Quotas.load(settings.policies_dir / "tenants.yaml", Slots(client, keys), settings.queue.max_depth)
+    submissions = Submissions(
+        settings=settings, store=store, files=file_store, queue=queue, policies=policies, languages=language_set,
+        quotas=quotas, fleet=fleet, idempotency=idempotency, spans=spans,
+        on_accept=lambda language: metrics.accepted.labels(language).inc(),
+    )  # fmt: skip
     app.state.services = Services(
         settings=settings,
         store=store,
+        executions=submissions,
+        files=file_store,
+        fleet=fleet,
         queue=queue,
-        policies=PolicySet.load(settings.policies_dir),
-        languages=Languages.load(settings.images_dir),
+        policies=policies,
+        languages=language_set,
         artifacts=LocalArtifactStore(settings.artifacts_dir),
         metrics=metrics,
         registry=registry,
-        spans=setup_tracing(settings.telemetry.otlp_endpoint, "execbox-api"),
-        idempotency=IdempotencyKeys(client, settings.redis.key_prefix, settings.api.idempotency_ttl_s),
+        spans=spans,
+        idempotency=idempotency,
         keys=ApiKeys(client, settings.redis.key_prefix),
-        quotas=Quotas.load(settings.policies_dir / "tenants.yaml", store, settings.queue.max_depth),
+        quotas=quotas,
         waiters=waiters,
     )
     problems.install(app, settings.api.max_body_bytes)
@@ -84,14 +107,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-def shared_state(store: ExecutionStore, queue: Queue) -> dict[str, float]:
-    workers = store.workers()
+def shared_state(store: ExecutionStore, fleet: WorkerRegistry, queue: Queue) -> dict[str, float]:
+    workers = fleet.alive()
     used, limit = store.memory()
     return {
         "execbox_queue_depth": float(depth(queue)),
         "execbox_executions_running": float(len(store.running())),
         "execbox_workers_alive": float(len(workers)),
-        "execbox_workers_docker_ok": float(sum(1 for w in workers if w.get("docker_ok"))),
+        "execbox_workers_docker_ok": float(sum(1 for w in workers if w.docker_ok)),
         "execbox_redis_memory_used_bytes": float(used),
         "execbox_redis_memory_max_bytes": float(limit),
     }

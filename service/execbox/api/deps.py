@@ -9,23 +9,30 @@ from fastapi import Depends, Header, Request
 from prometheus_client import CollectorRegistry
 from rq import Queue
 
-from execbox.api.waits import Waiters
-from execbox.artifact_store import ArtifactStore
-from execbox.auth import DEFAULT_TENANT, ApiKeys
-from execbox.idempotency import IdempotencyKeys
-from execbox.languages import Languages
-from execbox.metrics import ApiMetrics
-from execbox.policies import PolicySet
-from execbox.quotas import Quotas
-from execbox.settings import Settings
-from execbox.store import ExecutionStore, redis_errors
-from execbox.tracing import Spans
+from execbox.catalog.languages import Languages
+from execbox.catalog.policies import PolicySet
+from execbox.core.metrics import ApiMetrics
+from execbox.core.redis import redis_errors
+from execbox.core.settings import Settings
+from execbox.core.tracing import Spans
+from execbox.executions.idempotency import IdempotencyKeys
+from execbox.executions.store import ExecutionStore
+from execbox.executions.submit import Submissions
+from execbox.executions.waits import Waiters
+from execbox.files.blobs import ArtifactStore
+from execbox.files.store import FileStore
+from execbox.fleet.registry import WorkerRegistry
+from execbox.tenancy.apikeys import DEFAULT_TENANT, ApiKeys
+from execbox.tenancy.quotas import Quotas
 
 
 @dataclass(frozen=True)
 class Services:
     settings: Settings
     store: ExecutionStore
+    executions: Submissions
+    files: FileStore
+    fleet: WorkerRegistry
     queue: Queue
     policies: PolicySet
     languages: Languages

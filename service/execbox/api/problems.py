@@ -9,11 +9,29 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from execbox.errors import BodyTooLarge, FieldProblem, ServiceError
-from execbox.models import Problem
+from execbox.core.errors import BodyTooLarge, FieldProblem, ServiceError
+
+
+class ProblemField(BaseModel):
+    field: str = Field(description="Dotted path of the offending field, e.g. `policy.memory_mb` or `query.wait`.")
+    message: str = Field(description="What is wrong with it and what to send instead.")
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details, the body of every 4xx/5xx answer."""
+
+    type: str = Field(description="URI naming the problem type.")
+    title: str = Field(description="Short summary of the problem type.")
+    status: int = Field(description="HTTP status code.")
+    detail: str = Field(description="What went wrong and what to do next.")
+    code: str = Field(description="Stable machine-readable code, e.g. `request.policy_exceeded`.")
+    retryable: bool = Field(description="True when the same request may succeed later.")
+    errors: list[ProblemField] = Field(description="One entry per invalid field (may be empty).")
+
 
 PROBLEM_TYPE = "https://execbox.dev/problems/"
 PROBLEM_DOC: dict[str, object] = {

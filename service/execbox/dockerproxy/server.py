@@ -1,7 +1,7 @@
 """`execbox docker-proxy`: the worker's Docker socket, narrowed (see execbox.dockerproxy.rules).
 
 Listens on a unix socket the worker mounts instead of the engine's. Each request head is parsed
-strictly (execbox.httpheads), routed, checked (bodies of container and network creates, updates
+strictly (execbox.core.httpheads), routed, checked (bodies of container and network creates, updates
 and connects; ownership of every container or network named in the path, resolved to its full id
 through the engine and forwarded by that id), then sent to the engine as a head of the proxy's own
 making with exactly the framed body and `Connection: close`. Attach requests switch to a raw
@@ -20,8 +20,8 @@ from typing import Any
 import h11
 import httpx
 
+from execbox.core.httpheads import ClientRequest, MalformedRequest, body_chunks, hold_current_task, read_request
 from execbox.dockerproxy import rules
-from execbox.httpheads import ClientRequest, MalformedRequest, body_chunks, hold_current_task, read_request
 
 log = logging.getLogger(__name__)
 BODY_LIMIT = 1 << 20

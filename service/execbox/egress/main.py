@@ -7,30 +7,32 @@ import ipaddress
 import logging
 import time
 
-from execbox import logs
-from execbox import store as store_mod
+from execbox.core import logs
+from execbox.core.keys import Keys
+from execbox.core.redis import connect
+from execbox.core.settings import Settings
 from execbox.egress.proxy import Denied, EgressProxy, SecretHeader
 from execbox.egress.rules import EgressRule
 from execbox.egress.sealing import Opener, SealingError
-from execbox.settings import Settings
+from execbox.egress.store import EgressStore
 
 log = logging.getLogger(__name__)
 
 
 class RedisRules:
-    """The proxy's RuleSource over the execution store.
+    """The proxy's RuleSource over the egress keys in Redis.
 
     Nothing is cached: a rule is read for every connection, so a connection is always judged by
     the rule of the run that holds the network now (a slot's previous run can never lend it its
     allowlist or its tenant's secrets). Secret values arrive sealed and are opened here only.
     """
 
-    def __init__(self, store: store_mod.ExecutionStore, opener: Opener | None) -> None:
+    def __init__(self, store: EgressStore, opener: Opener | None) -> None:
         self._store = store
         self._opener = opener
 
     def rule(self, local_address: str) -> EgressRule | None:
-        raw = self._store.egress_rule(local_address)
+        raw = self._store.rule(local_address)
         return None if raw is None else EgressRule.from_json(raw)
 
     def secrets(self, tenant: str, host: str) -> list[SecretHeader]:
@@ -57,7 +59,7 @@ class RedisRules:
 
 def run_egress(settings: Settings, host: str = "0.0.0.0") -> None:
     logs.configure(settings.log_level, "egress")
-    store = store_mod.ExecutionStore(store_mod.connect(settings), settings)
+    store = EgressStore(connect(settings), Keys(settings.redis.key_prefix), settings.retention_s)
     egress = settings.egress
     opener = Opener(egress.private_key_file) if egress.private_key_file else None
     proxy = EgressProxy(

@@ -32,15 +32,15 @@ from urllib.parse import urlsplit
 
 import h11
 
-from execbox.egress.rules import EgressRule, IpNetwork, address_allowed
-from execbox.httpheads import (
+from execbox.core.httpheads import (  # fmt: skip
     HEAD_LIMIT,
     ClientRequest,
     MalformedRequest,
     body_chunks,
     hold_current_task,
     read_request,
-)  # fmt: skip
+)
+from execbox.egress.rules import EgressRule, IpNetwork, address_allowed
 
 log = logging.getLogger(__name__)
 USAGE_PRUNE_AT = 4096

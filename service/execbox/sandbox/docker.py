@@ -37,8 +37,10 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import DriverConfig, IPAMConfig, IPAMPool, Mount, Ulimit
 from docker.utils.socket import frames_iter
 
-from execbox.errors import ImageUnavailable, RuntimeUnavailable
-from execbox.sandbox.base import (
+from execbox.core.errors import ImageUnavailable, RuntimeUnavailable
+from execbox.core.settings import DockerSettings
+from execbox.sandbox.pool import WarmPool
+from execbox.sandbox.runtime import (
     DEPLOYMENT_LABEL,
     EXECUTION_LABEL,
     MANAGED_LABEL,
@@ -54,10 +56,8 @@ from execbox.sandbox.base import (
     RunOutcome,
     RunSpec,
 )
-from execbox.sandbox.pool import WarmPool
 from execbox.sandbox.seccomp import SeccompProfiles
 from execbox.sandbox.uids import LocalUids, UidAllocator
-from execbox.settings import DockerSettings
 
 log = logging.getLogger(__name__)
 DEFAULT_POLICIES = Path(__file__).resolve().parents[3] / "policies"

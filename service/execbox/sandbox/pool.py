@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from execbox.errors import ServiceError
-from execbox.sandbox.base import ContainerInfo, Limits, RunSpec
+from execbox.core.errors import ServiceError
+from execbox.sandbox.runtime import ContainerInfo, Limits, RunSpec
 
 log = logging.getLogger(__name__)
 REFILL_DELAY_S = 0.05

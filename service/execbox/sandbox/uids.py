@@ -14,7 +14,15 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from execbox.errors import RuntimeUnavailable
+import redis
+
+from execbox.core.errors import RuntimeUnavailable
+from execbox.core.keys import Keys
+from execbox.core.redis import redis_errors
+
+UID_HOLD_S = 4 * 3600
+"""Longest a sandbox uid stays reserved when its worker died holding it (a warm container waits at
+most max_idle_s, a run at most its timeout; both far below this)."""
 
 
 class UidAllocator(Protocol):
@@ -79,4 +87,18 @@ class SharedUids:
         self._give_back(uid)
 
 
-__all__ = ["LocalUids", "SharedUids", "UidAllocator", "parse_range"]
+def redis_uids(client: redis.Redis, keys: Keys, uid_range: str) -> SharedUids:
+    """SharedUids reserved in the deployment's Redis (key `uid:{uid}`)."""
+
+    def claim(uid: int) -> bool:
+        with redis_errors():
+            return bool(client.set(keys.uid(uid), "1", nx=True, ex=UID_HOLD_S))
+
+    def give_back(uid: int) -> None:
+        with redis_errors():
+            client.delete(keys.uid(uid))
+
+    return SharedUids(uid_range, claim, give_back)
+
+
+__all__ = ["LocalUids", "SharedUids", "UidAllocator", "parse_range", "redis_uids"]

@@ -1,4 +1,4 @@
-"""What a worker process builds once and every job reuses: settings, store, runtime, languages."""
+"""What a worker process builds once and every job reuses: settings, stores, runtime, languages."""
 
 from __future__ import annotations
 
@@ -9,26 +9,37 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from execbox import store as store_mod
-from execbox.artifact_store import ArtifactStore, LocalArtifactStore
-from execbox.errors import ServiceError
-from execbox.languages import Languages
-from execbox.metrics import WorkerMetrics, worker_metrics
-from execbox.models import PolicyRequest
-from execbox.policies import PolicySet, run_limits
-from execbox.sandbox.base import RunSpec, Runtime
+from execbox.catalog.languages import Languages
+from execbox.catalog.policies import PolicySet
+from execbox.catalog.schemas import AppliedPolicy, PolicyRequest
+from execbox.core.errors import ServiceError
+from execbox.core.keys import Keys
+from execbox.core.metrics import WorkerMetrics, worker_metrics
+from execbox.core.redis import connect
+from execbox.core.settings import Settings
+from execbox.core.tracing import Spans
+from execbox.core.tracing import setup as setup_tracing
+from execbox.egress.store import EgressStore
+from execbox.executions import events
+from execbox.executions.store import ExecutionStore
+from execbox.files.blobs import ArtifactStore, LocalArtifactStore
+from execbox.files.store import FileStore
+from execbox.fleet.registry import WorkerRegistry
 from execbox.sandbox.docker import DockerRuntime
 from execbox.sandbox.pool import PoolClass, WarmPool
-from execbox.sandbox.uids import SharedUids
-from execbox.settings import Settings
-from execbox.tracing import Spans
-from execbox.tracing import setup as setup_tracing
+from execbox.sandbox.runtime import Limits, RunSpec, Runtime
+from execbox.sandbox.uids import redis_uids
+from execbox.tenancy.quotas import Slots
 
 
 @dataclass
 class WorkerContext:
     settings: Settings
-    store: store_mod.ExecutionStore
+    store: ExecutionStore
+    files: FileStore
+    egress: EgressStore
+    fleet: WorkerRegistry
+    slots: Slots
     runtime: Runtime
     languages: Languages
     artifacts: ArtifactStore
@@ -41,12 +52,19 @@ class WorkerContext:
     @classmethod
     def build(cls, settings: Settings, name: str | None = None) -> WorkerContext:
         registry = CollectorRegistry()
-        store = store_mod.ExecutionStore(store_mod.connect(settings), settings)
-        uids = SharedUids(settings.docker.uid_range, store.reserve_uid, store.release_uid)
-        runtime = DockerRuntime(settings.docker, uids, settings.policies_dir)
+        client = connect(settings)
+        keys = Keys(settings.redis.key_prefix)
+        store = ExecutionStore(client, settings)
+        runtime = DockerRuntime(
+            settings.docker, redis_uids(client, keys, settings.docker.uid_range), settings.policies_dir
+        )
         context = cls(
             settings=settings,
             store=store,
+            files=FileStore(client, keys),
+            egress=EgressStore(client, keys, settings.retention_s),
+            fleet=WorkerRegistry(client, keys),
+            slots=Slots(client, keys),
             runtime=runtime,
             languages=Languages.load(settings.images_dir),
             artifacts=LocalArtifactStore(settings.artifacts_dir),
@@ -59,8 +77,14 @@ class WorkerContext:
         runtime.on_status_mismatch = context.metrics.status_mismatches.inc
         if settings.pool.sizes:
             context.pool = runtime.pool = build_pool(context, runtime)
-        context.store.terminal_hooks.append(context.metrics.outcomes.observe)
+        events.subscribe(store, context.metrics.outcomes)
         return context
+
+
+def run_limits(policy: AppliedPolicy) -> Limits:
+    """The part of an applied policy the sandbox runtime enforces."""
+    return Limits(policy.timeout_s, policy.cpu, policy.cpu_time_s, policy.memory_mb, policy.pids,
+                  policy.disk_mb, policy.output_bytes)  # fmt: skip
 
 
 def build_pool(ctx: WorkerContext, runtime: DockerRuntime) -> WarmPool:

@@ -4,7 +4,7 @@ RQ resolves a job's function (and its success, failure and stopped callbacks) by
 dotted path stored in the message, and sends the webhooks a message lists. Whoever can write to
 Redis could therefore make a worker, which holds the Docker socket, import and call anything
 (`os.system`) or fetch any URL. The gate reads the message as data (the JSON serializer decodes
-it without importing anything) and refuses all but the fixed set in `execbox.queue.JOB_FUNCTIONS`
+it without importing anything) and refuses all but the fixed set in `execbox.executions.queue.JOB_FUNCTIONS`
 called the way execbox calls them: one JSON object argument, no instance, no callbacks, no webhooks.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from rq.exceptions import DeserializationError
 from rq.job import Job
 
-from execbox.queue import JOB_FUNCTIONS
+from execbox.executions.queue import JOB_FUNCTIONS
 
 
 def refusal(job: Job) -> str | None:

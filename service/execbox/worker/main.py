@@ -19,13 +19,13 @@ from rq import Queue, SimpleWorker
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from execbox import logs
-from execbox.errors import ServiceError
-from execbox.queue import make_queue
-from execbox.settings import Settings
+from execbox.core import logs
+from execbox.core.errors import ServiceError
+from execbox.core.settings import Settings
+from execbox.executions.queue import make_queue
+from execbox.webhooks.delivery import WebhookConsumer
 from execbox.worker import gate, reaper
 from execbox.worker.context import WorkerContext, current, install
-from execbox.worker.webhooks import WebhookConsumer
 
 log = logging.getLogger(__name__)
 

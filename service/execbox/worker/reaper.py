@@ -12,8 +12,9 @@ import logging
 import threading
 import time
 
-from execbox.errors import ServiceError
-from execbox.sandbox.base import ContainerInfo
+from execbox.core.errors import ServiceError
+from execbox.fleet.registry import Heartbeat
+from execbox.sandbox.runtime import ContainerInfo
 from execbox.worker.context import WorkerContext
 
 log = logging.getLogger(__name__)
@@ -35,9 +36,8 @@ def report_health(ctx: WorkerContext) -> None:
                 missing.append(language.image)
     except ServiceError as exc:
         ok, detail = False, exc.message
-    ctx.store.report_worker(
-        ctx.name, ok, detail, ttl_s=3 * ctx.settings.worker.reaper_interval_s, missing=missing, runtimes=runtimes
-    )
+    beat = Heartbeat(ctx.name, ok, detail, missing_images=missing, runtimes=runtimes)
+    ctx.fleet.report(beat, ttl_s=3 * ctx.settings.worker.reaper_interval_s)
 
 
 def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[str, int]:
@@ -46,7 +46,7 @@ def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[st
     counts = {"expired": 0, "lost": 0, "slots": 0, "containers": 0, "networks": 0, "artifact_dirs": 0}
     # A slot taken by an API that died before creating its execution (or one whose release was
     # lost) is given back; a minute is far longer than any admission takes to create.
-    counts["slots"] = ctx.store.reclaim_slots(older_than_s=60.0)
+    counts["slots"] = ctx.slots.reclaim(older_than_s=60.0, ended=lambda execution_id: _ended(ctx, execution_id))
     for execution_id in ctx.store.due_for_expiry():
         if ctx.store.expire_if_due(execution_id, BY) is not None:
             counts["expired"] += 1
@@ -55,7 +55,7 @@ def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[st
             counts["lost"] += 1
     now = time.time()
     unowned_now: set[str] = set()
-    live_workers = {str(w["name"]) for w in ctx.store.workers()}
+    live_workers = {beat.name for beat in ctx.fleet.alive()}
     for container in ctx.runtime.managed_containers(ctx.settings.redis.key_prefix):
         owned = _owned(ctx, container, live_workers)
         if owned or now - container.created_at < ctx.settings.worker.orphan_grace_s:
@@ -83,6 +83,12 @@ def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[st
     if any(counts.values()):
         log.info("reaper sweep", extra=counts)
     return counts
+
+
+def _ended(ctx: WorkerContext, execution_id: str) -> bool:
+    """The execution has ended, or was never created."""
+    record = ctx.store.get(execution_id)
+    return record is None or record.status.terminal
 
 
 def _owned(ctx: WorkerContext, container: ContainerInfo, live_workers: set[str]) -> bool:

@@ -12,20 +12,13 @@ from urllib.parse import quote
 
 from jsonschema import Draft202012Validator
 
-from execbox.artifact_store import ArtifactStore, ArtifactTooLarge
-from execbox.artifacts import Collector
-from execbox.classify import classify
-from execbox.models import (
-    Artifact,
-    ArtifactNotKept,
-    ErrorCategory,
-    ExecutionError,
-    ExecutionRecord,
-    ExecutionStatus,
-    Resources,
-    Timing,
-)
-from execbox.sandbox.base import Limits, RunOutcome
+from execbox.core.status import ErrorCategory, ExecutionStatus
+from execbox.executions.record import ExecutionRecord
+from execbox.executions.schemas import Artifact, ArtifactNotKept, ExecutionError, Resources, Timing
+from execbox.files.blobs import ArtifactStore, ArtifactTooLarge
+from execbox.files.collect import Collector
+from execbox.sandbox.runtime import Limits, RunOutcome
+from execbox.worker.classify import classify
 
 INLINE_OUTPUT_BYTES = 64 * 1024
 OUTPUT_ARTIFACT_DIR = "execbox-outputs"

@@ -14,25 +14,19 @@ from collections.abc import Callable
 from secrets import token_hex
 from typing import Any
 
-from execbox import logs
-from execbox.artifacts import RESULT_FILE, ArtifactCaps, Collector
+from execbox.catalog.schemas import NetworkAllowlist
+from execbox.core import logs
+from execbox.core.errors import InputUnavailable, ServiceError
+from execbox.core.status import ErrorCategory, ExecutionStatus
+from execbox.core.tracing import TraceContext, parse_traceparent
 from execbox.egress.rules import EgressRule
-from execbox.errors import ServiceError
-from execbox.inputs import INPUTS_FILE
-from execbox.models import (
-    ErrorCategory,
-    ExecutionError,
-    ExecutionRecord,
-    ExecutionStatus,
-    NetworkAllowlist,
-    NetworkDenial,
-    NetworkReport,
-)
-from execbox.policies import run_limits
-from execbox.queue import take_next
-from execbox.sandbox.base import WORKDIR, EgressSpec, Limits, RunControl, RunOutcome, RunSpec
-from execbox.tracing import TraceContext, parse_traceparent
-from execbox.worker.context import WorkerContext, current
+from execbox.executions.inputs import INPUTS_FILE
+from execbox.executions.queue import take_next
+from execbox.executions.record import ExecutionRecord
+from execbox.executions.schemas import ExecutionError, NetworkDenial, NetworkReport
+from execbox.files.collect import RESULT_FILE, ArtifactCaps, Collector
+from execbox.sandbox.runtime import WORKDIR, EgressSpec, Limits, RunControl, RunOutcome, RunSpec
+from execbox.worker.context import WorkerContext, current, run_limits
 from execbox.worker.results import apply_outcome, blame_network
 
 log = logging.getLogger(__name__)
@@ -115,14 +109,14 @@ def _run_and_finish(ctx: WorkerContext, record: ExecutionRecord, parent: TraceCo
         )
     finally:
         for address in registered:
-            _quietly(ctx.store.drop_egress_rule, address)  # it expires anyway
+            _quietly(ctx.egress.drop_rule, address)  # it expires anyway
         stop.set()
         ctx.store.signal(record.id, "stop")  # wakes the watcher out of its blocking wait
         watcher.join(timeout=5)
         metrics.running.set(0)
     _observe_run(ctx, record.language, outcome, failure, collector)
     _trace_run(ctx, record, outcome, parent)
-    denials = ctx.store.denials(record.id) if isinstance(record.policy.network, NetworkAllowlist) else []
+    denials = ctx.egress.denials(record.id) if isinstance(record.policy.network, NetworkAllowlist) else []
     ctx.metrics.network_denials.inc(len(denials))
     _finish(ctx, record.id, outcome, failure, limits, collector, denials)
     if ctx.pool is not None:
@@ -193,10 +187,10 @@ def _spec(
         ttl = limits.timeout_s + ctx.settings.queue.setup_margin_s
 
         def register(address: str) -> None:
-            ctx.store.put_egress_rule(address, rule.to_json(), ttl)
+            ctx.egress.put_rule(address, rule.to_json(), ttl)
             registered.append(address)
 
-        store, execution_id = ctx.store, record.id
+        store, execution_id = ctx.egress, record.id
         egress = EgressSpec(
             settings.container,
             settings.port,
@@ -240,7 +234,7 @@ def _input_archive(ctx: WorkerContext, record: ExecutionRecord) -> bytes:
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         made: set[str] = set()
         for ref in record.files:
-            data = ctx.store.file_data(ref.file_id)
+            data = ctx.files.data(ref.file_id)
             if data is None:
                 raise InputUnavailable(ref.path, ref.file_id)
             parts = ref.path.split("/")
@@ -259,14 +253,6 @@ def _tar_entry(name: str, kind: bytes, mode: int, size: int = 0) -> tarfile.TarI
     info.uid = info.gid = 0
     info.mtime = int(time.time())
     return info
-
-
-class InputUnavailable(ServiceError):
-    code = "sandbox.input_unavailable"
-    retryable = True
-
-    def __init__(self, path: str, file_id: str) -> None:
-        super().__init__(f"input file {path} ({file_id}) is no longer stored; upload it again and resubmit")
 
 
 def _finish(

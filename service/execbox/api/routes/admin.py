@@ -10,8 +10,8 @@ from pydantic import BaseModel, Field
 
 from execbox.api.deps import ServicesDep
 from execbox.api.problems import PROBLEM_DOC
-from execbox.auth import TENANT_PATTERN, InvalidKey, bearer_token
-from execbox.errors import RequestError
+from execbox.core.errors import AdminOff, InvalidKey, KeyNotFound
+from execbox.tenancy.apikeys import TENANT_PATTERN, bearer_token
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 _PROBLEM = PROBLEM_DOC
@@ -33,22 +33,6 @@ class KeyPublic(BaseModel):
     created_at: float = Field(description="Unix time of issue.")
     revoked: bool = Field(description="Revoked keys are refused.")
     key: str | None = Field(None, description="The key itself: returned once, at creation, never again.")
-
-
-class AdminOff(RequestError):
-    code = "admin.disabled"
-    http_status = 404
-
-    def __init__(self) -> None:
-        super().__init__("admin endpoints are off: set EXECBOX_AUTH__ADMIN_TOKEN, or use `execbox keys`")
-
-
-class KeyNotFound(RequestError):
-    code = "admin.key_not_found"
-    http_status = 404
-
-    def __init__(self, key_id: str) -> None:
-        super().__init__(f"no API key {key_id}")
 
 
 def _admin(services: ServicesDep, authorization: str | None) -> None:

@@ -1,15 +1,11 @@
-"""POST /v1/executions, GET /v1/executions/{id}, POST /v1/executions/{id}/cancel."""
+"""HTTP for executions: POST /v1/executions, GET /v1/executions/{id}[/record], POST .../cancel,
+GET .../artifacts/{name}. Only translation: the work is execbox.executions.submit's."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import re
-import secrets
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Annotated
 from urllib.parse import quote
 
@@ -22,31 +18,18 @@ from starlette.datastructures import UploadFile
 
 from execbox.api.deps import Services, ServicesDep, TenantDep
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
-from execbox.errors import ConflictError, ExecutionNotFound, FieldProblem, InvalidRequest, PolicyExceeded, RequestError
-from execbox.inputs import prepare
-from execbox.models import (
-    EXECUTION_ID_PATTERN,
-    ErrorCategory,
-    ExecutionCreate,
-    ExecutionError,
-    ExecutionPublic,
-    ExecutionRecord,
-    ExecutionStatus,
-    RunRecord,
-    Transition,
-    check_input_path,
-)
-from execbox.policies import runtime_problems
-from execbox.queue import depth, enqueue
-from execbox.tracing import TraceContext, from_traceparent
-from execbox.webhook_policy import host_allowed
+from execbox.core.errors import ArtifactNotFound, FieldProblem, InvalidRequest
+from execbox.core.tracing import TraceContext, from_traceparent
+from execbox.executions.record import ExecutionRecord, RunRecord
+from execbox.executions.schemas import EXECUTION_ID_PATTERN, ExecutionCreate, ExecutionPublic
+from execbox.executions.submit import mine
+from execbox.files.schemas import check_input_path
 
 router = APIRouter(prefix="/v1/executions", tags=["executions"])
 _ACCEPTS = CapacityLimiter(4)
 """Admissions (a few Redis round trips each) run in at most this many threads: a burst of them
 then queues here instead of starving the event loop of the interpreter lock (on 2 cores, 40 busy
 threads made /healthz wait seconds; 8 gave a /healthz max of 60-210 ms under 300 arrivals at once, 4 gave 38-64 ms)."""
-BY = "api"
 _PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*([0-9]+(?:\.[0-9]+)?)", re.IGNORECASE)
 
 ExecutionId = Annotated[str, Path(pattern=EXECUTION_ID_PATTERN, description="Execution id (`exe_...`).")]
@@ -79,10 +62,6 @@ _RESPONSES: dict[int | str, dict[str, object]] = {
     503: {"description": "The queue is full or Redis unavailable; retry after Retry-After.", **_PROBLEM},
     **UNAUTHORIZED_DOC,
 }
-
-
-def new_execution_id() -> str:
-    return "exe_" + base64.b32encode(secrets.token_bytes(16)).decode().rstrip("=").lower()
 
 
 def _wait_seconds(services: Services, query: float | None, prefer: str | None) -> float:
@@ -189,19 +168,16 @@ async def create_execution(
 ) -> ExecutionPublic:
     wait_s = _wait_seconds(services, wait, prefer)
     body, extra = await _read_body(request, services.policies.max_ceiling("input_files"))
-    if idempotency_key is None:
-        accepted = await to_thread.run_sync(_accept, services, tenant, body, extra, traceparent, limiter=_ACCEPTS)
-    else:
-        accepted, replayed = await to_thread.run_sync(
-            _accept_once, services, tenant, body, extra, traceparent, idempotency_key, limiter=_ACCEPTS
-        )
-        if replayed:
-            response.headers["Idempotent-Replayed"] = "true"
-    response.headers.update(accepted.headers)
-    record, trace = accepted.record, accepted.trace
+    submitted = await to_thread.run_sync(
+        services.executions.submit, tenant, body, extra, traceparent, idempotency_key, limiter=_ACCEPTS
+    )
+    if submitted.replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    response.headers.update(submitted.headers)
+    record = submitted.record
     if wait_s > 0:
         record = await services.waiters.wait(record.id, wait_s, _disconnect(request)) or record
-    return _answer(response, record, trace)
+    return _answer(response, record, submitted.trace)
 
 
 def _disconnect(request: Request) -> Callable[[], Awaitable[None]]:
@@ -212,131 +188,6 @@ def _disconnect(request: Request) -> Callable[[], Awaitable[None]]:
             pass
 
     return gone
-
-
-def request_digest(body: ExecutionCreate, extra: list[tuple[str, bytes]]) -> str:
-    """SHA-256 of the canonical request: the JSON body, then each multipart file's path and bytes."""
-    digest = hashlib.sha256(json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode())
-    for path, data in extra:
-        digest.update(b"\0" + path.encode() + b"\0" + hashlib.sha256(data).digest())
-    return digest.hexdigest()
-
-
-def _accept_once(
-    services: Services,
-    tenant: str,
-    body: ExecutionCreate,
-    extra: list[tuple[str, bytes]],
-    traceparent: str | None,
-    key: str,
-) -> tuple[Accepted, bool]:
-    """`_accept` under an Idempotency-Key: a retry gets the execution the first request created."""
-    first: list[Accepted] = []
-
-    def create() -> str:
-        first.append(_accept(services, tenant, body, extra, traceparent))
-        return first[0].record.id
-
-    outcome = services.idempotency.run(tenant, "POST /v1/executions", key, request_digest(body, extra), create)
-    if not outcome.replayed:
-        return first[0], False
-    return Accepted(_owned(services, tenant, outcome.resource_id), from_traceparent(traceparent), {}), True
-
-
-def _owned(services: Services, tenant: str, execution_id: str) -> ExecutionRecord:
-    """The execution as stored (reads change nothing: the sweeper settles expiries and lost
-    workers); 404 when it is missing or another tenant's (never 403: no leak)."""
-    return _mine(services.store.get(execution_id), tenant, execution_id)
-
-
-def _mine(record: ExecutionRecord | None, tenant: str, execution_id: str) -> ExecutionRecord:
-    if record is None or record.tenant != tenant:
-        raise ExecutionNotFound(execution_id)
-    return record
-
-
-@dataclass(frozen=True)
-class Accepted:
-    record: ExecutionRecord
-    trace: TraceContext
-    headers: dict[str, str]
-    """RateLimit-* headers of the admission (none for an idempotent replay)."""
-
-
-def _accept(
-    services: Services, tenant: str, body: ExecutionCreate, extra: list[tuple[str, bytes]], traceparent: str | None
-) -> Accepted:
-    trace = from_traceparent(traceparent)
-    with services.spans.span("execbox.api.create_execution", trace):
-        return _accept_traced(services, tenant, body, extra, trace)
-
-
-def _accept_traced(
-    services: Services, tenant: str, body: ExecutionCreate, extra: list[tuple[str, bytes]], trace: TraceContext
-) -> Accepted:
-    language = services.languages.get(body.language)
-    policy = services.policies.resolve(body.policy, len(body.code.encode()))
-    if policy.runtime not in (None, "runc"):
-        live = [w for w in services.store.workers() if w.get("docker_ok")]
-        available = {str(r) for w in live for r in w.get("runtimes") or []} if live else None  # type: ignore[attr-defined]
-        problems = runtime_problems(policy, available, services.settings.docker.runsc_network_runtime)
-        if problems:
-            raise PolicyExceeded(tuple(problems))
-    if body.webhook is not None and not host_allowed(body.webhook.url, services.settings.webhooks.allow_hosts):
-        raise InvalidRequest(
-            "the webhook's host is not one the operator allows (EXECBOX_WEBHOOKS__ALLOW_HOSTS)",
-            (FieldProblem("webhook.url", "host not allowed for callbacks"),),
-        )
-    now = time.time()
-    deadline = now + policy.queue_timeout_s
-    record_id = new_execution_id()
-    # Quotas before any byte is stored: a refused request leaves nothing behind.
-    admission = services.quotas.admit(tenant, policy.name, record_id, depth(services.queue))
-    try:
-        prepared = prepare(
-            body,
-            policy,
-            language.file,
-            services.store,
-            extra,
-            keep_until=deadline + services.settings.retention_s,
-            ttl_s=services.settings.retention_s,
-            tenant=tenant,
-        )
-    except BaseException:
-        services.store.release_slot(tenant, record_id)
-        raise
-    record = ExecutionRecord(
-        id=record_id,
-        tenant=tenant,
-        status=ExecutionStatus.QUEUED,
-        language=language.name,
-        trace_id=trace.trace_id,
-        labels=body.labels,
-        created_at=now,
-        policy=policy,
-        code=body.code,
-        env=body.env,
-        files=prepared.files,
-        stdin_b64=prepared.stdin_b64,
-        inputs=body.inputs,
-        outputs_spec=body.outputs,
-        expect=body.expect,
-        webhook=body.webhook,
-        request_sha256=request_digest(body, extra),
-        queue_deadline=deadline,
-        transitions=[Transition(status=ExecutionStatus.QUEUED, at=now, by=BY)],
-    )
-    try:
-        services.store.create(record)
-        with services.spans.span("execbox.enqueue", trace, {"execution.id": record.id}):
-            backstop = services.policies.max_ceiling("timeout_s")
-            enqueue(services.queue, record, trace.child().traceparent, services.settings, backstop)
-    except BaseException:
-        services.store.release_slot(tenant, record_id)
-        raise
-    services.metrics.accepted.labels(language.name).inc()
-    return Accepted(record, trace, admission.headers)
 
 
 @router.get("/{execution_id}", response_model=ExecutionPublic, responses=_RESPONSES, summary="Get an execution")
@@ -351,7 +202,7 @@ async def get_execution(
     traceparent: TraceHeader = None,
 ) -> ExecutionPublic:
     wait_s = _wait_seconds(services, wait, prefer)
-    record = _mine(await services.waiters.record(execution_id), tenant, execution_id)
+    record = mine(await services.waiters.record(execution_id), tenant, execution_id)
     if wait_s > 0:
         record = await services.waiters.wait(execution_id, wait_s, _disconnect(request)) or record
     return _answer(response, record, from_traceparent(traceparent), status=200)
@@ -370,7 +221,7 @@ async def get_execution(
 def get_run_record(
     execution_id: ExecutionId, response: Response, services: ServicesDep, tenant: TenantDep
 ) -> RunRecord:
-    record = _owned(services, tenant, execution_id)
+    record = services.executions.owned(tenant, execution_id)
     response.headers["X-Trace-Id"] = record.trace_id
     return RunRecord.of(record)
 
@@ -389,34 +240,8 @@ def cancel_execution(
     tenant: TenantDep,
     traceparent: TraceHeader = None,
 ) -> ExecutionPublic:
-    store = services.store
-
-    def cancel_queued_record(record: ExecutionRecord) -> ExecutionStatus:
-        record.cancel_requested = True
-        record.error = ExecutionError(
-            category=ErrorCategory.CANCELLED, message="cancelled by the client before it started", retryable=False
-        )
-        return ExecutionStatus.CANCELLED
-
-    record = _owned(services, tenant, execution_id)
-    if record.status is ExecutionStatus.QUEUED:
-        done = store.transition(execution_id, {ExecutionStatus.QUEUED}, BY, cancel_queued_record)
-        if done is not None:  # its queue entry is skipped when a worker reaches it
-            return _answer(response, done, from_traceparent(traceparent))
-        record = store.get(execution_id) or record
-    if record.status is ExecutionStatus.RUNNING:
-        # The worker running it is told to kill the sandbox; it then records `cancelled`.
-        store.signal(execution_id, "cancel")
-        return _answer(response, record, from_traceparent(traceparent))
-    raise ConflictError(f"execution {execution_id} already ended as {record.status.value}; nothing to cancel")
-
-
-class ArtifactNotFound(RequestError):
-    code = "artifact.not_found"
-    http_status = 404
-
-    def __init__(self, execution_id: str, name: str) -> None:
-        super().__init__(f"execution {execution_id} has no artifact {name!r} (or it passed its retention)")
+    record = services.executions.cancel(tenant, execution_id)
+    return _answer(response, record, from_traceparent(traceparent))
 
 
 @router.get(
@@ -433,7 +258,7 @@ class ArtifactNotFound(RequestError):
 def download_artifact(
     execution_id: ExecutionId, name: str, services: ServicesDep, tenant: TenantDep
 ) -> StreamingResponse:
-    record = _owned(services, tenant, execution_id)
+    record = services.executions.owned(tenant, execution_id)
     artifact = next((a for a in record.artifacts if a.name == name), None)
     if artifact is None:
         raise ArtifactNotFound(execution_id, name)

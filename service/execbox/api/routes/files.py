@@ -11,8 +11,8 @@ from starlette.datastructures import UploadFile
 
 from execbox.api.deps import ServicesDep, TenantDep
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
-from execbox.errors import FieldProblem, InvalidRequest, RequestError
-from execbox.models import FilePublic
+from execbox.core.errors import FieldProblem, FileNotFound, InvalidRequest
+from execbox.files.schemas import FilePublic
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 _PROBLEM = PROBLEM_DOC
@@ -28,14 +28,6 @@ _UPLOAD = {
         }
     },
 }
-
-
-class FileNotFound(RequestError):
-    code = "file.not_found"
-    http_status = 404
-
-    def __init__(self, file_id: str) -> None:
-        super().__init__(f"no file {file_id}; it never existed or expired; upload it again")
 
 
 @router.post(
@@ -78,15 +70,15 @@ async def upload_file(
     name = (part.filename or "upload").rsplit("/", 1)[-1][:255]
     ttl = services.settings.retention_s
     if idempotency_key is None:
-        return await run_in_threadpool(services.store.put_file, data, name, ttl, tenant)
+        return await run_in_threadpool(services.files.put, data, name, ttl, tenant)
     digest = hashlib.sha256(name.encode() + b"\0" + data).hexdigest()
 
     def create() -> str:
-        return services.store.put_file(data, name, ttl, tenant).id
+        return services.files.put(data, name, ttl, tenant).id
 
     outcome = await run_in_threadpool(services.idempotency.run, tenant, "POST /v1/files", idempotency_key, digest,
                                       create)  # fmt: skip
-    meta = await run_in_threadpool(services.store.file_meta, outcome.resource_id)
+    meta = await run_in_threadpool(services.files.meta, outcome.resource_id)
     if meta is None:
         raise FileNotFound(outcome.resource_id)
     if outcome.replayed:
@@ -109,7 +101,7 @@ def get_file(
     services: ServicesDep,
     tenant: TenantDep,
 ) -> FilePublic:
-    meta = services.store.file_meta(file_id)
+    meta = services.files.meta(file_id)
     if meta is None or meta.tenant != tenant:
         raise FileNotFound(file_id)
     return meta

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from execbox.api.deps import ServicesDep
-from execbox.errors import ServiceError
+from execbox.core.errors import ServiceError
 
 router = APIRouter(tags=["health"])
 
@@ -42,17 +42,17 @@ def readyz(services: ServicesDep) -> JSONResponse:
     try:
         services.store.ping()
         checks["redis"] = {"ok": True}
-        workers = services.store.workers()
-        docker_ok = [w for w in workers if w.get("docker_ok")]
+        workers = services.fleet.alive()
+        docker_ok = [w for w in workers if w.docker_ok]
         checks["workers"] = {"ok": bool(workers), "alive": len(workers)}
         checks["docker"] = {
             "ok": bool(docker_ok),
             "detail": "reachable from a worker"
             if docker_ok
-            else ("; ".join(str(w.get("detail")) for w in workers) or "no worker has reported"),
+            else ("; ".join(w.detail for w in workers) or "no worker has reported"),
         }
-        complete = [w for w in docker_ok if not w.get("missing_images")]
-        missing = sorted({str(i) for w in docker_ok for i in w.get("missing_images") or []})  # type: ignore[attr-defined]
+        complete = [w for w in docker_ok if not w.missing_images]
+        missing = sorted({image for w in docker_ok for image in w.missing_images})
         checks["images"] = {
             "ok": bool(complete),
             "detail": "every sandbox image present on a worker's engine"

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from execbox.api.deps import ServicesDep, TenantDep
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
-from execbox.models import LanguagesPublic
+from execbox.catalog.schemas import LanguagesPublic
 
 router = APIRouter(tags=["languages"])
 

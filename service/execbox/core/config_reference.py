@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from execbox.settings import Settings
+from execbox.core.settings import Settings
 
 
 def _rows(model: type[BaseModel], env_prefix: str) -> list[str]:

@@ -12,8 +12,9 @@ import signal as _signal
 from dataclasses import dataclass
 from typing import Any
 
-from execbox.models import ErrorCategory, ExecutionError, ExecutionStatus
-from execbox.sandbox.base import Limits, RunOutcome
+from execbox.core.status import ErrorCategory, ExecutionStatus
+from execbox.executions.schemas import ExecutionError
+from execbox.sandbox.runtime import Limits, RunOutcome
 
 _SIGNAL_BASE = 128  # the init process reports death by signal N as exit code 128 + N
 _PY_EXC = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")

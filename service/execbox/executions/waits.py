@@ -22,9 +22,9 @@ from redis.exceptions import BusyLoadingError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from execbox.models import ExecutionRecord
-from execbox.settings import Settings
-from execbox.store import redis_errors
+from execbox.core.redis import redis_errors
+from execbox.core.settings import Settings
+from execbox.executions.record import ExecutionRecord
 
 log = logging.getLogger(__name__)
 ASYNC_CONNECTIONS = 16

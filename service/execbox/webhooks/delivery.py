@@ -1,7 +1,7 @@
 """Webhook delivery: a consumer of the event stream, off the execution path.
 
 Every terminal status change is an entry of the event stream (written in the same transaction as
-the change, see execbox.store). Each worker process runs one consumer thread of the `webhooks`
+the change, see execbox.executions.events). Each worker process runs one consumer thread of the `webhooks`
 group: it takes new entries, and entries another consumer took but never acknowledged (it died)
 once they have been idle for `claim_idle_s`; for an execution with a webhook it POSTs the finished
 execution, signed, and acknowledges the entry only after that attempt is recorded. A failed
@@ -24,17 +24,18 @@ import time
 
 import httpx
 
-from execbox import logs
-from execbox.errors import ServiceError
-from execbox.models import ExecutionRecord, WebhookDelivery
-from execbox.settings import WebhookSettings
-from execbox.store import ExecutionStore
-from execbox.webhook_policy import host_allowed
+from execbox.core import logs
+from execbox.core.errors import ServiceError
+from execbox.core.events import TERMINAL, DueSet
+from execbox.core.settings import WebhookSettings
+from execbox.executions.events import DURABLE_GROUPS
+from execbox.executions.record import ExecutionRecord
+from execbox.executions.schemas import WebhookDelivery
+from execbox.executions.store import ExecutionStore
+from execbox.webhooks.policy import host_allowed
 
 log = logging.getLogger(__name__)
-GROUP = "webhooks"
-RETRIES = "webhooks"
-"""The delayed set of executions whose next delivery attempt is due."""
+GROUP = DURABLE_GROUPS[0]
 
 
 def sign(secret: str, body: bytes, timestamp: int) -> str:
@@ -45,6 +46,8 @@ def sign(secret: str, body: bytes, timestamp: int) -> str:
 class WebhookConsumer:
     def __init__(self, store: ExecutionStore, settings: WebhookSettings, name: str) -> None:
         self._store = store
+        self._retries = DueSet(store.redis, store.keys.due("webhooks"))
+        """Executions whose next delivery attempt is due at a time."""
         self._settings = settings
         self._name = name
 
@@ -56,7 +59,7 @@ class WebhookConsumer:
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             try:
-                self._store.ensure_group(GROUP)
+                self._store.events.ensure_group(GROUP)
                 while not stop.is_set():
                     self.step()
             except ServiceError as exc:
@@ -65,13 +68,14 @@ class WebhookConsumer:
 
     def step(self) -> None:
         """One round: due retries, then stream entries (blocking briefly for new ones)."""
-        for execution_id in self._store.take_due(RETRIES):
+        for execution_id in self._retries.take_due():
             self._deliver(execution_id)
-        for event_id, event in self._store.read_events(GROUP, self._name, block_s=1.0,
-                                                       idle_s=self._settings.claim_idle_s):  # fmt: skip
-            if event.get("type") == "execution.terminal":
+        for event_id, event in self._store.events.read(
+            GROUP, self._name, block_s=1.0, idle_s=self._settings.claim_idle_s
+        ):
+            if event.get("type") == TERMINAL:
                 self._deliver(event["id"])
-            self._store.ack_event(GROUP, event_id)
+            self._store.events.ack(GROUP, event_id)
 
     def _deliver(self, execution_id: str) -> None:
         record = self._store.get(execution_id)
@@ -91,7 +95,7 @@ class WebhookConsumer:
                 log.info("webhook delivered", extra={"attempt": attempt, "status_code": status})
             elif attempt < settings.max_attempts:
                 delay = settings.backoff_s * 2 ** (attempt - 1)
-                self._store.schedule(RETRIES, execution_id, time.time() + delay + random.uniform(0, delay / 2))
+                self._retries.schedule(execution_id, time.time() + delay + random.uniform(0, delay / 2))
             else:
                 log.warning("webhook not delivered after %d attempts", settings.max_attempts)
 

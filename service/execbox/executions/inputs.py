@@ -11,9 +11,11 @@ import binascii
 import json
 from dataclasses import dataclass
 
-from execbox.errors import FieldProblem, InvalidRequest, PolicyExceeded
-from execbox.models import AppliedPolicy, ExecutionCreate, InputFileRef
-from execbox.store import ExecutionStore
+from execbox.catalog.schemas import AppliedPolicy
+from execbox.core.errors import FieldProblem, InvalidRequest, PolicyExceeded
+from execbox.executions.schemas import ExecutionCreate
+from execbox.files.schemas import InputFileRef
+from execbox.files.store import FileStore
 
 INPUTS_FILE = ".execbox/inputs.json"
 
@@ -35,7 +37,7 @@ def prepare(
     body: ExecutionCreate,
     policy: AppliedPolicy,
     code_file: str,
-    store: ExecutionStore,
+    files: FileStore,
     extra: list[tuple[str, bytes]],
     keep_until: float,
     ttl_s: int,
@@ -65,7 +67,7 @@ def prepare(
     for index, item in enumerate(body.files):
         field = f"files.{index}"
         if item.file_id is not None:
-            meta = store.file_meta(item.file_id)
+            meta = files.meta(item.file_id)
             if meta is None or meta.tenant != tenant:
                 problems.append(
                     FieldProblem(
@@ -134,8 +136,8 @@ def prepare(
     if problems:
         raise PolicyExceeded(tuple(problems))
     for path, data in pending:
-        meta = store.put_file(data, path.rsplit("/", 1)[-1], ttl_s, tenant)
+        meta = files.put(data, path.rsplit("/", 1)[-1], ttl_s, tenant)
         refs.append(InputFileRef(path=path, file_id=meta.id, size=meta.size, sha256=meta.sha256))
     for ref in refs:
-        store.keep_file(ref.file_id, keep_until)
+        files.keep(ref.file_id, keep_until)
     return PreparedInputs(files=refs, stdin_b64=base64.b64encode(stdin).decode())

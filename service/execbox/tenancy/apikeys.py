@@ -16,19 +16,12 @@ from dataclasses import dataclass
 
 import redis
 
-from execbox.errors import RequestError
-from execbox.store import redis_errors
+from execbox.core.errors import InvalidKey
+from execbox.core.keys import Keys
+from execbox.core.redis import redis_errors
 
 TENANT_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 DEFAULT_TENANT = "default"
-
-
-class InvalidKey(RequestError):
-    code = "auth.invalid_key"
-    http_status = 401
-
-    def __init__(self, why: str) -> None:
-        super().__init__(f"{why}; send `Authorization: Bearer <API key>` (keys: `execbox keys create --tenant T`)")
 
 
 @dataclass(frozen=True)
@@ -52,13 +45,13 @@ def _digest(key: str) -> str:
 class ApiKeys:
     def __init__(self, client: redis.Redis, prefix: str) -> None:
         self._redis = client
-        self._prefix = prefix
+        self._keys = Keys(prefix)
 
     def _key(self, digest: str) -> str:
-        return f"{self._prefix}:apikey:{digest}"
+        return self._keys.api_key(digest)
 
     def _index(self) -> str:
-        return f"{self._prefix}:apikeys"
+        return self._keys.api_keys
 
     def create(self, tenant: str) -> tuple[str, KeyInfo]:
         """A new key for tenant: (the key, shown once; its info)."""

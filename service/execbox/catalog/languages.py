@@ -9,8 +9,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from execbox.errors import UnknownLanguage
-from execbox.models import LanguagePublic
+from execbox.catalog.schemas import LanguagePublic
+from execbox.core.errors import UnknownLanguage
 
 
 class _Metadata(BaseModel):

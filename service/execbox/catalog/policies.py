@@ -13,13 +13,12 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from execbox.catalog.schemas import AppliedPolicy, NetworkAllowlist, PolicyRequest
+from execbox.core.errors import FieldProblem, PolicyExceeded, UnknownPolicy
 from execbox.egress.rules import HostPattern, uncovered
-from execbox.errors import FieldProblem, PolicyExceeded, UnknownPolicy
-from execbox.models import AppliedPolicy, NetworkAllowlist, PolicyRequest
-from execbox.sandbox.base import Limits
 
 DEFAULT_POLICY = "default"
-NOT_POLICIES = {"tenants.yaml"}  # per-tenant quotas live next to the policies (execbox.quotas)
+NOT_POLICIES = {"tenants.yaml"}  # per-tenant quotas live next to the policies (execbox.tenancy.quotas)
 
 
 class _Limits(BaseModel):
@@ -167,12 +166,6 @@ class PolicySet:
         return AppliedPolicy.model_validate(
             {**values, "name": name, "network": network, "runtime": runtime, "seccomp_deny": list(policy.seccomp_deny)}
         )
-
-
-def run_limits(policy: AppliedPolicy) -> Limits:
-    """The part of an applied policy the sandbox runtime enforces."""
-    return Limits(policy.timeout_s, policy.cpu, policy.cpu_time_s, policy.memory_mb, policy.pids,
-                  policy.disk_mb, policy.output_bytes)  # fmt: skip
 
 
 def runtime_problems(policy: AppliedPolicy, available: set[str] | None, network_runtime: str) -> list[FieldProblem]:

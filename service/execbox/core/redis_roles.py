@@ -7,7 +7,7 @@ read egress rules or secrets; a worker cannot read API keys, idempotency records
 role can run administrative commands (CONFIG, ACL, FLUSHALL, MONITOR, DEBUG, KEYS, ...). Nobody
 can log in as the `default` user (it is off), so a connection without credentials can do nothing.
 
-The key map lives in `execbox.store` (prefix `p`, RQ's own keys under `rq:`). Patterns here name
+The key schema lives in `execbox.core.keys` (prefix `p`, RQ's own keys under `rq:`). Patterns here name
 those keys; a key a role does not name is invisible to it. `%R~` grants read only, `%W~` write
 only (Redis 7 key permissions).
 """

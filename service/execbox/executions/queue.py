@@ -20,9 +20,10 @@ import redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from execbox.models import ExecutionRecord
-from execbox.settings import Settings
-from execbox.store import redis_errors
+from execbox.core.keys import Keys
+from execbox.core.redis import redis_errors
+from execbox.core.settings import Settings
+from execbox.executions.record import ExecutionRecord
 
 TASK = "execbox.worker.tasks.run_next"
 JOB_FUNCTIONS = frozenset({TASK})
@@ -64,8 +65,7 @@ class Entry:
 
 
 def _keys(settings: Settings) -> tuple[str, str, str]:
-    base = f"{settings.redis.key_prefix}:q:{settings.queue.name}"  # a queue's tickets serve its own entries
-    return f"{base}:ring", f"{base}:ring:members", f"{base}:pending:"
+    return Keys(settings.redis.key_prefix).queue(settings.queue.name)  # a queue's tickets serve its own entries
 
 
 def enqueue(queue: Queue, record: ExecutionRecord, traceparent: str, settings: Settings, backstop_s: int) -> None:

@@ -18,8 +18,6 @@ from prometheus_client.registry import Collector
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from execbox.models import ExecutionRecord
-
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10, 30, 60, 120, 300)
 
 
@@ -30,11 +28,12 @@ class OutcomeMetrics:
     finished: Counter
     end_to_end: Histogram
 
-    def observe(self, record: ExecutionRecord) -> None:
-        category = record.error.category.value if record.error else "none"
-        self.finished.labels(record.status.value, category, record.language).inc()
-        if record.finished_at is not None:
-            self.end_to_end.labels(record.language).observe(max(record.finished_at - record.created_at, 0.0))
+    def observe(self, status: str, category: str, language: str, seconds: float | None) -> None:
+        """One execution ended: its status, error category ("none" on success), language and the
+        seconds from acceptance to its end (None when unknown)."""
+        self.finished.labels(status, category, language).inc()
+        if seconds is not None:
+            self.end_to_end.labels(language).observe(seconds)
 
 
 def outcome_metrics(registry: CollectorRegistry) -> OutcomeMetrics:

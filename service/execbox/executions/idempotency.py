@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import redis
 
-from execbox.errors import FieldProblem, InfrastructureError, RequestError
-from execbox.store import redis_errors
+from execbox.core.errors import FieldProblem, IdempotencyInProgress, IdempotencyMismatch, RequestError
+from execbox.core.keys import Keys
+from execbox.core.redis import redis_errors
 
 KEY_PATTERN = re.compile(r"^[\x21-\x7e]{1,255}$")
 _PENDING = "pending"
@@ -31,24 +32,6 @@ local entry = redis.call('GET', KEYS[1])
 if entry and cjson.decode(entry)['state'] == 'pending' then return redis.call('EXPIRE', KEYS[1], ARGV[1]) end
 return 0
 """
-
-
-class IdempotencyMismatch(RequestError):
-    code = "idempotency.mismatch"
-
-    def __init__(self, key: str) -> None:
-        super().__init__(
-            f"Idempotency-Key {key!r} was already used with a different request; use a new key for a new request",
-            (FieldProblem("header.Idempotency-Key", "already used with a different body"),),
-        )
-
-
-class IdempotencyInProgress(InfrastructureError):
-    code = "idempotency.in_progress"
-    http_status = 409
-
-    def __init__(self, key: str) -> None:
-        super().__init__(f"the first request with Idempotency-Key {key!r} is still being processed; retry shortly")
 
 
 def check_key(key: str) -> str:
@@ -69,12 +52,12 @@ class Outcome:
 class IdempotencyKeys:
     def __init__(self, client: redis.Redis, prefix: str, ttl_s: int, wait_s: float = 30.0) -> None:
         self._redis = client
-        self._prefix = prefix
+        self._keys = Keys(prefix)
         self._ttl_s = ttl_s
         self._wait_s = wait_s
 
     def _key(self, tenant: str, route: str, key: str) -> str:
-        return f"{self._prefix}:idem:{tenant}:{route}:{key}"
+        return self._keys.idempotency(tenant, route, key)
 
     def run(self, tenant: str, route: str, key: str, request_hash: str, create: Callable[[], str]) -> Outcome:
         """Create once per (tenant, route, key): `create` runs for the first request only."""

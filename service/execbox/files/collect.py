@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from execbox.artifact_store import ArtifactStore, ArtifactTooLarge
+from execbox.files.blobs import ArtifactStore, ArtifactTooLarge
 
 RESERVED_DIR = ".execbox"
 RESULT_FILE = f"{RESERVED_DIR}/result.json"

@@ -8,15 +8,28 @@ RateLimit-* headers; nothing is queued. Counting lives in Redis, so every API re
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import redis
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from execbox.errors import CapacityError, FieldProblem, RequestError
-from execbox.policies import PolicyConfigError
-from execbox.store import ExecutionStore
+from execbox.catalog.policies import PolicyConfigError
+from execbox.core.errors import PolicyNotAllowed, QueueFull, RateLimited
+from execbox.core.keys import Keys
+from execbox.core.redis import redis_errors, text
+
+_ADMIT = """
+local count = tonumber(redis.call('GET', KEYS[1]) or '0')
+if count >= tonumber(ARGV[1]) then return {'rate', count} end
+if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[2]) then return {'running', count} end
+redis.call('INCR', KEYS[1])
+redis.call('EXPIRE', KEYS[1], 120)
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
+return {'ok', count + 1}
+"""
 
 
 class _Quota(BaseModel):
@@ -34,27 +47,6 @@ class _QuotaFile(BaseModel):
     tenants: dict[str, _Quota] = {}
 
 
-class PolicyNotAllowed(RequestError):
-    code = "request.policy_not_allowed"
-    http_status = 403
-
-    def __init__(self, tenant: str, name: str, allowed: list[str]) -> None:
-        super().__init__(
-            f"tenant {tenant!r} may not use policy {name!r}; allowed: {', '.join(allowed)}",
-            (FieldProblem("policy.name", f"one of {', '.join(allowed)}"),),
-        )
-
-
-class RateLimited(CapacityError):
-    code = "rate_limited"
-    http_status = 429
-
-
-class QueueFull(CapacityError):
-    code = "queue_full"
-    http_status = 503
-
-
 @dataclass(frozen=True)
 class Admission:
     """RateLimit-* headers for an accepted request."""
@@ -62,19 +54,57 @@ class Admission:
     headers: dict[str, str]
 
 
+class Slots:
+    """The counters behind the quotas: submissions per tenant and minute (`rate:{tenant}:{minute}`)
+    and the tenant's queued or running executions (`active:{tenant}`, freed by the terminal
+    transition itself, see execbox.executions.store)."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.redis = client
+        self.keys = keys
+
+    def admit(self, tenant: str, execution_id: str, minute: int, per_minute: int, running: int) -> tuple[str, int]:
+        """One atomic admission: ("ok", count) counts the submission in the tenant's minute and
+        takes a slot among its queued or running executions; ("rate" | "running", count) refuses
+        and changes nothing (a refused request does not use up the window)."""
+        keys = [self.keys.rate(tenant, minute), self.keys.active(tenant)]
+        with redis_errors():
+            verdict, count = self.redis.register_script(_ADMIT)(
+                keys=keys, args=[per_minute, running, execution_id, time.time()]
+            )
+        return text(verdict), int(count)
+
+    def release(self, tenant: str, execution_id: str) -> None:
+        with redis_errors():
+            self.redis.zrem(self.keys.active(tenant), execution_id)
+
+    def reclaim(self, older_than_s: float, ended: Callable[[str], bool]) -> int:
+        """Give back slots whose execution has `ended` (or was never created: an API died between
+        admission and create); only slots older than older_than_s, so a create in flight keeps its own."""
+        freed = 0
+        cutoff = time.time() - older_than_s
+        with redis_errors():
+            for key in self.redis.scan_iter(match=self.keys.pattern("active"), count=100):
+                stale = [text(m) for m in self.redis.zrangebyscore(key, "-inf", cutoff)]
+                for execution_id in stale:
+                    if ended(execution_id):
+                        freed += int(self.redis.zrem(key, execution_id))
+        return freed
+
+
 class Quotas:
-    def __init__(self, quotas: _QuotaFile, store: ExecutionStore, max_queue_depth: int) -> None:
+    def __init__(self, quotas: _QuotaFile, slots: Slots, max_queue_depth: int) -> None:
         self._quotas = quotas
-        self._store = store
+        self.slots = slots
         self._max_queue_depth = max_queue_depth
 
     @classmethod
-    def load(cls, path: Path, store: ExecutionStore, max_queue_depth: int) -> Quotas:
+    def load(cls, path: Path, slots: Slots, max_queue_depth: int) -> Quotas:
         try:
             quotas = _QuotaFile.model_validate(yaml.safe_load(path.read_text()))
         except (OSError, yaml.YAMLError, ValidationError) as exc:
             raise PolicyConfigError(f"{path}: {exc}") from exc
-        return cls(quotas, store, max_queue_depth)
+        return cls(quotas, slots, max_queue_depth)
 
     def quota(self, tenant: str) -> _Quota:
         return self._quotas.tenants.get(tenant, self._quotas.default)
@@ -90,7 +120,7 @@ class Quotas:
                             headers={"Retry-After": "5"})  # fmt: skip
         now = time.time()
         reset = int(60 - now % 60) or 60
-        verdict, count = self._store.admit(tenant, execution_id, int(now // 60), quota.per_minute, quota.running)
+        verdict, count = self.slots.admit(tenant, execution_id, int(now // 60), quota.per_minute, quota.running)
         limits = {"RateLimit-Limit": str(quota.per_minute), "RateLimit-Reset": str(reset)}
         if verdict == "rate":
             raise RateLimited(

@@ -1,0 +1,229 @@
+"""The service's error taxonomy: faults of the request or of the service, never of user code.
+
+User code that fails, times out or floods its output is a finished execution with an error
+category (execbox.core.status.ErrorCategory); only the faults below raise.
+
+    ServiceError                    code, http_status, retryable
+    ├── RequestError                4xx, not retryable
+    │   ├── InvalidRequest          request.invalid (422)
+    │   ├── BodyTooLarge            request.too_large (413)
+    │   ├── UnknownLanguage         request.unknown_language (422)
+    │   ├── UnknownPolicy           request.unknown_policy (422)
+    │   ├── PolicyExceeded          request.policy_exceeded (422)
+    │   ├── ExecutionNotFound       execution.not_found (404)
+    │   ├── ArtifactNotFound        artifact.not_found (404)
+    │   ├── FileNotFound            file.not_found (404)
+    │   ├── InvalidKey              auth.invalid_key (401)
+    │   ├── PolicyNotAllowed        request.policy_not_allowed (403)
+    │   ├── IdempotencyMismatch     idempotency.mismatch (422)
+    │   ├── AdminOff                admin.disabled (404)
+    │   └── KeyNotFound             admin.key_not_found (404)
+    ├── ConflictError               execution.finished (409)
+    ├── CapacityError               429/503 with Retry-After, retryable
+    │   ├── RateLimited             rate_limited (429)
+    │   └── QueueFull               queue_full (503)
+    ├── InfrastructureError         5xx, retryable
+    │   ├── QueueUnavailable        service.queue_unavailable (503)
+    │   ├── RuntimeUnavailable      sandbox.runtime_unavailable (503)
+    │   ├── ImageUnavailable        sandbox.image_unavailable (503)
+    │   └── IdempotencyInProgress   idempotency.in_progress (409)
+    └── InputUnavailable            sandbox.input_unavailable (500, retryable; a worker's job ends failed)
+
+Every subclass lives in this module: the tree above is the whole taxonomy. Configuration errors
+found at start-up (PolicyConfigError, LanguageConfigError, SealingError) are not ServiceErrors:
+they stop the process instead of answering a request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FieldProblem:
+    """One invalid field: a dotted path into the request and what to do about it."""
+
+    field: str
+    message: str
+
+
+class ServiceError(Exception):
+    code = "service.error"
+    http_status = 500
+    retryable = False
+
+    def __init__(
+        self, message: str, problems: tuple[FieldProblem, ...] = (), headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.problems = problems
+        self.headers = headers or {}
+
+
+class RequestError(ServiceError):
+    code = "request.invalid"
+    http_status = 422
+
+
+class InvalidRequest(RequestError):
+    pass
+
+
+class BodyTooLarge(RequestError):
+    code = "request.too_large"
+    http_status = 413
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the request body exceeds {limit} bytes; send less, or upload files separately")
+
+
+class UnknownLanguage(RequestError):
+    code = "request.unknown_language"
+
+    def __init__(self, language: str, known: list[str]) -> None:
+        super().__init__(
+            f"unknown language {language!r}; use one of {', '.join(known)} (GET /v1/languages)",
+            (FieldProblem("language", f"must be one of {', '.join(known)}"),),
+        )
+
+
+class UnknownPolicy(RequestError):
+    code = "request.unknown_policy"
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(
+            f"unknown policy {name!r}; use one of {', '.join(known)}",
+            (FieldProblem("policy.name", f"must be one of {', '.join(known)}"),),
+        )
+
+
+class PolicyExceeded(RequestError):
+    code = "request.policy_exceeded"
+
+    def __init__(self, problems: tuple[FieldProblem, ...]) -> None:
+        super().__init__("; ".join(f"{p.field}: {p.message}" for p in problems), problems)
+
+
+class ExecutionNotFound(RequestError):
+    code = "execution.not_found"
+    http_status = 404
+
+    def __init__(self, execution_id: str) -> None:
+        super().__init__(f"no execution {execution_id}; it never existed or passed its retention")
+
+
+class ArtifactNotFound(RequestError):
+    code = "artifact.not_found"
+    http_status = 404
+
+    def __init__(self, execution_id: str, name: str) -> None:
+        super().__init__(f"execution {execution_id} has no artifact {name!r} (or it passed its retention)")
+
+
+class FileNotFound(RequestError):
+    code = "file.not_found"
+    http_status = 404
+
+    def __init__(self, file_id: str) -> None:
+        super().__init__(f"no file {file_id}; it never existed or expired; upload it again")
+
+
+class InvalidKey(RequestError):
+    code = "auth.invalid_key"
+    http_status = 401
+
+    def __init__(self, why: str) -> None:
+        super().__init__(f"{why}; send `Authorization: Bearer <API key>` (keys: `execbox keys create --tenant T`)")
+
+
+class PolicyNotAllowed(RequestError):
+    code = "request.policy_not_allowed"
+    http_status = 403
+
+    def __init__(self, tenant: str, name: str, allowed: list[str]) -> None:
+        super().__init__(
+            f"tenant {tenant!r} may not use policy {name!r}; allowed: {', '.join(allowed)}",
+            (FieldProblem("policy.name", f"one of {', '.join(allowed)}"),),
+        )
+
+
+class IdempotencyMismatch(RequestError):
+    code = "idempotency.mismatch"
+
+    def __init__(self, key: str) -> None:
+        super().__init__(
+            f"Idempotency-Key {key!r} was already used with a different request; use a new key for a new request",
+            (FieldProblem("header.Idempotency-Key", "already used with a different body"),),
+        )
+
+
+class AdminOff(RequestError):
+    code = "admin.disabled"
+    http_status = 404
+
+    def __init__(self) -> None:
+        super().__init__("admin endpoints are off: set EXECBOX_AUTH__ADMIN_TOKEN, or use `execbox keys`")
+
+
+class KeyNotFound(RequestError):
+    code = "admin.key_not_found"
+    http_status = 404
+
+    def __init__(self, key_id: str) -> None:
+        super().__init__(f"no API key {key_id}")
+
+
+class ConflictError(ServiceError):
+    code = "execution.finished"
+    http_status = 409
+
+
+class CapacityError(ServiceError):
+    code = "capacity"
+    http_status = 429
+    retryable = True
+
+
+class RateLimited(CapacityError):
+    code = "rate_limited"
+    http_status = 429
+
+
+class QueueFull(CapacityError):
+    code = "queue_full"
+    http_status = 503
+
+
+class InfrastructureError(ServiceError):
+    code = "service.unavailable"
+    http_status = 503
+    retryable = True
+
+
+class QueueUnavailable(InfrastructureError):
+    code = "service.queue_unavailable"
+
+
+class RuntimeUnavailable(InfrastructureError):
+    code = "sandbox.runtime_unavailable"
+
+
+class ImageUnavailable(InfrastructureError):
+    code = "sandbox.image_unavailable"
+
+
+class IdempotencyInProgress(InfrastructureError):
+    code = "idempotency.in_progress"
+    http_status = 409
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"the first request with Idempotency-Key {key!r} is still being processed; retry shortly")
+
+
+class InputUnavailable(ServiceError):
+    code = "sandbox.input_unavailable"
+    retryable = True
+
+    def __init__(self, path: str, file_id: str) -> None:
+        super().__init__(f"input file {path} ({file_id}) is no longer stored; upload it again and resubmit")

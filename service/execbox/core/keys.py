@@ -1,0 +1,229 @@
+"""The Redis key schema: every key execbox writes, its type, lifetime and the roles that use it.
+
+The key schema is the real interface between the API, the workers and the egress proxy: a store
+builds its keys here and nowhere else, and `execbox.core.redis_roles` grants each role exactly
+these patterns (a unit test checks that every role named below can reach its keys). `{p}` is the
+deployment's prefix (settings.redis.key_prefix); RQ's own keys live under `rq:` (tickets,
+registries, workers), and the queue's fair-dispatch keys under `{p}:q:`.
+
+Roles: api, worker, egress, admin, scaler (execbox.core.redis_roles). "write" below means the
+role creates or changes the key; "read" that it only reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    pattern: str
+    """The key after `{p}:`, with `{...}` for its variable parts."""
+    type: str
+    ttl: str
+    write: tuple[str, ...]
+    read: tuple[str, ...]
+    what: str
+
+
+SCHEMA: tuple[KeySpec, ...] = (
+    KeySpec(
+        "exe:{id}",
+        "string (JSON ExecutionRecord)",
+        "retention_s after the last write",
+        ("api", "worker"),
+        (),
+        "the execution record; every status change is a WATCH/MULTI compare-and-set",
+    ),
+    KeySpec(
+        "deadlines",
+        "zset id -> queue deadline",
+        "none",
+        ("api", "worker"),
+        (),
+        "executions still queued, for the expiry sweep",
+    ),
+    KeySpec(
+        "running", "set of ids", "none", ("api", "worker"), (), "executions running now, for the lost-worker sweep"
+    ),
+    KeySpec(
+        "lease:{id}",
+        "string (worker name)",
+        "worker.lease_s, renewed",
+        ("worker", "api"),
+        (),
+        "the running worker's lease",
+    ),
+    KeySpec(
+        "cancel:{id}", "list", "retention_s", ("api", "worker"), (), "signals to the running worker: `cancel`, `stop`"
+    ),
+    KeySpec("done:{id}", "pub/sub channel", "-", ("api", "worker"), (), "told when the execution ends"),
+    KeySpec(
+        "events",
+        "stream",
+        "~100,000 entries",
+        ("api", "worker"),
+        (),
+        "the outbox: one entry per terminal status change, read by consumer groups (webhooks)",
+    ),
+    KeySpec("due:{name}", "zset member -> due time", "none", ("worker",), (), "delayed work (webhook retries)"),
+    KeySpec(
+        "file:{id}",
+        "hash (meta, data)",
+        "file ttl, extended by executions using it",
+        ("api",),
+        ("worker",),
+        "an uploaded or inline input file",
+    ),
+    KeySpec("rate:{tenant}:{minute}", "string counter", "120 s", ("api",), (), "submissions in a tenant's minute"),
+    KeySpec(
+        "active:{tenant}",
+        "zset id -> admission time",
+        "none",
+        ("api", "worker"),
+        (),
+        "a tenant's queued or running executions (its running quota)",
+    ),
+    KeySpec(
+        "worker:{name}",
+        "string (JSON heartbeat)",
+        "3 heartbeats",
+        ("worker",),
+        ("api",),
+        "a live worker: engine health, missing images, runtimes",
+    ),
+    KeySpec("q:{queue}:ring", "list of tenants", "none", ("api", "worker"), (), "fair dispatch: tenants in turn"),
+    KeySpec("q:{queue}:ring:members", "set of tenants", "none", ("api", "worker"), (), "tenants on the ring"),
+    KeySpec("q:{queue}:pending:{tenant}", "list of ids", "none", ("api", "worker"), (), "a tenant's queued entries"),
+    KeySpec("apikey:{digest}", "string (JSON)", "none", ("api", "admin"), (), "an API key, by its SHA-256"),
+    KeySpec("apikeys", "set of digests", "none", ("api", "admin"), (), "every API key, for listing"),
+    KeySpec(
+        "idem:{tenant}:{route}:{key}",
+        "string (JSON) + pub/sub",
+        "api.idempotency_ttl_s",
+        ("api",),
+        (),
+        "an Idempotency-Key's claim, then its answer",
+    ),
+    KeySpec(
+        "egress:rule:{address}",
+        "string (JSON EgressRule)",
+        "the run's timeout + margin",
+        ("worker",),
+        ("egress",),
+        "what the run whose network the proxy has this address on may reach",
+    ),
+    KeySpec(
+        "egress:slot:{subnet}",
+        "string (execution id | cooling)",
+        "the run, then slot_cooldown_s",
+        ("worker",),
+        (),
+        "a per-run /28, reserved while used and cooling down after",
+    ),
+    KeySpec(
+        "egress:denied:{id}",
+        "list of JSON",
+        "retention_s",
+        ("egress",),
+        ("api", "worker"),
+        "the proxy's refusals for an execution (first 100)",
+    ),
+    KeySpec(
+        "secret:{tenant}:{host}",
+        "hash header -> JSON {sealed, tls}",
+        "none",
+        ("admin",),
+        ("egress",),
+        "secret headers sealed to the egress proxy's key (tenant `*`: everyone's)",
+    ),
+    KeySpec("uid:{uid}", "string", "4 h", ("worker",), (), "a sandbox uid held by a live container"),
+)
+
+
+class Keys:
+    """Key names for one deployment (prefix)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def _k(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    def pattern(self, kind: str) -> str:
+        """A SCAN match for every key of one kind, e.g. pattern("worker") -> "p:worker:*"."""
+        return self._k(kind, "*")
+
+    # executions
+    def execution(self, execution_id: str) -> str:
+        return self._k("exe", execution_id)
+
+    @property
+    def deadlines(self) -> str:
+        return self._k("deadlines")
+
+    @property
+    def running(self) -> str:
+        return self._k("running")
+
+    def lease(self, execution_id: str) -> str:
+        return self._k("lease", execution_id)
+
+    def signals(self, execution_id: str) -> str:
+        return self._k("cancel", execution_id)
+
+    def done(self, execution_id: str) -> str:
+        return self._k("done", execution_id)
+
+    @property
+    def events(self) -> str:
+        return self._k("events")
+
+    def due(self, name: str) -> str:
+        return self._k("due", name)
+
+    # files
+    def file(self, file_id: str) -> str:
+        return self._k("file", file_id)
+
+    # tenancy
+    def rate(self, tenant: str, minute: int) -> str:
+        return self._k("rate", tenant, str(minute))
+
+    def active(self, tenant: str) -> str:
+        return self._k("active", tenant)
+
+    def api_key(self, digest: str) -> str:
+        return self._k("apikey", digest)
+
+    @property
+    def api_keys(self) -> str:
+        return self._k("apikeys")
+
+    def idempotency(self, tenant: str, route: str, key: str) -> str:
+        return self._k("idem", tenant, route, key)
+
+    # the fleet and the queue
+    def worker(self, name: str) -> str:
+        return self._k("worker", name)
+
+    def queue(self, queue: str) -> tuple[str, str, str]:
+        """Fair dispatch of one queue: the ring of tenants, its member set, the prefix of the pending lists."""
+        base = self._k("q", queue)
+        return f"{base}:ring", f"{base}:ring:members", f"{base}:pending:"
+
+    # egress and sandboxes
+    def egress_rule(self, address: str) -> str:
+        return self._k("egress", "rule", address)
+
+    def egress_slot(self, subnet: str) -> str:
+        return self._k("egress", "slot", subnet)
+
+    def egress_denied(self, execution_id: str) -> str:
+        return self._k("egress", "denied", execution_id)
+
+    def secret(self, tenant: str, host: str) -> str:
+        return self._k("secret", f"{tenant}:{host}")
+
+    def uid(self, uid: int) -> str:
+        return self._k("uid", str(uid))

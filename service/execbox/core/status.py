@@ -1,0 +1,43 @@
+"""The two stable enums of the contract: an execution's lifecycle status and its error category.
+
+Their values are part of the API (docs/api.md): never rename or reuse one."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExecutionStatus(enum.StrEnum):
+    """Lifecycle: queued → running → succeeded | failed | cancelled | expired. Values never change."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+    @property
+    def terminal(self) -> bool:
+        return self not in (ExecutionStatus.QUEUED, ExecutionStatus.RUNNING)
+
+
+class ErrorCategory(enum.StrEnum):
+    """Why an execution did not succeed. A fixed, documented enum: never rename or reuse a value."""
+
+    CODE_EXIT_NONZERO = "code.exit_nonzero"
+    CODE_EXCEPTION = "code.exception"
+    CODE_SYNTAX = "code.syntax"
+    LIMIT_TIMEOUT = "limit.timeout"
+    LIMIT_CPU = "limit.cpu"
+    LIMIT_MEMORY = "limit.memory"
+    LIMIT_PIDS = "limit.pids"
+    LIMIT_OUTPUT = "limit.output"
+    LIMIT_DISK = "limit.disk"
+    LIMIT_ARTIFACTS = "limit.artifacts"
+    POLICY_NETWORK_DENIED = "policy.network_denied"
+    CHECK_FAILED = "check.failed"
+    OUTPUT_INVALID = "output.invalid"
+    SANDBOX_ERROR = "sandbox.error"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"

@@ -1,0 +1,207 @@
+"""Execution records in Redis: creation, atomic status transitions, leases, signals and sweeps.
+
+Keys: execbox.core.keys (exe, deadlines, running, lease, cancel, done, events, active). A status
+change is a WATCH/MULTI compare-and-set; a terminal one also appends the outbox event, frees the
+tenant's running slot and drops the lease in the same transaction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import redis
+from redis.exceptions import WatchError
+
+from execbox.core.events import TERMINAL, EventStream
+from execbox.core.keys import Keys
+from execbox.core.redis import redis_errors, text
+from execbox.core.settings import Settings
+from execbox.core.status import ErrorCategory, ExecutionStatus
+from execbox.executions.record import ExecutionRecord
+from execbox.executions.schemas import ExecutionError, Transition
+
+Mutation = Callable[[ExecutionRecord], "ExecutionStatus | None"]
+
+
+class ExecutionStore:
+    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+        self.redis = client
+        self.keys = Keys(settings.redis.key_prefix)
+        self._retention_s = settings.retention_s
+        self._lease_s = settings.worker.lease_s
+        self.events = EventStream(client, self.keys.events)
+        """The outbox: every terminal status change is appended in its own transaction."""
+        self.listeners: list[Callable[[ExecutionRecord], None]] = []
+        """In-process listeners, called once per execution this process settles (wired by
+        execbox.executions.events.subscribe; durable consumers read `events` instead)."""
+
+    def done_channel(self, execution_id: str) -> str:
+        return self.keys.done(execution_id)
+
+    def ping(self) -> None:
+        with redis_errors():
+            self.redis.ping()
+
+    def memory(self) -> tuple[int, int]:
+        """Redis's used memory and its maxmemory (0: unlimited) in bytes."""
+        with redis_errors():
+            info = self.redis.info("memory")
+        return int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+
+    def create(self, record: ExecutionRecord) -> None:
+        ttl = int(record.queue_deadline - time.time() + self._retention_s)
+        with redis_errors(), self.redis.pipeline() as pipe:
+            pipe.set(self.keys.execution(record.id), record.model_dump_json(), ex=ttl, nx=True)
+            pipe.zadd(self.keys.deadlines, {record.id: record.queue_deadline})
+            pipe.execute()
+
+    def get(self, execution_id: str) -> ExecutionRecord | None:
+        with redis_errors():
+            raw = self.redis.get(self.keys.execution(execution_id))
+        return None if raw is None else ExecutionRecord.model_validate_json(raw)
+
+    def _compare_and_set(
+        self, execution_id: str, change: Callable[[ExecutionRecord, redis.client.Pipeline], bool]
+    ) -> ExecutionRecord | None:
+        """Read, let `change` edit the record and queue its writes, commit unless the record moved.
+
+        `change` returns False to abandon. Retried on a concurrent write (WATCH/MULTI).
+        """
+        key = self.keys.execution(execution_id)
+        with redis_errors(), self.redis.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(key)  # type: ignore[no-untyped-call]
+                    raw = pipe.get(key)
+                    if raw is None:
+                        return None
+                    record = ExecutionRecord.model_validate_json(raw)
+                    pipe.multi()
+                    if not change(record, pipe):
+                        pipe.reset()
+                        return None
+                    pipe.execute()
+                    return record
+                except WatchError:
+                    continue
+
+    def transition(
+        self, execution_id: str, allowed: set[ExecutionStatus], by: str, mutate: Mutation
+    ) -> ExecutionRecord | None:
+        """Move an execution out of one of the `allowed` statuses atomically.
+
+        `mutate` edits the record and returns the new status, or None to abandon the change.
+        Returns the new record, or None when the execution is missing, not in an allowed
+        status, or the change was abandoned.
+        """
+
+        def change(record: ExecutionRecord, pipe: redis.client.Pipeline) -> bool:
+            if record.status not in allowed:
+                return False
+            new = mutate(record)
+            if new is None:
+                return False
+            now = time.time()
+            record.status = new
+            record.transitions.append(Transition(status=new, at=now, by=by))
+            self._write(pipe, record, now)
+            return True
+
+        record = self._compare_and_set(execution_id, change)
+        if record is not None and record.status.terminal:
+            with redis_errors():
+                self.redis.publish(self.done_channel(execution_id), record.status.value)
+            for listener in self.listeners:
+                listener(record)
+        return record
+
+    def update(self, execution_id: str, mutate: Callable[[ExecutionRecord], None]) -> ExecutionRecord | None:
+        """Edit a record without changing its status (e.g. append a webhook delivery)."""
+
+        def change(record: ExecutionRecord, pipe: redis.client.Pipeline) -> bool:
+            mutate(record)
+            pipe.set(self.keys.execution(execution_id), record.model_dump_json(), keepttl=True)
+            return True
+
+        return self._compare_and_set(execution_id, change)
+
+    def _write(self, pipe: redis.client.Pipeline, record: ExecutionRecord, now: float) -> None:
+        if record.status.terminal:
+            record.finished_at = record.finished_at or now
+        pipe.set(self.keys.execution(record.id), record.model_dump_json(), ex=self._retention_s)
+        if record.status is ExecutionStatus.RUNNING:
+            pipe.zrem(self.keys.deadlines, record.id)
+            pipe.sadd(self.keys.running, record.id)
+        elif record.status.terminal:
+            # The outbox: the event is written in the status change's own transaction, so no
+            # consumer (webhook delivery) can miss it, whichever process dies when.
+            self.events.append(pipe, {"type": TERMINAL, "id": record.id, "status": record.status.value})
+            pipe.zrem(self.keys.active(record.tenant), record.id)
+            pipe.zrem(self.keys.deadlines, record.id)
+            pipe.srem(self.keys.running, record.id)
+            pipe.delete(self.keys.lease(record.id), self.keys.signals(record.id))
+
+    # -- terminal transitions that the API, workers and the reaper share --------------------
+
+    def expire_if_due(self, execution_id: str, by: str) -> ExecutionRecord | None:
+        def due(record: ExecutionRecord) -> ExecutionStatus | None:
+            if time.time() < record.queue_deadline:
+                return None
+            record.error = ExecutionError(
+                category=ErrorCategory.EXPIRED,
+                message=f"no worker started it within its queue deadline of {record.policy.queue_timeout_s:g} s; "
+                "submit again, or raise policy.queue_timeout_s",
+                retryable=True,
+            )
+            return ExecutionStatus.EXPIRED
+
+        return self.transition(execution_id, {ExecutionStatus.QUEUED}, by, due)
+
+    def fail_if_lost(self, execution_id: str, by: str) -> ExecutionRecord | None:
+        def lost(record: ExecutionRecord) -> ExecutionStatus | None:
+            started = record.started_at or 0.0
+            if time.time() - started < self._lease_s or self.lease_alive(execution_id):
+                return None
+            record.error = ExecutionError(
+                category=ErrorCategory.SANDBOX_ERROR,
+                message=f"worker {record.worker} stopped renewing its lease while the code ran (worker or host "
+                "lost); the run's result is unknown; submit again",
+                retryable=True,
+                details={"worker": record.worker, "reason": "worker_lost"},
+            )
+            return ExecutionStatus.FAILED
+
+        return self.transition(execution_id, {ExecutionStatus.RUNNING}, by, lost)
+
+    # -- leases, cancel signals, sweeps -----------------------------------------------------
+
+    def renew_lease(self, execution_id: str, worker: str) -> None:
+        with redis_errors():
+            self.redis.set(self.keys.lease(execution_id), worker, px=int(self._lease_s * 1000))
+
+    def lease_alive(self, execution_id: str) -> bool:
+        with redis_errors():
+            return bool(self.redis.exists(self.keys.lease(execution_id)))
+
+    def signal(self, execution_id: str, message: str) -> None:
+        """Tell the worker running execution_id something: `cancel`, or `stop` (the run ended)."""
+        with redis_errors(), self.redis.pipeline() as pipe:
+            pipe.rpush(self.keys.signals(execution_id), message)
+            pipe.expire(self.keys.signals(execution_id), self._retention_s)
+            pipe.execute()
+
+    def wait_signal(self, execution_id: str, timeout_s: float) -> str | None:
+        """Block up to timeout_s for a signal to the running worker; None when none came."""
+        with redis_errors():
+            got = self.redis.blpop([self.keys.signals(execution_id)], timeout=timeout_s)
+        return None if got is None else text(got[1])
+
+    def due_for_expiry(self) -> list[str]:
+        with redis_errors():
+            ids = self.redis.zrangebyscore(self.keys.deadlines, "-inf", time.time())
+        return [text(i) for i in ids]
+
+    def running(self) -> list[str]:
+        with redis_errors():
+            return sorted(text(i) for i in self.redis.smembers(self.keys.running))

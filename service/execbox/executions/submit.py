@@ -1,0 +1,197 @@
+"""Creating and cancelling executions without HTTP: what the API, a scheduler or a plan executor calls.
+
+`Submissions.submit` checks the request against the catalog (language, policy, runtime on offer,
+webhook host), admits it under the tenant's quotas before any byte is stored, stores its input
+files and the record, and queues it; every failure after admission gives the quota slot back.
+Under an Idempotency-Key a retry gets the first execution instead of a second one.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from rq import Queue
+
+from execbox.catalog.languages import Languages
+from execbox.catalog.policies import PolicySet, runtime_problems
+from execbox.core.errors import ConflictError, ExecutionNotFound, FieldProblem, InvalidRequest, PolicyExceeded
+from execbox.core.settings import Settings
+from execbox.core.status import ErrorCategory, ExecutionStatus
+from execbox.core.tracing import Spans, TraceContext, from_traceparent
+from execbox.executions.idempotency import IdempotencyKeys
+from execbox.executions.inputs import prepare
+from execbox.executions.queue import depth, enqueue
+from execbox.executions.record import ExecutionRecord
+from execbox.executions.schemas import ExecutionCreate, ExecutionError, Transition
+from execbox.executions.store import ExecutionStore
+from execbox.files.store import FileStore
+from execbox.fleet.registry import WorkerRegistry
+from execbox.tenancy.quotas import Quotas
+from execbox.webhooks.policy import host_allowed
+
+ExtraFiles = Sequence[tuple[str, bytes]]
+"""Input files sent beside the JSON body (multipart parts): (path, bytes)."""
+
+
+def new_execution_id() -> str:
+    return "exe_" + base64.b32encode(secrets.token_bytes(16)).decode().rstrip("=").lower()
+
+
+def request_digest(body: ExecutionCreate, extra: ExtraFiles = ()) -> str:
+    """SHA-256 of the canonical request: the JSON body, then each multipart file's path and bytes."""
+    digest = hashlib.sha256(json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode())
+    for path, data in extra:
+        digest.update(b"\0" + path.encode() + b"\0" + hashlib.sha256(data).digest())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Submission:
+    record: ExecutionRecord
+    trace: TraceContext
+    headers: dict[str, str]
+    """RateLimit-* headers of the admission (none for an idempotent replay)."""
+    replayed: bool = False
+    """An Idempotency-Key retry: the execution the first request created."""
+
+
+@dataclass(frozen=True)
+class Submissions:
+    settings: Settings
+    store: ExecutionStore
+    files: FileStore
+    queue: Queue
+    policies: PolicySet
+    languages: Languages
+    quotas: Quotas
+    fleet: WorkerRegistry
+    idempotency: IdempotencyKeys
+    spans: Spans
+    on_accept: Callable[[str], None] = lambda language: None
+    """Told the language of each accepted execution (a metric)."""
+    by: str = "api"
+    """Who the queued transition is recorded as (api, scheduler, plan)."""
+
+    def submit(
+        self,
+        tenant: str,
+        body: ExecutionCreate,
+        extra: ExtraFiles = (),
+        traceparent: str | None = None,
+        idempotency_key: str | None = None,
+        route: str = "POST /v1/executions",
+    ) -> Submission:
+        """Accept one execution for tenant; raises a ServiceError (4xx/5xx) and stores nothing when refused."""
+        if idempotency_key is None:
+            return self._accept(tenant, body, extra, traceparent)
+        first: list[Submission] = []
+
+        def create() -> str:
+            first.append(self._accept(tenant, body, extra, traceparent))
+            return first[0].record.id
+
+        outcome = self.idempotency.run(tenant, route, idempotency_key, request_digest(body, extra), create)
+        if not outcome.replayed:
+            return first[0]
+        return Submission(self.owned(tenant, outcome.resource_id), from_traceparent(traceparent), {}, replayed=True)
+
+    def owned(self, tenant: str, execution_id: str) -> ExecutionRecord:
+        """The execution as stored (reads change nothing: the sweeper settles expiries and lost
+        workers); ExecutionNotFound when it is missing or another tenant's (never 403: no leak)."""
+        return mine(self.store.get(execution_id), tenant, execution_id)
+
+    def cancel(self, tenant: str, execution_id: str) -> ExecutionRecord:
+        """Cancel a queued execution at once, or tell the worker running it to stop (the worker then
+        records `cancelled`); ConflictError when it already ended."""
+
+        def cancel_queued_record(record: ExecutionRecord) -> ExecutionStatus:
+            record.cancel_requested = True
+            record.error = ExecutionError(
+                category=ErrorCategory.CANCELLED, message="cancelled by the client before it started", retryable=False
+            )
+            return ExecutionStatus.CANCELLED
+
+        record = self.owned(tenant, execution_id)
+        if record.status is ExecutionStatus.QUEUED:
+            done = self.store.transition(execution_id, {ExecutionStatus.QUEUED}, self.by, cancel_queued_record)
+            if done is not None:  # its queue entry is skipped when a worker reaches it
+                return done
+            record = self.store.get(execution_id) or record
+        if record.status is ExecutionStatus.RUNNING:
+            self.store.signal(execution_id, "cancel")
+            return record
+        raise ConflictError(f"execution {execution_id} already ended as {record.status.value}; nothing to cancel")
+
+    def _accept(self, tenant: str, body: ExecutionCreate, extra: ExtraFiles, traceparent: str | None) -> Submission:
+        trace = from_traceparent(traceparent)
+        with self.spans.span("execbox.api.create_execution", trace):
+            return self._accept_traced(tenant, body, extra, trace)
+
+    def _check(self, body: ExecutionCreate) -> None:
+        """What the catalog and the operator allow, before anything is counted or stored."""
+        if body.webhook is not None and not host_allowed(body.webhook.url, self.settings.webhooks.allow_hosts):
+            raise InvalidRequest(
+                "the webhook's host is not one the operator allows (EXECBOX_WEBHOOKS__ALLOW_HOSTS)",
+                (FieldProblem("webhook.url", "host not allowed for callbacks"),),
+            )
+
+    def _accept_traced(self, tenant: str, body: ExecutionCreate, extra: ExtraFiles, trace: TraceContext) -> Submission:
+        language = self.languages.get(body.language)
+        policy = self.policies.resolve(body.policy, len(body.code.encode()))
+        if policy.runtime not in (None, "runc"):
+            problems = runtime_problems(policy, self.fleet.runtimes(), self.settings.docker.runsc_network_runtime)
+            if problems:
+                raise PolicyExceeded(tuple(problems))
+        self._check(body)
+        now = time.time()
+        deadline = now + policy.queue_timeout_s
+        record_id = new_execution_id()
+        # Quotas before any byte is stored: a refused request leaves nothing behind.
+        admission = self.quotas.admit(tenant, policy.name, record_id, depth(self.queue))
+        try:
+            prepared = prepare(body, policy, language.file, self.files, list(extra),
+                               keep_until=deadline + self.settings.retention_s, ttl_s=self.settings.retention_s,
+                               tenant=tenant)  # fmt: skip
+            record = ExecutionRecord(
+                id=record_id,
+                tenant=tenant,
+                status=ExecutionStatus.QUEUED,
+                language=language.name,
+                trace_id=trace.trace_id,
+                labels=body.labels,
+                created_at=now,
+                policy=policy,
+                code=body.code,
+                env=body.env,
+                files=prepared.files,
+                stdin_b64=prepared.stdin_b64,
+                inputs=body.inputs,
+                outputs_spec=body.outputs,
+                expect=body.expect,
+                webhook=body.webhook,
+                request_sha256=request_digest(body, extra),
+                queue_deadline=deadline,
+                transitions=[Transition(status=ExecutionStatus.QUEUED, at=now, by=self.by)],
+            )
+            self.store.create(record)
+            with self.spans.span("execbox.enqueue", trace, {"execution.id": record.id}):
+                backstop = self.policies.max_ceiling("timeout_s")
+                enqueue(self.queue, record, trace.child().traceparent, self.settings, backstop)
+        except BaseException:
+            self.quotas.slots.release(tenant, record_id)
+            raise
+        self.on_accept(language.name)
+        return Submission(record, trace, admission.headers)
+
+
+def mine(record: ExecutionRecord | None, tenant: str, execution_id: str) -> ExecutionRecord:
+    """The record when it exists and is tenant's; ExecutionNotFound otherwise."""
+    if record is None or record.tenant != tenant:
+        raise ExecutionNotFound(execution_id)
+    return record

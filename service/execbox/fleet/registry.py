@@ -1,0 +1,47 @@
+"""Worker heartbeats (key `worker:{name}`): written by each worker, read by the API's health
+check, its admission (which runtimes are on offer) and the metrics of shared state."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from execbox.core.keys import Keys
+from execbox.core.redis import redis_errors
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    name: str
+    docker_ok: bool
+    detail: str = ""
+    missing_images: list[str] = field(default_factory=list)
+    runtimes: list[str] = field(default_factory=list)
+    at: float = 0.0
+
+
+class WorkerRegistry:
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.redis = client
+        self.keys = keys
+
+    def report(self, beat: Heartbeat, ttl_s: float) -> None:
+        payload = json.dumps({**beat.__dict__, "at": time.time()})
+        with redis_errors():
+            self.redis.set(self.keys.worker(beat.name), payload, px=int(ttl_s * 1000))
+
+    def alive(self) -> list[Heartbeat]:
+        with redis_errors():
+            keys = list(self.redis.scan_iter(match=self.keys.pattern("worker"), count=100))
+            values = self.redis.mget(keys) if keys else []
+        beats: list[dict[str, Any]] = [json.loads(v) for v in values if v is not None]
+        return [Heartbeat(**beat) for beat in beats]
+
+    def runtimes(self) -> set[str] | None:
+        """The runtimes some healthy worker offers; None when no worker is healthy (nothing to say yet)."""
+        live = [beat for beat in self.alive() if beat.docker_ok]
+        return {runtime for beat in live for runtime in beat.runtimes} if live else None
