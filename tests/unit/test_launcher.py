@@ -8,7 +8,8 @@ import sys
 import threading
 from pathlib import Path
 
-from execbox.sandbox.docker import STDERR, STDOUT, _Capture, done_marker, frame_files
+from execbox.sandbox.docker.capture import STDERR, STDOUT, Capture
+from execbox.sandbox.protocol import done_marker, frame_files
 
 LAUNCHER = Path(__file__).resolve().parents[2] / "sandbox-images" / "common" / "launch.py"
 RUN = """
@@ -63,14 +64,14 @@ def test_environment_from_frame_reaches_program_only(tmp_path: Path) -> None:
 def test_marker_reports_status_and_output_and_capture_strips_it() -> None:
     nonce = "00aa11bb22cc33dd"
     wake = threading.Event()
-    capture = _Capture(100, done_marker(nonce), wake)
+    capture = Capture(100, done_marker(nonce), wake)
     marker = done_marker(nonce) + b"1:137:1:5242880:\x00"
-    capture._take(STDERR, b"warning\n")
-    capture._take(STDERR, b"\n\x00execbox-done:" + b"ffffffffffffffff:0:0:0:0:\x00")  # a wrong nonce: kept as output
-    capture._take(STDERR, marker[:7])
-    capture._take(STDERR, marker[7:])
+    capture.take(STDERR, b"warning\n")
+    capture.take(STDERR, b"\n\x00execbox-done:" + b"ffffffffffffffff:0:0:0:0:\x00")  # a wrong nonce: kept as output
+    capture.take(STDERR, marker[:7])
+    capture.take(STDERR, marker[7:])
     assert not capture.done and not wake.is_set()  # stdout may still be on its way
-    capture._take(STDOUT, b"result" + marker)
+    capture.take(STDOUT, b"result" + marker)
     assert capture.done and wake.is_set()
     assert (capture.produced, capture.exit_code, capture.oom, capture.peak) == (True, 137, True, 5 << 20)
     stderr, total, truncated = capture.result(STDERR)
@@ -137,7 +138,7 @@ def test_launcher_faults_are_reported_in_the_marker_never_on_the_programs_stream
 
 
 def test_capture_reads_a_launcher_fault() -> None:
-    capture = _Capture(100, done_marker("ab"), threading.Event())
+    capture = Capture(100, done_marker("ab"), threading.Event())
     for stream in (STDOUT, STDERR):
-        capture._take(stream, done_marker("ab") + b"0:L2:0:0:\x00")
+        capture.take(stream, done_marker("ab") + b"0:L2:0:0:\x00")
     assert capture.done and capture.exit_code is None and capture.fault is not None and "start" in capture.fault
