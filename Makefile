@@ -1,8 +1,11 @@
 # execbox: `make up` starts the service, `make test` runs every check and test.
-.PHONY: install engine images up down up-host down-host test check unit integration stack-test bench clean
+.PHONY: install venv engine images up down up-host down-host test check unit integration stack-test bench clean
 
 install:
 	scripts/install
+
+venv:
+	scripts/install --python
 
 engine: install
 	scripts/engine
@@ -28,8 +31,9 @@ down-host:
 check: install
 	scripts/check
 
-unit: install
-	.venv/bin/pytest tests/unit
+# The fast tier (< 1 min): no root, no Docker, no apt; needs python3 and redis-server on PATH.
+unit: venv
+	.venv/bin/pytest -m "not docker and not stack" tests/unit
 
 integration: images
 	.venv/bin/pytest tests/integration

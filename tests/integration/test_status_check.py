@@ -25,16 +25,21 @@ def test_a_contradicted_launcher_report_is_detected(stack: Stack) -> None:
         files=(("main.py", b"import sys\nsys.exit(3)\n"),), env=(),
         limits=Limits(10, 1.0, 10, 128, 32, 16, 1 << 16), deployment=stack.prefix,
     )  # fmt: skip
-    # The engine agrees with a true report ...
-    cid = runtime._create(spec, {})
-    honest = runtime._run_started(spec, RunControl(), cid, "", time.monotonic(), warm=False)
-    assert honest.launcher_status and honest.exit_code == 3
-    runtime._retire(cid, honest, None)
-    assert mismatches == []
-    # ... and contradicts a forged one (what a program knowing the nonce could have printed).
-    cid = runtime._create(spec, {})
-    reported = runtime._run_started(spec, RunControl(), cid, "", time.monotonic(), warm=False)
-    runtime._retire(cid, dataclasses.replace(reported, exit_code=0), None)
-    assert mismatches == ["!"]
-    assert not runtime.api.containers(all=True, filters={"id": cid})
-    runtime.api.close()
+    made: list[str] = []
+    try:
+        # The engine agrees with a true report ...
+        made.append(runtime.create(spec))
+        honest = runtime.run_in(spec, RunControl(), made[-1], "", time.monotonic(), warm=False)
+        assert honest.launcher_status and honest.exit_code == 3
+        runtime.retire(made[-1], honest)
+        assert mismatches == []
+        # ... and contradicts a forged one (what a program knowing the nonce could have printed).
+        made.append(runtime.create(spec))
+        reported = runtime.run_in(spec, RunControl(), made[-1], "", time.monotonic(), warm=False)
+        runtime.retire(made[-1], dataclasses.replace(reported, exit_code=0))
+        assert mismatches == ["!"]
+        assert not runtime.api.containers(all=True, filters={"id": made[-1]})
+    finally:
+        for cid in made:  # labelled with the run's execution: the suite's leftover check sees any miss
+            runtime.remove(cid)
+        runtime.api.close()

@@ -1,1 +1,2 @@
-"""Network egress for allowlisted executions: rules (pure), the asyncio proxy, its process."""
+"""Network egress for allowlisted executions: rules (pure), sealed secrets (sealing), what the
+egress path keeps in Redis (store), the asyncio proxy (proxy) and its process (main)."""

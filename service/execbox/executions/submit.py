@@ -20,6 +20,7 @@ from rq import Queue
 
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet, runtime_problems
+from execbox.catalog.webhook_hosts import host_allowed
 from execbox.core.errors import ConflictError, ExecutionNotFound, FieldProblem, InvalidRequest, PolicyExceeded
 from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
@@ -33,7 +34,6 @@ from execbox.executions.store import ExecutionStore
 from execbox.files.store import FileStore
 from execbox.fleet.registry import WorkerRegistry
 from execbox.tenancy.quotas import Quotas
-from execbox.webhooks.policy import host_allowed
 
 ExtraFiles = Sequence[tuple[str, bytes]]
 """Input files sent beside the JSON body (multipart parts): (path, bytes)."""

@@ -47,6 +47,7 @@ class Waiters:
             retry=Retry(ExponentialBackoff(cap=1.0, base=0.1), 8),  # ~5 s: a restart and its AOF replay
             retry_on_error=[RedisConnectionError, RedisTimeoutError, BusyLoadingError],
         )
+        self._pool = pool
         self._redis = aioredis.Redis(connection_pool=pool)
         self._waiting: dict[str, set[asyncio.Event]] = {}
         self._listener: asyncio.Task[None] | None = None
@@ -66,6 +67,7 @@ class Waiters:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._listener
         await self._redis.aclose()
+        await self._pool.disconnect()  # a pool given to the client is not closed with it
 
     async def _listen(self) -> None:
         pattern = f"{self._prefix}:done:*"

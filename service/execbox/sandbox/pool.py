@@ -120,17 +120,29 @@ class WarmPool:
         delay = 0.0
         while not stop.is_set():
             try:
-                if time.monotonic() >= next_check:
-                    self._forget_dead()
-                    self._recycle_stale()
+                checking = time.monotonic() >= next_check
+                self.tick(stop, check=checking)
+                if checking:
                     next_check = time.monotonic() + check_s
-                self._fill(stop)
                 delay = 0.0
             except ServiceError as exc:
                 delay = min(max(delay * 2, 1.0), 30.0)
                 log.warning("warm pool refill failed (%s); next try in %.0f s", exc.message, delay)
             self._wake.wait(delay or check_s)
             self._wake.clear()
+
+    def tick(self, stop: threading.Event, check: bool = True) -> None:
+        """One round of the refill loop: with `check`, forget containers that died and remove those
+        that waited longer than max_idle_s; then fill every class up to its size."""
+        if check:
+            self._forget_dead()
+            self._recycle_stale()
+        self._fill(stop)
+
+    def idle(self) -> dict[str, int]:
+        """Containers waiting, per class."""
+        with self._lock:
+            return {name: len(idle) for name, idle in self._idle.items()}
 
     def start(self, stop: threading.Event) -> None:
         self._thread = threading.Thread(target=self.run, args=(stop,), name="warm-pool", daemon=True)

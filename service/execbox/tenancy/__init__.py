@@ -1,0 +1,1 @@
+"""Tenants: API keys (apikeys), quotas and the admission counters behind them (quotas)."""

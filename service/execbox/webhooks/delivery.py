@@ -24,6 +24,7 @@ import time
 
 import httpx
 
+from execbox.catalog.webhook_hosts import host_allowed
 from execbox.core import logs
 from execbox.core.errors import ServiceError
 from execbox.core.events import TERMINAL, DueSet
@@ -32,7 +33,6 @@ from execbox.executions.events import DURABLE_GROUPS
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import WebhookDelivery
 from execbox.executions.store import ExecutionStore
-from execbox.webhooks.policy import host_allowed
 
 log = logging.getLogger(__name__)
 GROUP = DURABLE_GROUPS[0]

@@ -1,4 +1,5 @@
-"""The engine seam: docker SDK failures as the service's errors, and the engine's time stamps."""
+"""The engine seam: docker SDK failures as the service's errors, and the engine's listings of what a
+deployment made (containers and networks, by their labels) for the reaper and the warm pool."""
 
 from __future__ import annotations
 
@@ -7,10 +8,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
+import docker
 import requests
 from docker.errors import DockerException, ImageNotFound
 
 from execbox.core.errors import ImageUnavailable, RuntimeUnavailable
+from execbox.sandbox.runtime import (
+    DEPLOYMENT_LABEL,
+    EXECUTION_LABEL,
+    MANAGED_LABEL,
+    POOL_LABEL,
+    WORKER_LABEL,
+    ContainerInfo,
+)
 
 
 @contextmanager
@@ -32,3 +42,37 @@ def unix_time(created: str) -> float:
         return datetime.fromisoformat(stamp).timestamp()
     except ValueError:
         return 0.0
+
+
+def _labels(deployment: str) -> dict[str, list[str]]:
+    return {"label": [f"{MANAGED_LABEL}=true", f"{DEPLOYMENT_LABEL}={deployment}"]}
+
+
+def listed_containers(api: docker.APIClient, deployment: str) -> list[ContainerInfo]:
+    with docker_errors():
+        found = api.containers(all=True, filters=_labels(deployment))
+    return [
+        ContainerInfo(
+            id=c["Id"],
+            execution_id=(c.get("Labels") or {}).get(EXECUTION_LABEL),
+            created_at=float(c.get("Created", 0)),
+            running=c.get("State") == "running",
+            worker=(c.get("Labels") or {}).get(WORKER_LABEL),
+            pool=(c.get("Labels") or {}).get(POOL_LABEL),
+        )
+        for c in found
+    ]
+
+
+def listed_networks(api: docker.APIClient, deployment: str) -> list[ContainerInfo]:
+    with docker_errors():
+        found = api.networks(filters=_labels(deployment))
+    return [
+        ContainerInfo(
+            id=n["Id"],
+            execution_id=(n.get("Labels") or {}).get(EXECUTION_LABEL),
+            created_at=unix_time(n.get("Created", "")),
+            running=False,
+        )
+        for n in found
+    ]

@@ -10,6 +10,10 @@ removed.
 A container comes from the warm pool (created and started with the same hardening before the
 request arrived, waiting on stdin; used once) when the worker keeps one for the run's class, and
 is created on the spot otherwise. The per-request environment travels in the stdin frame for both.
+
+Longer than 400 lines because a run's lifecycle (create, attach, start, feed, wait, collect, stop,
+retire) is one sequence whose steps share the container's state; the parts that stand alone live
+beside it (hostconfig, capture, networks, cleanup, engine).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from execbox.core.errors import ImageUnavailable
 from execbox.core.settings import DockerSettings
 from execbox.sandbox.docker.capture import STDERR, STDOUT, Capture, close, feed
 from execbox.sandbox.docker.cleanup import CLEANUP_DELAY_S, Deferred
-from execbox.sandbox.docker.engine import docker_errors, unix_time
+from execbox.sandbox.docker.engine import docker_errors, listed_containers, listed_networks
 from execbox.sandbox.docker.hostconfig import BASE_ENV, CPU_PERIOD_US, MASKED_PATHS, host_config_kwargs, policy_runtime
 from execbox.sandbox.docker.networks import EgressNetwork, EgressNetworks
 from execbox.sandbox.pool import WarmPool
@@ -131,17 +135,18 @@ class DockerRuntime:
                 container_id = self.pool.take(spec) if self.pool is not None and network is None else None
                 warm = container_id is not None
                 if container_id is None:
-                    labels = {EXECUTION_LABEL: spec.execution_id, TRACE_LABEL: spec.trace_id}
-                    container_id = self._create(spec, self._labels(spec, labels), network)
-                outcome = self._run_started(spec, control, container_id, image_id, t0, warm=warm)
+                    container_id = self.create(spec, network)
+                outcome = self.run_in(spec, control, container_id, image_id, t0, warm=warm)
                 return outcome
         finally:
             # Off the result's path, and a moment later (see CLEANUP_DELAY_S). If this process
             # dies first, the reaper finds the container (and network) by their labels.
             reported = outcome if outcome is not None and outcome.launcher_status else None
-            self._cleanup.later(lambda: self._retire(container_id, reported, network))
+            self._cleanup.later(lambda: self.retire(container_id, reported, network))
 
-    def _retire(self, container_id: str | None, reported: RunOutcome | None, network: EgressNetwork | None) -> None:
+    def retire(
+        self, container_id: str | None, reported: RunOutcome | None, network: EgressNetwork | None = None
+    ) -> None:
         """Remove a run's container; when the result took status and OOM from the launcher's
         marker, first let the launcher exit and check the engine agrees (a mismatch would mean
         a forged marker: logged and counted, see docs/security.md C26)."""
@@ -168,6 +173,11 @@ class DockerRuntime:
     @staticmethod
     def _labels(spec: RunSpec, extra: dict[str, str]) -> dict[str, str]:
         return {MANAGED_LABEL: "true", DEPLOYMENT_LABEL: spec.deployment, WORKER_LABEL: spec.worker, **extra}
+
+    def create(self, spec: RunSpec, network: EgressNetwork | None = None) -> str:
+        """A created (not started) container for one run, labelled with its execution and trace."""
+        labels = {EXECUTION_LABEL: spec.execution_id, TRACE_LABEL: spec.trace_id}
+        return self._create(spec, self._labels(spec, labels), network)
 
     def _create(self, spec: RunSpec, labels: dict[str, str], network: EgressNetwork | None = None) -> str:
         """Create (not start) a hardened container for spec's image, command and limits, running as
@@ -236,9 +246,8 @@ class DockerRuntime:
                 cpu_quota=int(wanted.cpu * CPU_PERIOD_US),
             )
 
-    def _run_started(
-        self, spec: RunSpec, control: RunControl, cid: str, image_id: str, t0: float, warm: bool
-    ) -> RunOutcome:
+    def run_in(self, spec: RunSpec, control: RunControl, cid: str, image_id: str, t0: float, warm: bool) -> RunOutcome:
+        """Run spec in a container made for it (created, or warm and started); the caller retires it."""
         api = self.api
         nonce = secrets.token_hex(8)
         wake = threading.Event()
@@ -397,34 +406,10 @@ class DockerRuntime:
 
     def managed_networks(self, deployment: str) -> list[ContainerInfo]:
         """The per-run egress networks this deployment made on this engine (as reaper entries)."""
-        labels = [f"{MANAGED_LABEL}=true", f"{DEPLOYMENT_LABEL}={deployment}"]
-        with docker_errors():
-            found = self.api.networks(filters={"label": labels})
-        return [
-            ContainerInfo(
-                id=n["Id"],
-                execution_id=(n.get("Labels") or {}).get(EXECUTION_LABEL),
-                created_at=unix_time(n.get("Created", "")),
-                running=False,
-            )
-            for n in found
-        ]
+        return listed_networks(self.api, deployment)
 
     def remove_network(self, network_id: str, proxy_container: str) -> None:
         self._networks.close(EgressNetwork(network_id, "", proxy_container))
 
     def managed_containers(self, deployment: str) -> list[ContainerInfo]:
-        labels = [f"{MANAGED_LABEL}=true", f"{DEPLOYMENT_LABEL}={deployment}"]
-        with docker_errors():
-            found = self.api.containers(all=True, filters={"label": labels})
-        return [
-            ContainerInfo(
-                id=c["Id"],
-                execution_id=(c.get("Labels") or {}).get(EXECUTION_LABEL),
-                created_at=float(c.get("Created", 0)),
-                running=c.get("State") == "running",
-                worker=(c.get("Labels") or {}).get(WORKER_LABEL),
-                pool=(c.get("Labels") or {}).get(POOL_LABEL),
-            )
-            for c in found
-        ]
+        return listed_containers(self.api, deployment)

@@ -1,0 +1,64 @@
+"""The fast tier: pure logic, plus the stores and the API in-process against the session's real
+redis-server (from PATH). Nothing here needs root, Docker or a network beyond loopback.
+
+Each test gets a key prefix (and queue) of its own, through the harness's unrestricted Redis
+user, so tests never see each other's keys or the integration stack's.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from execbox.catalog.policies import PolicySet
+from execbox.catalog.schemas import PolicyRequest
+from execbox.core.redis import connect
+from execbox.core.settings import Settings
+from execbox.core.status import ExecutionStatus
+from execbox.executions.record import ExecutionRecord
+from execbox.executions.schemas import Transition
+from execbox.executions.submit import new_execution_id
+from tests.conftest import Redis
+
+
+@pytest.fixture
+def settings(redis_server: Redis, tmp_path: Path) -> Settings:
+    prefix = f"u{secrets.token_hex(4)}"
+    return Settings(
+        redis={"url": redis_server.url, "key_prefix": prefix},
+        queue={"name": prefix},
+        artifacts_dir=tmp_path / "artifacts",
+    )
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[redis.Redis]:
+    connection = connect(settings)
+    yield connection
+    for key in connection.scan_iter(match=f"{settings.redis.key_prefix}:*", count=1000):
+        connection.delete(key)
+    connection.close()
+
+
+def make_record(settings: Settings, tenant: str = "alpha", queue_timeout_s: float = 60.0) -> ExecutionRecord:
+    """A queued execution as the API would store it (default policy, a one-line program)."""
+    policy = PolicySet.load(settings.policies_dir).resolve(PolicyRequest(queue_timeout_s=queue_timeout_s), 9)
+    now = time.time()
+    return ExecutionRecord(
+        id=new_execution_id(),
+        tenant=tenant,
+        status=ExecutionStatus.QUEUED,
+        language="python",
+        trace_id=secrets.token_hex(16),
+        created_at=now,
+        policy=policy,
+        code="print(1)\n",
+        request_sha256="0" * 64,
+        queue_deadline=now + queue_timeout_s,
+        transitions=[Transition(status=ExecutionStatus.QUEUED, at=now, by="api")],
+    )

@@ -1,0 +1,124 @@
+"""The API in-process (ASGI, no sockets) against a real Redis: what a client sees without a worker."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from fastapi import FastAPI
+
+from execbox.api import create_app
+from execbox.core.keys import Keys
+from execbox.core.settings import Settings
+from execbox.executions.queue import depth, make_queue
+from execbox.fleet.registry import Heartbeat, WorkerRegistry
+from execbox.tenancy.apikeys import ApiKeys
+
+pytestmark = pytest.mark.redis
+PROGRAM = {"language": "python", "code": "print('hi')"}
+
+
+class InProcess:
+    """Requests straight into the ASGI app (httpx's ASGI transport) on a loop of the test's own,
+    with the app's lifespan (the waiters' Redis subscription) around them."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._lifespan: AbstractAsyncContextManager[Any] = app.router.lifespan_context(app)
+        self._loop.run_until_complete(self._lifespan.__aenter__())
+        self._http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://execbox.test")
+
+    def get(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self._loop.run_until_complete(self._http.get(url, **kwargs))
+
+    def post(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self._loop.run_until_complete(self._http.post(url, **kwargs))
+
+    def close(self) -> None:
+        self._loop.run_until_complete(self._http.aclose())
+        self._loop.run_until_complete(self._lifespan.__aexit__(None, None, None))
+        self._loop.close()
+
+
+@pytest.fixture
+def api(settings: Settings, client: redis.Redis) -> Iterator[tuple[InProcess, dict[str, dict[str, str]]]]:
+    keys = ApiKeys(client, settings.redis.key_prefix)
+    headers = {tenant: {"Authorization": f"Bearer {keys.create(tenant)[0]}"} for tenant in ("alpha", "beta")}
+    http = InProcess(create_app(settings))
+    yield http, headers
+    http.close()
+
+
+def test_an_accepted_execution_is_stored_queued_and_owned(
+    api: tuple[InProcess, dict[str, dict[str, str]]], settings: Settings, client: redis.Redis
+) -> None:
+    http, as_ = api
+    created = http.post("/v1/executions", json=PROGRAM, headers=as_["alpha"])
+
+    assert created.status_code == 202, created.text
+    body = created.json()
+    assert body["status"] == "queued" and created.headers["Location"] == f"/v1/executions/{body['id']}"
+    assert created.headers["X-Trace-Id"] == body["trace_id"] and "code" not in body
+    assert depth(make_queue(client, settings)) == 1
+    assert http.get(f"/v1/executions/{body['id']}", headers=as_["alpha"]).json()["status"] == "queued"
+    hidden = http.get(f"/v1/executions/{body['id']}", headers=as_["beta"])
+    assert hidden.status_code == 404 and hidden.json()["code"] == "execution.not_found", "no leak across tenants"
+    assert http.get(f"/v1/executions/{body['id']}").status_code == 401
+
+
+def test_cancelling_a_queued_execution_settles_it_once(api: tuple[InProcess, dict[str, dict[str, str]]]) -> None:
+    http, as_ = api
+    execution_id = http.post("/v1/executions", json=PROGRAM, headers=as_["alpha"]).json()["id"]
+
+    cancelled = http.post(f"/v1/executions/{execution_id}/cancel", headers=as_["alpha"])
+    again = http.post(f"/v1/executions/{execution_id}/cancel", headers=as_["alpha"])
+
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert cancelled.json()["error"]["category"] == "cancelled"
+    assert again.status_code == 409 and again.json()["code"] == "execution.finished"
+    assert http.post(f"/v1/executions/{execution_id}/cancel", headers=as_["beta"]).status_code == 404
+
+
+def test_a_retry_with_the_same_key_replays_the_first_execution(
+    api: tuple[InProcess, dict[str, dict[str, str]]], settings: Settings, client: redis.Redis
+) -> None:
+    http, as_ = api
+    headers = {**as_["alpha"], "Idempotency-Key": "retry-me"}
+    first = http.post("/v1/executions", json=PROGRAM, headers=headers)
+    retry = http.post("/v1/executions", json=PROGRAM, headers=headers)
+    changed = http.post("/v1/executions", json={**PROGRAM, "code": "print(2)"}, headers=headers)
+
+    assert retry.json()["id"] == first.json()["id"] and retry.headers["Idempotent-Replayed"] == "true"
+    assert changed.status_code == 422 and changed.json()["code"] == "idempotency.mismatch"
+    assert depth(make_queue(client, settings)) == 1, "one execution queued in all"
+
+
+def test_invalid_requests_name_every_field(api: tuple[InProcess, dict[str, dict[str, str]]]) -> None:
+    http, as_ = api
+    bad = {"language": "python", "code": " ", "policy": {"memory_mb": 1}, "env": {"EXECBOX_X": "1"}}
+
+    answer = http.post("/v1/executions", json=bad, headers=as_["alpha"])
+
+    assert answer.status_code == 422 and answer.headers["content-type"] == "application/problem+json"
+    fields = {e["field"] for e in answer.json()["errors"]}
+    assert {"code", "policy.memory_mb", "env"} <= fields, fields
+    above = http.post("/v1/executions", json={**PROGRAM, "policy": {"memory_mb": 1 << 19}}, headers=as_["alpha"])
+    assert above.status_code == 422 and above.json()["code"] == "request.policy_exceeded"
+
+
+def test_a_runtime_no_live_worker_offers_is_refused(
+    api: tuple[InProcess, dict[str, dict[str, str]]], settings: Settings, client: redis.Redis
+) -> None:
+    http, as_ = api
+    WorkerRegistry(client, Keys(settings.redis.key_prefix)).report(Heartbeat("w1", True, runtimes=["runc"]), 60)
+
+    answer = http.post("/v1/executions", json={**PROGRAM, "policy": {"runtime": "runsc"}}, headers=as_["alpha"])
+
+    assert answer.status_code == 422 and answer.json()["errors"][0]["field"] == "policy.runtime"
+    assert depth(make_queue(client, settings)) == 0
+    assert client.zcard(Keys(settings.redis.key_prefix).active("alpha")) == 0, "a refusal takes no quota slot"

@@ -1,0 +1,89 @@
+"""The layout rules of docs/architecture.md that the import linter (scripts/check) does not see."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from execbox.core.keys import SCHEMA, Keys
+from execbox.core.redis_roles import roles
+from execbox.core.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICE = ROOT / "service" / "execbox"
+LONG_MODULE_LINES = 400
+LONG_REASON = "Longer than 400 lines because"
+
+
+def _package(module: str) -> str:
+    """The room a module belongs to: execbox.<room>, or the test tree."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "execbox" else parts[0]
+
+
+def _modules(base: Path, prefix: str) -> list[tuple[str, Path]]:
+    found = []
+    for path in sorted(base.rglob("*.py")):
+        relative = path.relative_to(base).with_suffix("")
+        module = ".".join((prefix, *relative.parts)).removesuffix(".__init__")
+        found.append((module, path))
+    return found
+
+
+def private_imports_across_rooms() -> list[str]:
+    """`from execbox.<room>... import _name` written outside that room (tests included)."""
+    offenders = []
+    for module, path in (
+        _modules(SERVICE, "execbox") + _modules(ROOT / "tests", "tests") + _modules(ROOT / "bench", "bench")
+    ):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("execbox"):
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                if private and _package(node.module) != _package(module):
+                    offenders.append(f"{module} imports {', '.join(private)} from {node.module}")
+    return offenders
+
+
+def test_no_private_name_is_imported_across_rooms() -> None:
+    assert private_imports_across_rooms() == []
+
+
+def test_long_modules_say_why_at_their_top() -> None:
+    unexplained = []
+    for module, path in _modules(SERVICE, "execbox"):
+        text = path.read_text()
+        docstring = ast.get_docstring(ast.parse(text)) or ""
+        if len(text.splitlines()) > LONG_MODULE_LINES and LONG_REASON not in docstring:
+            unexplained.append(f"{module}: {len(text.splitlines())} lines")
+    assert unexplained == []
+
+
+def test_every_room_says_what_it_holds() -> None:
+    rooms = [p for p in SERVICE.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
+    assert rooms, SERVICE
+    assert [r.name for r in rooms if not ast.get_docstring(ast.parse((r / "__init__.py").read_text()))] == []
+
+
+def test_every_role_that_uses_a_key_may_reach_it() -> None:
+    """The key schema and the Redis roles agree: each role named as a key's writer or reader has a
+    pattern covering it (with write rights for writers)."""
+    import fnmatch
+
+    granted = roles("p")
+    keys = Keys("p")
+    missing = []
+    for spec in SCHEMA:
+        key = f"p:{spec.pattern}".replace("{", "").replace("}", "")
+        for role, needs in [(r, "write") for r in spec.write] + [(r, "read") for r in spec.read]:
+            patterns = [*granted[role].keys, *(f"~{c}" for c in granted[role].channels)]
+            ok = [p for p in patterns if fnmatch.fnmatchcase(key, p.lstrip("%RW~"))]
+            if not ok or (needs == "write" and all(p.startswith("%R~") for p in ok)):
+                missing.append(f"{role} cannot {needs} {spec.pattern}")
+    assert missing == []
+    assert keys.pattern("worker") == "p:worker:*"
+
+
+def test_default_paths_point_into_the_repository() -> None:
+    settings = Settings()
+    assert (settings.policies_dir / "default.yaml").is_file()
+    assert (settings.images_dir / "python").is_dir()

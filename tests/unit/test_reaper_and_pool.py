@@ -1,0 +1,136 @@
+"""The reaper's rules and the warm pool against a fake engine, with the real Redis stores."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import redis
+from prometheus_client import CollectorRegistry
+
+from execbox.catalog.languages import Languages
+from execbox.core.keys import Keys
+from execbox.core.metrics import worker_metrics
+from execbox.core.settings import Settings
+from execbox.core.tracing import setup as setup_tracing
+from execbox.egress.store import EgressStore
+from execbox.executions.store import ExecutionStore
+from execbox.files.blobs import LocalArtifactStore
+from execbox.files.store import FileStore
+from execbox.fleet.registry import Heartbeat, WorkerRegistry
+from execbox.sandbox.pool import PoolClass, WarmPool
+from execbox.sandbox.runtime import Limits, RunSpec
+from execbox.tenancy.quotas import Slots
+from execbox.worker import reaper
+from execbox.worker.context import WorkerContext
+from tests.unit.fake_engine import FakeEngine
+
+pytestmark = pytest.mark.redis
+LIMITS = Limits(10.0, 1.0, 10, 256, 64, 64, 1 << 20)
+
+
+def context(settings: Settings, client: redis.Redis, engine: FakeEngine, tmp_path: Path) -> WorkerContext:
+    keys = Keys(settings.redis.key_prefix)
+    registry = CollectorRegistry()
+    return WorkerContext(
+        settings=settings, store=ExecutionStore(client, settings), files=FileStore(client, keys),
+        egress=EgressStore(client, keys, settings.retention_s), fleet=WorkerRegistry(client, keys),
+        slots=Slots(client, keys), runtime=engine, languages=Languages.load(settings.images_dir),
+        artifacts=LocalArtifactStore(tmp_path / "artifacts"), name="worker-under-test",
+        metrics=worker_metrics(registry), registry=registry, spans=setup_tracing(None, "test"),
+    )  # fmt: skip
+
+
+def test_an_unowned_container_is_removed_on_the_second_sweep_only(
+    settings: Settings, client: redis.Redis, tmp_path: Path
+) -> None:
+    engine = FakeEngine()
+    ctx = context(settings, client, engine, tmp_path)
+    orphan = engine.add(execution_id="exe_gone")  # its execution's lease has lapsed
+    leased = engine.add(execution_id="exe_running")
+    ctx.store.renew_lease("exe_running", "another-worker")
+    young = engine.add(execution_id="exe_new", age_s=0.0)  # within the grace period
+    unowned: set[str] = set()
+
+    first = reaper.sweep(ctx, unowned)
+    assert first["containers"] == 0 and engine.removed == [], "one sweep never removes"
+    assert unowned == {orphan}
+
+    second = reaper.sweep(ctx, unowned)
+    assert second["containers"] == 1 and engine.removed == [orphan]
+    assert set(engine.containers) == {leased, young}
+
+
+def test_a_container_owned_again_between_sweeps_is_kept(
+    settings: Settings, client: redis.Redis, tmp_path: Path
+) -> None:
+    engine = FakeEngine()
+    ctx = context(settings, client, engine, tmp_path)
+    cid = engine.add(execution_id="exe_slow_redis")
+    unowned: set[str] = set()
+    reaper.sweep(ctx, unowned)
+    ctx.store.renew_lease("exe_slow_redis", "its-worker")  # Redis came back; the worker renewed
+
+    reaper.sweep(ctx, unowned)
+
+    assert engine.removed == [] and cid in engine.containers and unowned == set()
+
+
+def test_a_warm_container_belongs_to_its_live_worker(settings: Settings, client: redis.Redis, tmp_path: Path) -> None:
+    engine = FakeEngine()
+    ctx = context(settings, client, engine, tmp_path)
+    mine = engine.add(worker="alive", pool="python")
+    theirs = engine.add(worker="gone", pool="python")
+    ctx.fleet.report(Heartbeat("alive", True), ttl_s=60)
+
+    reaper.sweep(ctx, None)  # `execbox reap`: one sweep removes at once
+
+    assert engine.removed == [theirs] and mine in engine.containers
+
+
+def template(worker: str = "w1") -> RunSpec:
+    return RunSpec(execution_id="", trace_id="", worker=worker, image="execbox/python:test", command=("python3",),
+                   files=(), env=(), limits=LIMITS, language="python", deployment="d", runtime="runc")  # fmt: skip
+
+
+def test_the_warm_pool_fills_hands_out_once_and_refills() -> None:
+    engine = FakeEngine()
+    takes: list[bool] = []
+    pool = WarmPool(engine, [PoolClass("python", 2, template())], "w1", "d", 300.0, lambda _, hit: takes.append(hit))
+    stop = threading.Event()
+    pool.tick(stop)
+    assert pool.idle() == {"python": 2}
+
+    bigger = LIMITS.__class__(**{**LIMITS.__dict__, "memory_mb": 512})
+    run = RunSpec(**{**template().__dict__, "limits": bigger})
+    first, second, third = pool.take(run), pool.take(run), pool.take(run)
+
+    assert first and second and first != second and third is None, "each container serves one run"
+    assert takes == [True, True, False]
+    assert engine.resized == [(first, bigger), (second, bigger)], "memory is set to the run's own"
+    pool.tick(stop)
+    assert pool.idle() == {"python": 2}
+    other = RunSpec(**{**template().__dict__, "image": "execbox/bash:test"})
+    assert pool.take(other) is None, "a spec of no class goes cold without counting a take"
+    assert takes == [True, True, False]
+
+
+def test_the_warm_pool_replaces_dead_and_stale_containers() -> None:
+    engine = FakeEngine()
+    pool = WarmPool(engine, [PoolClass("python", 2, template())], "w1", "d", max_idle_s=3600.0)
+    stop = threading.Event()
+    pool.tick(stop)
+    dead = next(iter(engine.containers))
+    engine.die(dead)
+
+    pool.tick(stop)
+    handed = {pool.take(template()), pool.take(template())}
+
+    assert None not in handed and dead not in handed, "a container that died while waiting is never handed out"
+    stale = WarmPool(engine, [PoolClass("python", 1, template("w2"))], "w2", "d", max_idle_s=0.0)
+    stale.tick(stop)
+    (waited,) = [c for c, info in engine.containers.items() if info.worker == "w2"]
+    stale.tick(stop)  # it waited longer than max_idle_s = 0: recycled, then replaced
+    assert waited in engine.removed
+    assert stale.take(template("w2")) not in (None, waited)
