@@ -119,8 +119,12 @@ def test_cancel_queued_execution(side_stack: Callable[..., Side]) -> None:
         response = client.post(f"/v1/executions/{body['id']}/cancel")
         assert response.status_code == 200 and response.json()["status"] == "cancelled"
         side.worker("late-worker")  # a worker that starts afterwards must not run it
+        # One worker takes tickets in order: once a later execution has run, the cancelled one's
+        # ticket has been taken (and skipped) before it.
+        later = run_code(client, "print('after')", wait=60)
+        assert later["status"] == "succeeded" and later["worker"].endswith("late-worker")
         final = client.get(f"/v1/executions/{body['id']}").json()
-        assert final["status"] == "cancelled" and final["started_at"] is None
+        assert final["status"] == "cancelled" and final["started_at"] is None and final["attempt"] == 0
 
 
 def test_queue_deadline_expires_execution(side_stack: Callable[..., Side]) -> None:

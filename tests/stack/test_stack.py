@@ -93,10 +93,10 @@ def test_load_spreads_over_workers_and_a_stopped_worker_loses_nothing(api: httpx
     wait_until(lambda: len(busy_workers()) == 3, 60, "all three workers to take executions")
     subprocess.run(["docker", "stop", "-t", "60", workers[0]], check=True, capture_output=True)
     finals = [api.get(f"/v1/executions/{i}?wait=60").json() for i in ids]
-    statuses = {f["status"] for f in finals}
-    assert statuses <= {"succeeded", "failed"}, statuses
-    lost = [f for f in finals if f["status"] == "failed"]
-    assert all(f["error"]["category"] == "sandbox.error" and f["error"]["retryable"] for f in lost), lost
+    # A stop with a grace period is a drain: the stopped worker finishes the run it has and takes
+    # no other, so every execution succeeds (none fails, not even with a retryable error).
+    failed = [(f["id"], f["status"], f.get("error")) for f in finals if f["status"] != "succeeded"]
+    assert failed == []
     ran_on = {api.get(f"/v1/executions/{i}/record").json()["worker"] for i in ids}
     assert len(ran_on) == 3, ran_on
     subprocess.run(["docker", "start", workers[0]], check=True, capture_output=True)

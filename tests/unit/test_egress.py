@@ -67,11 +67,15 @@ async def _upstream() -> tuple[asyncio.Server, int, list[bytes]]:
     seen: list[bytes] = []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        seen.append(head)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(head) + head)
-        await writer.drain()
-        writer.close()
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            seen.append(head)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(head) + head)
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the proxy closed the connection first (a limit cut it)
+        finally:
+            writer.close()
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     return server, server.sockets[0].getsockname()[1], seen
@@ -179,12 +183,16 @@ async def _recording_upstream() -> tuple[asyncio.Server, int, list[bytes]]:
     seen: list[bytes] = []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        received = await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        await writer.drain()
-        writer.write_eof()
-        seen.append(received + await asyncio.wait_for(reader.read(), 5))
-        writer.close()
+        try:
+            received = await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+            writer.write_eof()
+            seen.append(received + await asyncio.wait_for(reader.read(), 5))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the proxy closed the connection first (a limit cut it)
+        finally:
+            writer.close()
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     return server, server.sockets[0].getsockname()[1], seen
