@@ -122,3 +122,17 @@ def test_a_runtime_no_live_worker_offers_is_refused(
     assert answer.status_code == 422 and answer.json()["errors"][0]["field"] == "policy.runtime"
     assert depth(make_queue(client, settings)) == 0
     assert client.zcard(Keys(settings.redis.key_prefix).active("alpha")) == 0, "a refusal takes no quota slot"
+
+
+def test_shared_gauges_sum_the_live_workers_heartbeats(
+    api: tuple[InProcess, dict[str, dict[str, str]]], settings: Settings, client: redis.Redis
+) -> None:
+    http, _ = api
+    fleet = WorkerRegistry(client, Keys(settings.redis.key_prefix))
+    fleet.report(Heartbeat("w1", True, warm=2), 60)
+    fleet.report(Heartbeat("w2", False, detail="engine down", warm=1), 60)
+
+    metrics = http.get("/metrics").text
+
+    assert "execbox_warm_pool_size 3.0" in metrics
+    assert "execbox_workers_alive 2.0" in metrics and "execbox_workers_docker_ok 1.0" in metrics

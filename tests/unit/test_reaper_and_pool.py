@@ -134,3 +134,17 @@ def test_the_warm_pool_replaces_dead_and_stale_containers() -> None:
     stale.tick(stop)  # it waited longer than max_idle_s = 0: recycled, then replaced
     assert waited in engine.removed
     assert stale.take(template("w2")) not in (None, waited)
+
+
+def test_the_heartbeat_reports_the_warm_containers_waiting(
+    settings: Settings, client: redis.Redis, tmp_path: Path
+) -> None:
+    engine = FakeEngine()
+    ctx = context(settings, client, engine, tmp_path)
+    ctx.pool = WarmPool(engine, [PoolClass("python", 2, template(ctx.name))], ctx.name, "d", 300.0)
+    ctx.pool.tick(threading.Event())
+
+    reaper.report_health(ctx)
+
+    (beat,) = ctx.fleet.alive()
+    assert (beat.name, beat.docker_ok, beat.warm, beat.runtimes) == (ctx.name, True, 2, ["runc"])

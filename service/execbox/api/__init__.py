@@ -115,6 +115,7 @@ def shared_state(store: ExecutionStore, fleet: WorkerRegistry, queue: Queue) -> 
         "execbox_executions_running": float(len(store.running())),
         "execbox_workers_alive": float(len(workers)),
         "execbox_workers_docker_ok": float(sum(1 for w in workers if w.docker_ok)),
+        "execbox_warm_pool_size": float(sum(w.warm for w in workers)),
         "execbox_redis_memory_used_bytes": float(used),
         "execbox_redis_memory_max_bytes": float(limit),
     }

@@ -131,7 +131,7 @@ class SharedStateCollector(Collector):
             ("execbox_executions_running", "Executions running now"),
             ("execbox_workers_alive", "Workers that reported within the last three reaper intervals"),
             ("execbox_workers_docker_ok", "Live workers whose Docker engine answers"),
-            ("execbox_warm_pool_size", "Pre-started sandboxes waiting (0 until a warm pool exists)"),
+            ("execbox_warm_pool_size", "Warm sandboxes waiting in live workers' pools (as of their last heartbeat)"),
             ("execbox_redis_memory_used_bytes", "Memory Redis uses for data"),
             (
                 "execbox_redis_memory_max_bytes",

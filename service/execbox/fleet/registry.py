@@ -21,6 +21,8 @@ class Heartbeat:
     detail: str = ""
     missing_images: list[str] = field(default_factory=list)
     runtimes: list[str] = field(default_factory=list)
+    warm: int = 0
+    """Warm containers waiting in the worker's pool."""
     at: float = 0.0
 
 

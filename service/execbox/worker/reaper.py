@@ -36,7 +36,8 @@ def report_health(ctx: WorkerContext) -> None:
                 missing.append(language.image)
     except ServiceError as exc:
         ok, detail = False, exc.message
-    beat = Heartbeat(ctx.name, ok, detail, missing_images=missing, runtimes=runtimes)
+    warm = sum(ctx.pool.idle().values()) if ctx.pool is not None else 0
+    beat = Heartbeat(ctx.name, ok, detail, missing_images=missing, runtimes=runtimes, warm=warm)
     ctx.fleet.report(beat, ttl_s=3 * ctx.settings.worker.reaper_interval_s)
 
 
