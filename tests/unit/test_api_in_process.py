@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -15,7 +16,9 @@ from fastapi import FastAPI
 from execbox.api import create_app
 from execbox.core.keys import Keys
 from execbox.core.settings import Settings
+from execbox.core.status import ExecutionStatus
 from execbox.executions.queue import depth, make_queue
+from execbox.executions.store import ExecutionStore
 from execbox.fleet.registry import Heartbeat, WorkerRegistry
 from execbox.tenancy.apikeys import ApiKeys
 
@@ -38,6 +41,15 @@ class InProcess:
 
     def post(self, url: str, **kwargs: Any) -> httpx.Response:
         return self._loop.run_until_complete(self._http.post(url, **kwargs))
+
+    def wait_while(self, url: str, headers: dict[str, str], action: Any) -> httpx.Response:
+        """GET url while `action` runs in a thread beside it (the request is in flight meanwhile)."""
+
+        async def both() -> httpx.Response:
+            answer, _ = await asyncio.gather(self._http.get(url, headers=headers), asyncio.to_thread(action))
+            return answer
+
+        return self._loop.run_until_complete(both())
 
     def close(self) -> None:
         self._loop.run_until_complete(self._http.aclose())
@@ -136,3 +148,21 @@ def test_shared_gauges_sum_the_live_workers_heartbeats(
 
     assert "execbox_warm_pool_size 3.0" in metrics
     assert "execbox_workers_alive 2.0" in metrics and "execbox_workers_docker_ok 1.0" in metrics
+
+
+def test_a_waiting_client_is_answered_when_the_execution_ends(
+    api: tuple[InProcess, dict[str, dict[str, str]]], settings: Settings, client: redis.Redis
+) -> None:
+    http, as_ = api
+    execution_id = http.post("/v1/executions", json=PROGRAM, headers=as_["alpha"]).json()["id"]
+    store = ExecutionStore(client, settings)
+
+    def finish() -> None:
+        store.transition(execution_id, {ExecutionStatus.QUEUED}, "w", lambda r: ExecutionStatus.RUNNING)
+        store.transition(execution_id, {ExecutionStatus.RUNNING}, "w", lambda r: ExecutionStatus.SUCCEEDED)
+
+    started = time.monotonic()
+    answer = http.wait_while(f"/v1/executions/{execution_id}?wait=20", as_["alpha"], finish)
+
+    assert answer.status_code == 200 and answer.json()["status"] == "succeeded"
+    assert time.monotonic() - started < 10, "woken by the done channel, not by the end of the wait"

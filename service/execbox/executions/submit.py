@@ -133,8 +133,7 @@ class Submissions:
         with self.spans.span("execbox.api.create_execution", trace):
             return self._accept_traced(tenant, body, extra, trace)
 
-    def _check(self, body: ExecutionCreate) -> None:
-        """What the catalog and the operator allow, before anything is counted or stored."""
+    def _check_webhook(self, body: ExecutionCreate) -> None:
         if body.webhook is not None and not host_allowed(body.webhook.url, self.settings.webhooks.allow_hosts):
             raise InvalidRequest(
                 "the webhook's host is not one the operator allows (EXECBOX_WEBHOOKS__ALLOW_HOSTS)",
@@ -148,7 +147,7 @@ class Submissions:
             problems = runtime_problems(policy, self.fleet.runtimes(), self.settings.docker.runsc_network_runtime)
             if problems:
                 raise PolicyExceeded(tuple(problems))
-        self._check(body)
+        self._check_webhook(body)
         now = time.time()
         deadline = now + policy.queue_timeout_s
         record_id = new_execution_id()

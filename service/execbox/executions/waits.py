@@ -22,6 +22,7 @@ from redis.exceptions import BusyLoadingError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from execbox.core.keys import Keys
 from execbox.core.redis import redis_errors
 from execbox.core.settings import Settings
 from execbox.executions.record import ExecutionRecord
@@ -32,7 +33,7 @@ ASYNC_CONNECTIONS = 16
 
 class Waiters:
     def __init__(self, settings: Settings) -> None:
-        self._prefix = settings.redis.key_prefix
+        self._keys = Keys(settings.redis.key_prefix)
         # A few connections shared by every request of the process: a burst of reads queues for
         # one (bounded by the socket timeout) instead of opening hundreds.
         # Connections found dead (Redis restarted, or still loading its AOF) are replaced and the
@@ -70,7 +71,7 @@ class Waiters:
         await self._pool.disconnect()  # a pool given to the client is not closed with it
 
     async def _listen(self) -> None:
-        pattern = f"{self._prefix}:done:*"
+        pattern = self._keys.pattern("done")
         delay = 0.2
         while True:
             try:
@@ -101,7 +102,7 @@ class Waiters:
 
     async def record(self, execution_id: str) -> ExecutionRecord | None:
         with redis_errors():
-            raw = await self._redis.get(f"{self._prefix}:exe:{execution_id}")
+            raw = await self._redis.get(self._keys.execution(execution_id))
         return None if raw is None else ExecutionRecord.model_validate_json(raw)
 
     async def wait(
