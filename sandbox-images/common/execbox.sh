@@ -3,6 +3,7 @@
 #   execbox_fail MESSAGE [JSON]       stop with check.failed, MESSAGE and details (a JSON object)
 #   "$EXECBOX_OUTPUT_DIR"             files written here come back as artifacts
 #   jq . "$EXECBOX_INPUTS_FILE"       the request's JSON `inputs` (absent when it had none)
+#   "$EXECBOX_IDEMPOTENCY_KEY"        in a plan's step: the key to forward (same on every attempt)
 # Values travel in the result file the service reads after the run, never through stdout.
 
 _execbox_update() {  # jq filter and its arguments, applied to the result file

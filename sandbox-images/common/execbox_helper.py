@@ -5,6 +5,8 @@
     execbox.output_dir             # files written here come back as artifacts
     execbox.emit("top", value)     # a JSON value, returned under `outputs`
     execbox.check(cond, "message", **details)   # stop with check.failed when cond is false
+    execbox.idempotency_key()      # in a plan's write step: the key to forward, the same on every attempt
+    execbox.context                # in a plan's step: {"run_id", "step_id", "attempt", "idempotency_key"}
 
 Values travel in a result file that the service reads after the run, never through stdout.
 """
@@ -27,6 +29,16 @@ def _load_inputs():
 
 
 inputs = _load_inputs()
+context = {
+    name: os.environ[f"EXECBOX_{name.upper()}"]
+    for name in ("run_id", "step_id", "attempt", "idempotency_key")
+    if f"EXECBOX_{name.upper()}" in os.environ
+}
+
+
+def idempotency_key():
+    """The step's idempotency key (stable across its attempts); None outside a plan's step."""
+    return context.get("idempotency_key")
 
 
 def _save():

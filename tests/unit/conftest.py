@@ -7,14 +7,20 @@ user, so tests never see each other's keys or the integration stack's.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 import redis
+from fastapi import FastAPI
 
+from execbox.api import create_app
 from execbox.catalog.policies import PolicySet
 from execbox.catalog.schemas import PolicyRequest
 from execbox.core.redis import connect
@@ -23,6 +29,7 @@ from execbox.core.status import ExecutionStatus
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import Transition
 from execbox.executions.submit import new_execution_id
+from execbox.tenancy.apikeys import ApiKeys
 from tests.conftest import Redis
 
 
@@ -62,3 +69,44 @@ def make_record(settings: Settings, tenant: str = "alpha", queue_timeout_s: floa
         queue_deadline=now + queue_timeout_s,
         transitions=[Transition(status=ExecutionStatus.QUEUED, at=now, by="api")],
     )
+
+
+class InProcess:
+    """Requests straight into the ASGI app (httpx's ASGI transport) on a loop of the test's own,
+    with the app's lifespan (the waiters' Redis subscription) around them."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+        self._loop = asyncio.new_event_loop()
+        self._lifespan: AbstractAsyncContextManager[Any] = app.router.lifespan_context(app)
+        self._loop.run_until_complete(self._lifespan.__aenter__())
+        self._http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://execbox.test")
+
+    def get(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self._loop.run_until_complete(self._http.get(url, **kwargs))
+
+    def post(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self._loop.run_until_complete(self._http.post(url, **kwargs))
+
+    def wait_while(self, url: str, headers: dict[str, str], action: Any) -> httpx.Response:
+        """GET url while `action` runs in a thread beside it (the request is in flight meanwhile)."""
+
+        async def both() -> httpx.Response:
+            answer, _ = await asyncio.gather(self._http.get(url, headers=headers), asyncio.to_thread(action))
+            return answer
+
+        return self._loop.run_until_complete(both())
+
+    def close(self) -> None:
+        self._loop.run_until_complete(self._http.aclose())
+        self._loop.run_until_complete(self._lifespan.__aexit__(None, None, None))
+        self._loop.close()
+
+
+@pytest.fixture
+def api(settings: Settings, client: redis.Redis) -> Iterator[tuple[InProcess, dict[str, dict[str, str]]]]:
+    keys = ApiKeys(client, settings.redis.key_prefix)
+    headers = {tenant: {"Authorization": f"Bearer {keys.create(tenant)[0]}"} for tenant in ("alpha", "beta")}
+    http = InProcess(create_app(settings))
+    yield http, headers
+    http.close()

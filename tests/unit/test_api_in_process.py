@@ -2,73 +2,25 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Iterator
-from contextlib import AbstractAsyncContextManager
-from typing import Any
 
-import httpx
 import pytest
 import redis
-from fastapi import FastAPI
 
-from execbox.api import create_app
 from execbox.core.keys import Keys
 from execbox.core.settings import Settings
 from execbox.core.status import ExecutionStatus
 from execbox.executions.queue import depth, make_queue
 from execbox.executions.store import ExecutionStore
 from execbox.fleet.registry import Heartbeat, WorkerRegistry
-from execbox.tenancy.apikeys import ApiKeys
+from tests.unit.conftest import InProcess
 
 pytestmark = pytest.mark.redis
 PROGRAM = {"language": "python", "code": "print('hi')"}
+Api = tuple[InProcess, dict[str, dict[str, str]]]
 
 
-class InProcess:
-    """Requests straight into the ASGI app (httpx's ASGI transport) on a loop of the test's own,
-    with the app's lifespan (the waiters' Redis subscription) around them."""
-
-    def __init__(self, app: FastAPI) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._lifespan: AbstractAsyncContextManager[Any] = app.router.lifespan_context(app)
-        self._loop.run_until_complete(self._lifespan.__aenter__())
-        self._http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://execbox.test")
-
-    def get(self, url: str, **kwargs: Any) -> httpx.Response:
-        return self._loop.run_until_complete(self._http.get(url, **kwargs))
-
-    def post(self, url: str, **kwargs: Any) -> httpx.Response:
-        return self._loop.run_until_complete(self._http.post(url, **kwargs))
-
-    def wait_while(self, url: str, headers: dict[str, str], action: Any) -> httpx.Response:
-        """GET url while `action` runs in a thread beside it (the request is in flight meanwhile)."""
-
-        async def both() -> httpx.Response:
-            answer, _ = await asyncio.gather(self._http.get(url, headers=headers), asyncio.to_thread(action))
-            return answer
-
-        return self._loop.run_until_complete(both())
-
-    def close(self) -> None:
-        self._loop.run_until_complete(self._http.aclose())
-        self._loop.run_until_complete(self._lifespan.__aexit__(None, None, None))
-        self._loop.close()
-
-
-@pytest.fixture
-def api(settings: Settings, client: redis.Redis) -> Iterator[tuple[InProcess, dict[str, dict[str, str]]]]:
-    keys = ApiKeys(client, settings.redis.key_prefix)
-    headers = {tenant: {"Authorization": f"Bearer {keys.create(tenant)[0]}"} for tenant in ("alpha", "beta")}
-    http = InProcess(create_app(settings))
-    yield http, headers
-    http.close()
-
-
-def test_an_accepted_execution_is_stored_queued_and_owned(
-    api: tuple[InProcess, dict[str, dict[str, str]]], settings: Settings, client: redis.Redis
-) -> None:
+def test_an_accepted_execution_is_stored_queued_and_owned(api: Api, settings: Settings, client: redis.Redis) -> None:
     http, as_ = api
     created = http.post("/v1/executions", json=PROGRAM, headers=as_["alpha"])
 
@@ -83,7 +35,7 @@ def test_an_accepted_execution_is_stored_queued_and_owned(
     assert http.get(f"/v1/executions/{body['id']}").status_code == 401
 
 
-def test_cancelling_a_queued_execution_settles_it_once(api: tuple[InProcess, dict[str, dict[str, str]]]) -> None:
+def test_cancelling_a_queued_execution_settles_it_once(api: Api) -> None:
     http, as_ = api
     execution_id = http.post("/v1/executions", json=PROGRAM, headers=as_["alpha"]).json()["id"]
 
@@ -97,7 +49,7 @@ def test_cancelling_a_queued_execution_settles_it_once(api: tuple[InProcess, dic
 
 
 def test_a_retry_with_the_same_key_replays_the_first_execution(
-    api: tuple[InProcess, dict[str, dict[str, str]]], settings: Settings, client: redis.Redis
+    api: Api, settings: Settings, client: redis.Redis
 ) -> None:
     http, as_ = api
     headers = {**as_["alpha"], "Idempotency-Key": "retry-me"}
@@ -110,7 +62,7 @@ def test_a_retry_with_the_same_key_replays_the_first_execution(
     assert depth(make_queue(client, settings)) == 1, "one execution queued in all"
 
 
-def test_invalid_requests_name_every_field(api: tuple[InProcess, dict[str, dict[str, str]]]) -> None:
+def test_invalid_requests_name_every_field(api: Api) -> None:
     http, as_ = api
     bad = {"language": "python", "code": " ", "policy": {"memory_mb": 1}, "env": {"EXECBOX_X": "1"}}
 
@@ -123,9 +75,7 @@ def test_invalid_requests_name_every_field(api: tuple[InProcess, dict[str, dict[
     assert above.status_code == 422 and above.json()["code"] == "request.policy_exceeded"
 
 
-def test_a_runtime_no_live_worker_offers_is_refused(
-    api: tuple[InProcess, dict[str, dict[str, str]]], settings: Settings, client: redis.Redis
-) -> None:
+def test_a_runtime_no_live_worker_offers_is_refused(api: Api, settings: Settings, client: redis.Redis) -> None:
     http, as_ = api
     WorkerRegistry(client, Keys(settings.redis.key_prefix)).report(Heartbeat("w1", True, runtimes=["runc"]), 60)
 
@@ -136,9 +86,7 @@ def test_a_runtime_no_live_worker_offers_is_refused(
     assert client.zcard(Keys(settings.redis.key_prefix).active("alpha")) == 0, "a refusal takes no quota slot"
 
 
-def test_shared_gauges_sum_the_live_workers_heartbeats(
-    api: tuple[InProcess, dict[str, dict[str, str]]], settings: Settings, client: redis.Redis
-) -> None:
+def test_shared_gauges_sum_the_live_workers_heartbeats(api: Api, settings: Settings, client: redis.Redis) -> None:
     http, _ = api
     fleet = WorkerRegistry(client, Keys(settings.redis.key_prefix))
     fleet.report(Heartbeat("w1", True, warm=2), 60)
@@ -151,7 +99,7 @@ def test_shared_gauges_sum_the_live_workers_heartbeats(
 
 
 def test_a_waiting_client_is_answered_when_the_execution_ends(
-    api: tuple[InProcess, dict[str, dict[str, str]]], settings: Settings, client: redis.Redis
+    api: Api, settings: Settings, client: redis.Redis
 ) -> None:
     http, as_ = api
     execution_id = http.post("/v1/executions", json=PROGRAM, headers=as_["alpha"]).json()["id"]

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import secrets
+import socket
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -13,7 +18,7 @@ from rq import Queue
 from execbox import __version__
 from execbox.api import problems
 from execbox.api.deps import Services
-from execbox.api.routes import admin, executions, files, health, languages
+from execbox.api.routes import admin, executions, files, health, languages, runs
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.core import logs
@@ -32,6 +37,10 @@ from execbox.executions.waits import Waiters
 from execbox.files.blobs import LocalArtifactStore
 from execbox.files.store import FileStore
 from execbox.fleet.registry import WorkerRegistry
+from execbox.plans.consumer import PlanConsumer
+from execbox.plans.executor import Executor
+from execbox.plans.runs import Runs
+from execbox.plans.store import RunStore
 from execbox.tenancy.apikeys import ApiKeys
 from execbox.tenancy.quotas import Quotas, Slots
 
@@ -43,14 +52,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     logs.configure(settings.log_level, "api")
     client = connect(settings)
     waiters = Waiters(settings)
+    stop = threading.Event()
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await waiters.start()
+        consumer = PlanConsumer(app.state.services.runs.executor, _process_name(), settings.plans.claim_idle_s)
+        thread = consumer.start(stop)
         try:
             yield
         finally:
+            stop.set()
+            await asyncio.to_thread(thread.join, 10.0)
             await waiters.close()
+            client.close()
 
     app = FastAPI(
         lifespan=lifespan,
@@ -78,6 +93,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         quotas=quotas, fleet=fleet, idempotency=idempotency, spans=spans,
         on_accept=lambda language: metrics.accepted.labels(language).inc(),
     )  # fmt: skip
+    artifacts = LocalArtifactStore(settings.artifacts_dir)
+    executor = Executor(RunStore(client, keys, settings.retention_s), submissions, artifacts, metrics.plans)
+    plan_runs = Runs(executor, language_set, policies, lambda tenant: quotas.quota(tenant).policies)
     app.state.services = Services(
         settings=settings,
         store=store,
@@ -87,7 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         queue=queue,
         policies=policies,
         languages=language_set,
-        artifacts=LocalArtifactStore(settings.artifacts_dir),
+        artifacts=artifacts,
         metrics=metrics,
         registry=registry,
         spans=spans,
@@ -95,11 +113,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         keys=ApiKeys(client, settings.redis.key_prefix),
         quotas=quotas,
         waiters=waiters,
+        runs=plan_runs,
     )
     problems.install(app, settings.api.max_body_bytes)
     app.add_middleware(HttpMetrics, metrics=metrics, routes=app.routes)
     app.include_router(executions.router)
     app.include_router(files.router)
+    app.include_router(runs.router)
     app.include_router(admin.router)
     app.include_router(languages.router)
     app.include_router(health.router)
@@ -135,3 +155,8 @@ def _document_request_models(app: FastAPI) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _process_name() -> str:
+    """This API process's consumer name (a restarted container keeps its host name and pid)."""
+    return f"api-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"

@@ -22,6 +22,7 @@ from execbox.executions.waits import Waiters
 from execbox.files.blobs import ArtifactStore
 from execbox.files.store import FileStore
 from execbox.fleet.registry import WorkerRegistry
+from execbox.plans.runs import Runs
 from execbox.tenancy.apikeys import DEFAULT_TENANT, ApiKeys
 from execbox.tenancy.quotas import Quotas
 
@@ -44,6 +45,7 @@ class Services:
     keys: ApiKeys
     quotas: Quotas
     waiters: Waiters
+    runs: Runs
 
 
 def _services(request: Request) -> Services:

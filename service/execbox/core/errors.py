@@ -17,8 +17,12 @@ category (execbox.core.status.ErrorCategory); only the faults below raise.
     │   ├── PolicyNotAllowed        request.policy_not_allowed (403)
     │   ├── IdempotencyMismatch     idempotency.mismatch (422)
     │   ├── AdminOff                admin.disabled (404)
-    │   └── KeyNotFound             admin.key_not_found (404)
+    │   ├── KeyNotFound             admin.key_not_found (404)
+    │   ├── InvalidPlan             plan.invalid (422, every problem listed)
+    │   ├── RunNotFound             run.not_found (404)
+    │   └── ApprovalNotFound        approval.not_found (404)
     ├── ConflictError               execution.finished (409)
+    │   └── RunConflict             run.conflict (409: revision moved, approval decided, step not settleable)
     ├── CapacityError               429/503 with Retry-After, retryable
     │   ├── RateLimited             rate_limited (429)
     │   └── QueueFull               queue_full (503)
@@ -26,7 +30,8 @@ category (execbox.core.status.ErrorCategory); only the faults below raise.
     │   ├── QueueUnavailable        service.queue_unavailable (503)
     │   ├── RuntimeUnavailable      sandbox.runtime_unavailable (503)
     │   ├── ImageUnavailable        sandbox.image_unavailable (503)
-    │   └── IdempotencyInProgress   idempotency.in_progress (409)
+    │   ├── IdempotencyInProgress   idempotency.in_progress (409)
+    │   └── RunBusy                 run.busy (503: another request holds the run)
     └── InputUnavailable            sandbox.input_unavailable (500, retryable; a worker's job ends failed)
 
 Every subclass lives in this module: the tree above is the whole taxonomy. Configuration errors
@@ -174,9 +179,36 @@ class KeyNotFound(RequestError):
         super().__init__(f"no API key {key_id}")
 
 
+class InvalidPlan(RequestError):
+    code = "plan.invalid"
+
+    def __init__(self, problems: tuple[FieldProblem, ...]) -> None:
+        super().__init__(f"the plan has {len(problems)} problem(s); each is listed under `errors`", problems)
+
+
+class RunNotFound(RequestError):
+    code = "run.not_found"
+    http_status = 404
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run {run_id}; it never existed or passed its retention")
+
+
+class ApprovalNotFound(RequestError):
+    code = "approval.not_found"
+    http_status = 404
+
+    def __init__(self, approval_id: str) -> None:
+        super().__init__(f"no approval {approval_id}")
+
+
 class ConflictError(ServiceError):
     code = "execution.finished"
     http_status = 409
+
+
+class RunConflict(ConflictError):
+    code = "run.conflict"
 
 
 class CapacityError(ServiceError):
@@ -227,3 +259,10 @@ class InputUnavailable(ServiceError):
 
     def __init__(self, path: str, file_id: str) -> None:
         super().__init__(f"input file {path} ({file_id}) is no longer stored; upload it again and resubmit")
+
+
+class RunBusy(InfrastructureError):
+    code = "run.busy"
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id} is being changed by another request; retry shortly")

@@ -138,6 +138,19 @@ SCHEMA: tuple[KeySpec, ...] = (
         "secret headers sealed to the egress proxy's key (tenant `*`: everyone's)",
     ),
     KeySpec("uid:{uid}", "string", "4 h", ("worker",), (), "a sandbox uid held by a live container"),
+    KeySpec(
+        "run:{id}",
+        "string (JSON RunRecord)",
+        "retention_s after the last write",
+        ("api",),
+        (),
+        "a plan's run: its steps' states, budgets and events; written under the run's lock",
+    ),
+    KeySpec("runlock:{id}", "string (lock token)", "30 s", ("api",), (), "serialises advancing one run"),
+    KeySpec("runs:{tenant}", "zset id -> created_at", "none", ("api",), (), "a tenant's runs, for listing"),
+    KeySpec("runs:active", "zset id -> next due time", "none", ("api",), (), "runs with a retry, expiry or budget due"),
+    KeySpec("approval:{id}", "string (JSON approval)", "retention_s", ("api",), (), "a step's approval"),
+    KeySpec("approvals:{tenant}", "zset id -> requested_at", "none", ("api",), (), "a tenant's approvals"),
 )
 
 
@@ -227,3 +240,23 @@ class Keys:
 
     def uid(self, uid: int) -> str:
         return self._k("uid", str(uid))
+
+    # plans
+    def run(self, run_id: str) -> str:
+        return self._k("run", run_id)
+
+    def run_lock(self, run_id: str) -> str:
+        return self._k("runlock", run_id)
+
+    def runs(self, tenant: str) -> str:
+        return self._k("runs", tenant)
+
+    @property
+    def active_runs(self) -> str:
+        return self._k("runs", "active")
+
+    def approval(self, approval_id: str) -> str:
+        return self._k("approval", approval_id)
+
+    def approvals(self, tenant: str) -> str:
+        return self._k("approvals", tenant)

@@ -50,10 +50,22 @@ def roles(prefix: str) -> dict[str, Role]:
               f"~{p}:active:*", f"~{p}:worker:*", f"~{p}:q:*", f"%R~{p}:egress:denied:*", "~rq:*",
               f"~{p}:events")  # fmt: skip
     return {
-        # Accepts and reads executions, files, keys, idempotency records, quotas; queues tickets.
+        # Accepts and reads executions, files, keys, idempotency records, quotas; queues tickets; runs plans.
         "api": Role(
             "api",
-            (*shared, f"~{p}:file:*", f"~{p}:rate:*", f"~{p}:apikey:*", f"~{p}:apikeys", f"~{p}:idem:*"),
+            (
+                *shared,
+                f"~{p}:file:*",
+                f"~{p}:rate:*",
+                f"~{p}:apikey:*",
+                f"~{p}:apikeys",
+                f"~{p}:idem:*",
+                f"~{p}:run:*",
+                f"~{p}:runlock:*",
+                f"~{p}:runs:*",
+                f"~{p}:approval:*",
+                f"~{p}:approvals:*",
+            ),  # fmt: skip
             (f"{p}:done:*", f"{p}:idem:*"),
             f"{_DATA} {_PUBSUB}",
         ),

@@ -136,6 +136,15 @@ class WebhookSettings(BaseModel):
     )
 
 
+class PlanSettings(BaseModel):
+    claim_idle_s: float = Field(
+        30.0,
+        gt=0,
+        description="An execution event an API process took for the plan executor and never acknowledged (it "
+        "died) is taken over by another after this long.",
+    )
+
+
 class AuthSettings(BaseModel):
     enabled: bool = Field(
         True,
@@ -184,6 +193,7 @@ class Settings(BaseSettings):
     telemetry: TelemetrySettings = TelemetrySettings()
     auth: AuthSettings = AuthSettings()
     webhooks: WebhookSettings = WebhookSettings()
+    plans: PlanSettings = PlanSettings()
     retention_s: int = Field(24 * 3600, gt=0, description="How long finished executions are kept.")
     policies_dir: Path = Field(_REPO_ROOT / "policies", description="Directory of policy YAML files.")
     artifacts_dir: Path = Field(

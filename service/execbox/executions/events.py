@@ -7,8 +7,8 @@ Two kinds of consumer hear of a terminal status change:
   API and the reaper for cancellations, expiries and lost workers);
 - durable consumers, which read the outbox stream (`ExecutionStore.events`, written in the status
   change's own transaction) as a consumer group, so that nothing is missed when a process dies:
-  webhook delivery (group `webhooks`, execbox.webhooks.delivery); plan steps and schedules join
-  the same way.
+  webhook delivery (group `webhooks`, execbox.webhooks.delivery, in workers) and the plan
+  executor (group `plans`, execbox.plans.consumer, in API processes); schedules join the same way.
 
 Every process that changes statuses calls `subscribe` once, after building its store.
 """
@@ -19,7 +19,7 @@ from execbox.core.metrics import OutcomeMetrics
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.store import ExecutionStore
 
-DURABLE_GROUPS = ("webhooks",)
+DURABLE_GROUPS = ("webhooks", "plans")
 """Consumer groups reading the outbox stream."""
 
 

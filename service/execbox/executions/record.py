@@ -44,6 +44,11 @@ class ExecutionRecord(ExecutionPublic):
     queue_deadline: float = Field(description="Unix time after which a queued execution expires.")
     transitions: list[Transition] = Field(default_factory=list, description="Every status change.")
     cancel_requested: bool = Field(False, description="A client asked to cancel it.")
+    context: dict[str, str] = Field(
+        default_factory=dict,
+        description="Set by a submitter acting for a run (run_id, step_id, attempt, idempotency_key); the "
+        "program sees each as EXECBOX_<NAME>, e.g. EXECBOX_IDEMPOTENCY_KEY.",
+    )
 
     def public(self) -> ExecutionPublic:
         return ExecutionPublic.model_validate(self.model_dump(include=set(ExecutionPublic.model_fields)))

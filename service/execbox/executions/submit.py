@@ -86,14 +86,16 @@ class Submissions:
         traceparent: str | None = None,
         idempotency_key: str | None = None,
         route: str = "POST /v1/executions",
+        context: dict[str, str] | None = None,
     ) -> Submission:
-        """Accept one execution for tenant; raises a ServiceError (4xx/5xx) and stores nothing when refused."""
+        """Accept one execution for tenant; raises a ServiceError (4xx/5xx) and stores nothing when
+        refused. `context` travels with the record to the program (see ExecutionRecord.context)."""
         if idempotency_key is None:
-            return self._accept(tenant, body, extra, traceparent)
+            return self._accept(tenant, body, extra, traceparent, context or {})
         first: list[Submission] = []
 
         def create() -> str:
-            first.append(self._accept(tenant, body, extra, traceparent))
+            first.append(self._accept(tenant, body, extra, traceparent, context or {}))
             return first[0].record.id
 
         outcome = self.idempotency.run(tenant, route, idempotency_key, request_digest(body, extra), create)
@@ -128,10 +130,12 @@ class Submissions:
             return record
         raise ConflictError(f"execution {execution_id} already ended as {record.status.value}; nothing to cancel")
 
-    def _accept(self, tenant: str, body: ExecutionCreate, extra: ExtraFiles, traceparent: str | None) -> Submission:
+    def _accept(
+        self, tenant: str, body: ExecutionCreate, extra: ExtraFiles, traceparent: str | None, context: dict[str, str]
+    ) -> Submission:
         trace = from_traceparent(traceparent)
         with self.spans.span("execbox.api.create_execution", trace):
-            return self._accept_traced(tenant, body, extra, trace)
+            return self._accept_traced(tenant, body, extra, trace, context)
 
     def _check_webhook(self, body: ExecutionCreate) -> None:
         if body.webhook is not None and not host_allowed(body.webhook.url, self.settings.webhooks.allow_hosts):
@@ -140,7 +144,9 @@ class Submissions:
                 (FieldProblem("webhook.url", "host not allowed for callbacks"),),
             )
 
-    def _accept_traced(self, tenant: str, body: ExecutionCreate, extra: ExtraFiles, trace: TraceContext) -> Submission:
+    def _accept_traced(
+        self, tenant: str, body: ExecutionCreate, extra: ExtraFiles, trace: TraceContext, context: dict[str, str]
+    ) -> Submission:
         language = self.languages.get(body.language)
         policy = self.policies.resolve(body.policy, len(body.code.encode()))
         if policy.runtime not in (None, "runc"):
@@ -177,6 +183,7 @@ class Submissions:
                 request_sha256=request_digest(body, extra),
                 queue_deadline=deadline,
                 transitions=[Transition(status=ExecutionStatus.QUEUED, at=now, by=self.by)],
+                context=context,
             )
             self.store.create(record)
             with self.spans.span("execbox.enqueue", trace, {"execution.id": record.id}):

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -29,6 +30,7 @@ from execbox.executions.record import ExecutionRecord
 
 log = logging.getLogger(__name__)
 ASYNC_CONNECTIONS = 16
+T = TypeVar("T")
 
 
 class Waiters:
@@ -110,30 +112,44 @@ class Waiters:
     ) -> ExecutionRecord | None:
         """The execution's record once it is terminal, or its latest when timeout_s passed or the
         client went away. Reads only: settling expiries and lost workers is the sweeper's work."""
+        return await self.wait_for(
+            execution_id, lambda: self.record(execution_id), lambda r: r.status.terminal, timeout_s, disconnected
+        )
+
+    async def wait_for(
+        self,
+        name: str,
+        read: Callable[[], Awaitable[T | None]],
+        done: Callable[[T], bool],
+        timeout_s: float,
+        disconnected: Callable[[], Awaitable[None]],
+    ) -> T | None:
+        """`read()` once `done` holds for it, re-read whenever `<prefix>:done:<name>` is published;
+        its latest value when timeout_s passed or the client went away (None: it does not exist)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         event = asyncio.Event()
-        self._waiting.setdefault(execution_id, set()).add(event)
+        self._waiting.setdefault(name, set()).add(event)
         gone = asyncio.ensure_future(disconnected())
         try:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._subscribed.wait(), max(deadline - loop.time(), 0))
             while True:
-                event.clear()  # before the read: a completion after it wakes the wait below
-                record = await self.record(execution_id)
+                event.clear()  # before the read: a change after it wakes the wait below
+                value = await read()
                 remaining = deadline - loop.time()
-                if record is None or record.status.terminal or remaining <= 0 or gone.done():
-                    return record
+                if value is None or done(value) or remaining <= 0 or gone.done():
+                    return value
                 woken = asyncio.ensure_future(event.wait())
                 await asyncio.wait({woken, gone}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
                 woken.cancel()
         finally:
             gone.cancel()
-            events = self._waiting.get(execution_id)
+            events = self._waiting.get(name)
             if events is not None:
                 events.discard(event)
                 if not events:
-                    del self._waiting[execution_id]
+                    del self._waiting[name]
 
 
 __all__ = ["Waiters"]

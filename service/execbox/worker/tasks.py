@@ -170,6 +170,7 @@ def _spec(
         "EXECBOX_OUTPUT_DIR": f"{WORKDIR}/out",
         "EXECBOX_RESULT_FILE": f"{WORKDIR}/out/{RESULT_FILE}",
         "EXECBOX_INPUTS_FILE": f"{WORKDIR}/{INPUTS_FILE}",
+        **{f"EXECBOX_{name.upper()}": value for name, value in record.context.items()},
     }
     egress = None
     if isinstance(record.policy.network, NetworkAllowlist):

@@ -1,5 +1,6 @@
 // execbox: talk back to the service from inside a sandbox. const execbox = require("execbox");
-// execbox.inputs, execbox.outputDir, execbox.emit(name, value), execbox.check(cond, message, details)
+// execbox.inputs, execbox.outputDir, execbox.emit(name, value), execbox.check(cond, message, details),
+// execbox.idempotencyKey() and execbox.context (in a plan's step: run_id, step_id, attempt, idempotency_key)
 "use strict";
 const fs = require("fs");
 const path = require("path");
@@ -8,6 +9,16 @@ const outputDir = process.env.EXECBOX_OUTPUT_DIR || "/workspace/out";
 const resultFile = process.env.EXECBOX_RESULT_FILE || path.join(outputDir, ".execbox", "result.json");
 const inputsFile = process.env.EXECBOX_INPUTS_FILE || "/workspace/.execbox/inputs.json";
 const state = { outputs: {}, check: null };
+
+const context = {};
+for (const name of ["run_id", "step_id", "attempt", "idempotency_key"]) {
+  const value = process.env["EXECBOX_" + name.toUpperCase()];
+  if (value !== undefined) context[name] = value;
+}
+
+function idempotencyKey() {
+  return context.idempotency_key === undefined ? null : context.idempotency_key;
+}
 
 function loadInputs() {
   try {
@@ -39,4 +50,4 @@ function check(condition, message, details = {}) {
   process.exit(1);
 }
 
-module.exports = { inputs: loadInputs(), outputDir, emit, check };
+module.exports = { inputs: loadInputs(), outputDir, emit, check, context, idempotencyKey };

@@ -4,19 +4,18 @@ GET .../artifacts/{name}. Only translation: the work is execbox.executions.submi
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Awaitable, Callable
 from typing import Annotated
 from urllib.parse import quote
 
 from anyio import CapacityLimiter, to_thread
-from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Header, Path, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from execbox.api.deps import Services, ServicesDep, TenantDep
+from execbox.api.deps import ServicesDep, TenantDep
+from execbox.api.params import PreferHeader, TraceHeader, WaitQuery, disconnected, wait_seconds
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.core.errors import ArtifactNotFound, FieldProblem, InvalidRequest
 from execbox.core.tracing import TraceContext, from_traceparent
@@ -30,19 +29,8 @@ _ACCEPTS = CapacityLimiter(4)
 """Admissions (a few Redis round trips each) run in at most this many threads: a burst of them
 then queues here instead of starving the event loop of the interpreter lock (on 2 cores, 40 busy
 threads made /healthz wait seconds; 8 gave a /healthz max of 60-210 ms under 300 arrivals at once, 4 gave 38-64 ms)."""
-_PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*([0-9]+(?:\.[0-9]+)?)", re.IGNORECASE)
 
 ExecutionId = Annotated[str, Path(pattern=EXECUTION_ID_PATTERN, description="Execution id (`exe_...`).")]
-WaitQuery = Annotated[
-    float | None,
-    Query(
-        ge=0,
-        description="Seconds to wait for the execution to finish "
-        "before answering (bounded by the server's max_wait_s).",
-    ),
-]
-PreferHeader = Annotated[str | None, Header(description="RFC 7240 `wait=SECONDS`, like ?wait=.")]
-TraceHeader = Annotated[str | None, Header(description="W3C trace context; a new trace starts without it.")]
 IdempotencyHeader = Annotated[
     str | None,
     Header(alias="Idempotency-Key", description="Retries with the same key and body return the first execution "
@@ -62,22 +50,6 @@ _RESPONSES: dict[int | str, dict[str, object]] = {
     503: {"description": "The queue is full or Redis unavailable; retry after Retry-After.", **_PROBLEM},
     **UNAUTHORIZED_DOC,
 }
-
-
-def _wait_seconds(services: Services, query: float | None, prefer: str | None) -> float:
-    field, value = "query.wait", query
-    if value is None and prefer:
-        match = _PREFER_WAIT.search(prefer)
-        field, value = "header.Prefer", float(match.group(1)) if match else None
-    if value is None:
-        return 0.0
-    limit = services.settings.api.max_wait_s
-    if value > limit:
-        raise InvalidRequest(
-            f"{field}: {value:g} s is above the server's limit of {limit:g} s",
-            (FieldProblem(field, f"at most {limit:g}; poll GET /v1/executions/{{id}} after that"),),
-        )
-    return value
 
 
 def _answer(
@@ -166,7 +138,7 @@ async def create_execution(
     traceparent: TraceHeader = None,
     idempotency_key: IdempotencyHeader = None,
 ) -> ExecutionPublic:
-    wait_s = _wait_seconds(services, wait, prefer)
+    wait_s = wait_seconds(services, wait, prefer)
     body, extra = await _read_body(request, services.policies.max_ceiling("input_files"))
     submitted = await to_thread.run_sync(
         services.executions.submit, tenant, body, extra, traceparent, idempotency_key, limiter=_ACCEPTS
@@ -176,18 +148,8 @@ async def create_execution(
     response.headers.update(submitted.headers)
     record = submitted.record
     if wait_s > 0:
-        record = await services.waiters.wait(record.id, wait_s, _disconnect(request)) or record
+        record = await services.waiters.wait(record.id, wait_s, disconnected(request)) or record
     return _answer(response, record, submitted.trace)
-
-
-def _disconnect(request: Request) -> Callable[[], Awaitable[None]]:
-    """Returns when the client has gone (the body is read by now, so the next message is that)."""
-
-    async def gone() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    return gone
 
 
 @router.get("/{execution_id}", response_model=ExecutionPublic, responses=_RESPONSES, summary="Get an execution")
@@ -201,10 +163,10 @@ async def get_execution(
     prefer: PreferHeader = None,
     traceparent: TraceHeader = None,
 ) -> ExecutionPublic:
-    wait_s = _wait_seconds(services, wait, prefer)
+    wait_s = wait_seconds(services, wait, prefer)
     record = mine(await services.waiters.record(execution_id), tenant, execution_id)
     if wait_s > 0:
-        record = await services.waiters.wait(execution_id, wait_s, _disconnect(request)) or record
+        record = await services.waiters.wait(execution_id, wait_s, disconnected(request)) or record
     return _answer(response, record, from_traceparent(traceparent), status=200)
 
 

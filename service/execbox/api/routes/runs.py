@@ -1,0 +1,199 @@
+"""HTTP for plans and runs: validate a plan, run it, follow it, revise it, settle it, approve steps.
+Only translation: the work is execbox.plans.runs'."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Any
+
+from anyio import to_thread
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+from pydantic import BaseModel, Field
+
+from execbox.api.deps import ServicesDep, TenantDep
+from execbox.api.params import PreferHeader, TraceHeader, WaitQuery, disconnected, wait_seconds
+from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
+from execbox.core.errors import InvalidPlan
+from execbox.plans.runs import UsageReport
+from execbox.plans.schemas import (
+    APPROVAL_ID_PATTERN,
+    RUN_ID_PATTERN,
+    STEP_ID_PATTERN,
+    ApprovalPublic,
+    ApprovalStatus,
+    Decision,
+    Handoff,
+    PlanDocument,
+    ReconcileRequest,
+    RevisionCreate,
+    RunCreate,
+    RunPublic,
+    RunRecord,
+    RunStatus,
+)
+
+router = APIRouter(tags=["plans"])
+RunId = Annotated[str, Path(pattern=RUN_ID_PATTERN, description="Run id (`run_...`).")]
+StepId = Annotated[str, Path(pattern=STEP_ID_PATTERN, description="Step id.")]
+ApprovalId = Annotated[str, Path(pattern=APPROVAL_ID_PATTERN, description="Approval id (`apr_...`).")]
+IdempotencyHeader = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", description="Retries with the same key and body return the first run."),
+]
+_P = PROBLEM_DOC
+_RUN_RESPONSES: dict[int | str, dict[str, object]] = {
+    404: {"description": "No such run.", **_P},
+    409: {"description": "The run moved on (revision, status).", **_P},
+    422: {"description": "Invalid plan or request: every problem is listed.", **_P},
+    **UNAUTHORIZED_DOC,
+}
+WAITING = (RunStatus.RUNNING,)
+
+
+class Validation(BaseModel):
+    valid: bool = Field(description="True when the plan has no problem (a 422 lists them otherwise).")
+    steps: int = Field(description="Steps in the plan.")
+
+
+class UsageBody(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    model: str = Field("", max_length=200, description="Model name and version.")
+    role: str = Field("", max_length=64, description="planner, replanner, joiner, ...")
+    input_tokens: int = Field(0, ge=0)
+    output_tokens: int = Field(0, ge=0)
+    cost_usd: float = Field(0.0, ge=0)
+    latency_ms: float | None = Field(None, ge=0)
+
+
+@router.post("/v1/plans/validate", response_model=Validation, responses=_RUN_RESPONSES,
+             summary="Check a plan without storing or running anything")  # fmt: skip
+def validate_plan(plan: PlanDocument, services: ServicesDep, tenant: TenantDep) -> Validation:
+    found = services.runs.validate(tenant, plan)
+    if found:
+        raise InvalidPlan(tuple(found))
+    return Validation(valid=True, steps=len(plan.steps))
+
+
+@router.post("/v1/runs", status_code=201, response_model=RunPublic, responses=_RUN_RESPONSES,
+             summary="Run a plan: its ready steps start at once")  # fmt: skip
+async def create_run(
+    body: RunCreate,
+    response: Response,
+    services: ServicesDep,
+    tenant: TenantDep,
+    traceparent: TraceHeader = None,
+    idempotency_key: IdempotencyHeader = None,
+) -> RunPublic:
+    if idempotency_key is None:
+        run = await to_thread.run_sync(services.runs.create, tenant, body, traceparent)
+    else:
+        digest = _digest(body)
+        made: list[RunRecord] = []
+
+        def create() -> str:
+            made.append(services.runs.create(tenant, body, traceparent))
+            return made[0].id
+
+        outcome = await to_thread.run_sync(services.idempotency.run, tenant, "POST /v1/runs", idempotency_key,
+                                           digest, create)  # fmt: skip
+        run = made[0] if made else services.runs.get(tenant, outcome.resource_id)
+        if outcome.replayed:
+            response.headers["Idempotent-Replayed"] = "true"
+    response.headers["Location"] = f"/v1/runs/{run.id}"
+    return run.public()
+
+
+@router.get("/v1/runs", response_model=list[RunPublic], responses=_RUN_RESPONSES, summary="The tenant's runs")
+def list_runs(
+    services: ServicesDep,
+    tenant: TenantDep,
+    status: Annotated[RunStatus | None, Query(description="Only runs in this status.")] = None,
+) -> list[RunPublic]:
+    return [r.public() for r in services.runs.executor.store.of_tenant(tenant) if status in (None, r.status)]
+
+
+@router.get("/v1/runs/{run_id}", response_model=RunPublic, responses=_RUN_RESPONSES, summary="Get a run")
+async def get_run(
+    run_id: RunId,
+    request: Request,
+    services: ServicesDep,
+    tenant: TenantDep,
+    wait: WaitQuery = None,
+    prefer: PreferHeader = None,
+) -> RunPublic:
+    """With ?wait=S, answers once the run is no longer `running` (or S passed)."""
+    wait_s = wait_seconds(services, wait, prefer)
+    run = await to_thread.run_sync(services.runs.get, tenant, run_id)
+    if wait_s > 0 and run.status in WAITING:
+
+        async def read() -> RunRecord | None:
+            return await to_thread.run_sync(services.runs.get, tenant, run_id)
+
+        run = (
+            await services.waiters.wait_for(
+                run_id, read, lambda r: r.status not in WAITING, wait_s, disconnected(request)
+            )
+            or run
+        )
+    return run.public()
+
+
+@router.get("/v1/runs/{run_id}/handoff", response_model=Handoff, responses=_RUN_RESPONSES,
+            summary="What a re-planner needs (only while the run needs a re-plan)")  # fmt: skip
+def get_handoff(run_id: RunId, services: ServicesDep, tenant: TenantDep) -> Handoff:
+    return services.runs.handoff(tenant, run_id)
+
+
+@router.post("/v1/runs/{run_id}/revisions", response_model=RunPublic, responses=_RUN_RESPONSES,
+             summary="Remove and add steps (against the current revision)")  # fmt: skip
+def revise_run(run_id: RunId, body: RevisionCreate, services: ServicesDep, tenant: TenantDep) -> RunPublic:
+    return services.runs.revise(tenant, run_id, body).public()
+
+
+@router.post("/v1/runs/{run_id}/cancel", response_model=RunPublic, responses=_RUN_RESPONSES, summary="Cancel a run")
+def cancel_run(run_id: RunId, services: ServicesDep, tenant: TenantDep) -> RunPublic:
+    return services.runs.cancel(tenant, run_id).public()
+
+
+@router.post("/v1/runs/{run_id}/steps/{step_id}/reconcile", response_model=RunPublic, responses=_RUN_RESPONSES,
+             summary="Settle a step whose outcome is unknown (applied or not)")  # fmt: skip
+def reconcile_step(
+    run_id: RunId, step_id: StepId, body: ReconcileRequest, services: ServicesDep, tenant: TenantDep
+) -> RunPublic:
+    return services.runs.reconcile(tenant, run_id, step_id, body).public()
+
+
+@router.post("/v1/runs/{run_id}/usage", response_model=RunPublic, responses=_RUN_RESPONSES,
+             summary="Report the agent's own model calls, so that the run's cost is complete")  # fmt: skip
+def report_usage(run_id: RunId, body: UsageBody, services: ServicesDep, tenant: TenantDep) -> RunPublic:
+    report = UsageReport(tokens=body.input_tokens + body.output_tokens, cost_usd=body.cost_usd, calls=1)
+    return services.runs.report_usage(tenant, run_id, report).public()
+
+
+@router.get("/v1/approvals", response_model=list[ApprovalPublic], responses=_RUN_RESPONSES,
+            summary="The tenant's approvals")  # fmt: skip
+def list_approvals(
+    services: ServicesDep,
+    tenant: TenantDep,
+    status: Annotated[ApprovalStatus | None, Query(description="Only approvals in this status.")] = None,
+) -> list[ApprovalPublic]:
+    found = services.runs.executor.store.approvals(tenant)
+    return [a for a in found if status in (None, a.status)]
+
+
+@router.get("/v1/approvals/{approval_id}", response_model=ApprovalPublic, responses=_RUN_RESPONSES,
+            summary="Get an approval")  # fmt: skip
+def get_approval(approval_id: ApprovalId, services: ServicesDep, tenant: TenantDep) -> ApprovalPublic:
+    return services.runs.approval(tenant, approval_id)
+
+
+@router.post("/v1/approvals/{approval_id}/decision", response_model=ApprovalPublic, responses=_RUN_RESPONSES,
+             summary="Approve or reject a step")  # fmt: skip
+def decide(approval_id: ApprovalId, body: Decision, services: ServicesDep, tenant: TenantDep) -> ApprovalPublic:
+    return services.runs.decide(tenant, approval_id, body)
+
+
+def _digest(body: Any) -> str:
+    return hashlib.sha256(json.dumps(body.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()

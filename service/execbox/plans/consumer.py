@@ -1,0 +1,65 @@
+"""Advancing runs from the execution event stream, in the API processes.
+
+Each API process runs one thread that reads the outbox stream as the consumer group `plans`: a
+terminal execution labelled with a run (`execbox.run`) advances that run. Entries a dead process
+took and never acknowledged are claimed by another after `idle_s`. Between events the thread also
+advances runs whose retry, approval expiry or wall budget fell due (`runs:active`). The executor
+runs here, in the API, because submitting executions is the API role's right; workers, which sit
+next to untrusted code, gain nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from execbox.core.errors import ServiceError
+from execbox.core.events import TERMINAL
+from execbox.executions.events import DURABLE_GROUPS
+from execbox.plans.executor import Executor
+
+log = logging.getLogger(__name__)
+GROUP = DURABLE_GROUPS[1]
+RUN_LABEL, STEP_LABEL = "execbox.run", "execbox.step"
+
+
+class PlanConsumer:
+    def __init__(self, executor: Executor, name: str, idle_s: float) -> None:
+        self._executor = executor
+        self._events = executor.submissions.store.events
+        self._name = name
+        self._idle_s = idle_s
+
+    def start(self, stop: threading.Event) -> threading.Thread:
+        thread = threading.Thread(target=self.run, args=(stop,), name="plans", daemon=True)
+        thread.start()
+        return thread
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self._events.ensure_group(GROUP)
+                while not stop.is_set():
+                    self.step()
+            except ServiceError as exc:
+                log.warning("plan consumer: %s", exc.message)
+                stop.wait(1.0)  # Redis is away: nothing to block on
+
+    def step(self, block_s: float = 0.5) -> None:
+        """One round: runs that fell due, then execution events (blocking briefly for new ones)."""
+        for run_id in self._executor.store.due():
+            self._advance(run_id)
+        for event_id, event in self._events.read(GROUP, self._name, block_s=block_s, idle_s=self._idle_s):
+            if event.get("type") == TERMINAL:
+                record = self._executor.submissions.store.get(event["id"])
+                if record is not None and record.labels.get(RUN_LABEL):
+                    self._advance(record.labels[RUN_LABEL])
+            self._events.ack(GROUP, event_id)
+
+    def _advance(self, run_id: str) -> None:
+        try:
+            self._executor.advance(run_id)
+        except ServiceError as exc:
+            log.warning("could not advance run %s: %s", run_id, exc.message)
+        except Exception:  # one broken run must not stop every other run
+            log.exception("advancing run %s failed", run_id)

@@ -1,0 +1,332 @@
+"""The executor: advancing a run from its own state, one idempotent step at a time.
+
+`advance(run_id)` is a reconciler, called whenever something may have changed (the run was
+created or revised, one of its executions ended, an approval was decided, a retry or an expiry
+fell due). Under the run's lock it settles finished attempts, propagates failures downstream,
+requests approvals, dispatches the steps that are ready (each attempt through
+`executions.submit` under an Idempotency-Key of its own, so even a crash between dispatch and
+save dispatches it once) and derives the run's status. It never calls a model and never guesses:
+what it cannot decide stops the run for a re-plan or a reconcile.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+
+from jsonschema import Draft202012Validator
+
+from execbox.core.errors import CapacityError, InfrastructureError, ServiceError
+from execbox.core.metrics import PlanMetrics
+from execbox.core.status import ExecutionStatus
+from execbox.executions.record import ExecutionRecord
+from execbox.executions.schemas import ExecutionCreate, Expect
+from execbox.executions.submit import Submissions
+from execbox.files.blobs import ArtifactStore
+from execbox.plans.refs import RefError, artifact_path, refs_in, resolve
+from execbox.plans.schemas import (
+    ApprovalPublic,
+    ApprovalStatus,
+    CodeCell,
+    RunEvent,
+    RunRecord,
+    RunStatus,
+    StepError,
+    StepState,
+    StepStatus,
+)
+from execbox.plans.store import RunStore, new_id
+from execbox.plans.validation import dependencies, order
+
+ROUTE = "plan step"
+"""The idempotency scope of step dispatches."""
+TRANSIENT = {"sandbox.error", "expired"}
+"""Categories a retry-safe step repeats by default: the infrastructure failed, not the plan."""
+FAILED_UPSTREAM = (StepStatus.FAILED, StepStatus.UPSTREAM_FAILED, StepStatus.CANCELLED)
+BUSY_RETRY_S = 1.0
+
+
+@dataclass
+class Executor:
+    store: RunStore
+    submissions: Submissions
+    artifacts: ArtifactStore
+    metrics: PlanMetrics | None = None
+
+    def advance(self, run_id: str) -> RunRecord | None:
+        with self.store.locked(run_id):
+            run = self.store.get(run_id)
+            if run is None or run.status.terminal:
+                return run
+            self.step(run)
+            self.save(run)
+            return run
+
+    def save(self, run: RunRecord) -> None:
+        self.store.put(run, self._next_due(run))
+
+    def step(self, run: RunRecord) -> None:
+        """One reconciliation of `run` (the caller holds its lock and saves it)."""
+        now = time.time()
+        for step_id, state in run.steps.items():
+            if state.status is StepStatus.RUNNING:
+                execution = self.submissions.store.get(state.attempts[-1])
+                if execution is None:
+                    self._fail(run, step_id, "sandbox.error", "the step's execution record expired (past retention)")
+                elif execution.status.terminal:
+                    self._settle(run, step_id, state, execution, now)
+            elif state.status is StepStatus.AWAITING_APPROVAL and state.approval_id:
+                self._check_approval(run, step_id, state, now)
+        if now - run.created_at > run.budgets.max_wall_s:
+            self.stop(
+                run, RunStatus.FAILED, "budget_exceeded:wall", f"the run passed max_wall_s {run.budgets.max_wall_s:g}"
+            )
+            return
+        self._propagate(run)
+        if self._dispatch(run, now):
+            self._derive(run)
+
+    def stop(self, run: RunRecord, status: RunStatus, reason: str, detail: str) -> None:
+        """End the run now: running steps' executions are cancelled, unfinished steps cancelled."""
+        for step_id, state in run.steps.items():
+            if state.status is StepStatus.RUNNING:
+                try:
+                    self.submissions.cancel(run.tenant, state.attempts[-1])
+                except ServiceError:
+                    pass  # it ended meanwhile
+            if not state.status.settled and state.status is not StepStatus.UNKNOWN_OUTCOME:
+                self._fail(run, step_id, "cancelled", detail, StepStatus.CANCELLED)
+        self._run_status(run, status, reason, detail)
+
+    # -- settling an attempt -------------------------------------------------------------------
+
+    def _settle(self, run: RunRecord, step_id: str, state: StepState, execution: ExecutionRecord, now: float) -> None:
+        spec = run.spec(step_id)
+        if execution.status is ExecutionStatus.SUCCEEDED:
+            state.outputs, state.error = execution.outputs, None
+            self.set_step(run, step_id, StepStatus.SUCCEEDED, f"execution {execution.id} succeeded")
+            return
+        error = execution.error
+        category = error.category.value if error else execution.status.value
+        failure = StepError(
+            category=category,
+            message=error.message if error else execution.status.value,
+            retryable=bool(error and error.retryable),
+            details=dict(error.details) if error else {},
+        )
+        if execution.status is ExecutionStatus.CANCELLED:
+            self.set_step(run, step_id, StepStatus.CANCELLED, "its execution was cancelled", failure)
+            return
+        retry_on = {c.value for c in spec.retry.on} if spec.retry else {"sandbox.error"}
+        transient = category in retry_on or (category == "expired" and "sandbox.error" in retry_on)
+        max_attempts = spec.retry.max_attempts if spec.retry else 3
+        strategy = spec.idempotency.strategy if spec.idempotency else "none"
+        safe = spec.effect == "read" or strategy == "key"
+        started = execution.started_at is not None
+        if transient and safe and len(state.attempts) < max_attempts:
+            interval = spec.retry.interval_s if spec.retry else 1.0
+            state.due_at, state.error = now + interval * 2 ** (len(state.attempts) - 1), failure
+            self.set_step(run, step_id, StepStatus.PENDING, f"{category}: retrying (attempt {len(state.attempts) + 1})")
+        elif spec.effect == "write" and not safe and started and category in ("sandbox.error", "limit.timeout"):
+            state.side_effects = "unknown"
+            why = f"{category} after its code started; its effect may or may not have happened"
+            self.set_step(run, step_id, StepStatus.UNKNOWN_OUTCOME, why, failure)
+        else:
+            state.side_effects = "possible" if spec.effect == "write" and started else "none"
+            self.set_step(run, step_id, StepStatus.FAILED, f"{category}: {failure.message}", failure)
+
+    def _check_approval(self, run: RunRecord, step_id: str, state: StepState, now: float) -> None:
+        assert state.approval_id is not None
+        approval = self.store.approval(state.approval_id)
+        if approval is None:
+            return
+        if approval.status is ApprovalStatus.PENDING and now >= approval.expires_at:
+            approval.status, approval.decided_at = ApprovalStatus.EXPIRED, now
+            self.store.put_approval(approval)
+        if approval.status is ApprovalStatus.APPROVED:
+            state.due_at = None
+            self.set_step(run, step_id, StepStatus.PENDING, f"approved by {approval.decided_by or 'someone'}")
+        elif approval.status in (ApprovalStatus.REJECTED, ApprovalStatus.EXPIRED):
+            category = f"approval.{approval.status.value}"
+            message = approval.reason or f"the approval was {approval.status.value}"
+            self._fail(run, step_id, category, message)
+            state.side_effects = "none"
+
+    # -- propagation and dispatch ----------------------------------------------------------------
+
+    def _live(self, run: RunRecord) -> list[str]:
+        specs = [s for s in run.plan.steps if run.steps[s.id].status is not StepStatus.SUPERSEDED]
+        return order(specs)
+
+    def _propagate(self, run: RunRecord) -> None:
+        for step_id in self._live(run):
+            state = run.steps[step_id]
+            if state.status is not StepStatus.PENDING:
+                continue
+            deps = dependencies(run.spec(step_id))
+            failed = sorted(d for d in deps if run.steps[d].status in FAILED_UPSTREAM)
+            if failed:
+                state.blocked_by = failed
+                why = f"upstream {', '.join(failed)} did not succeed"
+                self._fail(run, step_id, "dependency.failed", why, StepStatus.UPSTREAM_FAILED)
+            else:
+                state.blocked_by = sorted(d for d in deps if run.steps[d].status is StepStatus.UNKNOWN_OUTCOME
+                                          or run.steps[d].blocked_by)  # fmt: skip
+
+    def _dispatch(self, run: RunRecord, now: float) -> bool:
+        """Start every ready step the budgets allow; False when a budget stopped the run."""
+        running = sum(1 for s in run.steps.values() if s.status is StepStatus.RUNNING)
+        for step_id in self._live(run):
+            state = run.steps[step_id]
+            spec = run.spec(step_id)
+            ready = state.status is StepStatus.PENDING and not state.blocked_by
+            if not ready or any(run.steps[d].status is not StepStatus.SUCCEEDED for d in dependencies(spec)):
+                continue
+            if state.due_at is not None and state.due_at > now:
+                continue
+            try:
+                state.args = resolve(spec.args, self._state(run))
+            except RefError as exc:
+                self._fail(run, step_id, "input.invalid", exc.message)
+                continue
+            if spec.approval is not None and spec.approval.required and state.approval_id is None:
+                self._request_approval(run, step_id, state, now)
+                continue
+            if running >= run.budgets.max_parallel:
+                continue
+            if run.usage.steps_dispatched >= run.budgets.max_steps:
+                self.stop(run, RunStatus.FAILED, "budget_exceeded:steps",
+                          f"dispatching {step_id} would pass max_steps {run.budgets.max_steps}")  # fmt: skip
+                return False
+            if self._submit(run, step_id, state, now):
+                running += 1
+        return True
+
+    def _submit(self, run: RunRecord, step_id: str, state: StepState, now: float) -> bool:
+        spec = run.spec(step_id)
+        assert isinstance(spec.run, CodeCell)
+        attempt = len(state.attempts) + 1
+        extra: list[tuple[str, bytes]] = []
+        for ref in refs_in(spec.args):
+            if ref.kind == "artifact":
+                producer = run.steps[ref.pointer[1]].attempts[-1]
+                try:
+                    extra.append((artifact_path(ref), b"".join(self.artifacts.read(producer, ref.pointer[3]))))
+                except FileNotFoundError:
+                    self._fail(
+                        run, step_id, "input.invalid", f"step {ref.pointer[1]} has no artifact {ref.pointer[3]!r}"
+                    )
+                    return False
+        schema = spec.postconditions.outputs_schema if spec.postconditions else None
+        body = ExecutionCreate(
+            language=spec.run.language, code=spec.run.code, inputs=state.args, policy=spec.policy,
+            labels={"execbox.run": run.id, "execbox.step": step_id},
+            expect=Expect(outputs_schema=schema) if schema is not None else None,
+        )  # fmt: skip
+        context = {
+            "run_id": run.id,
+            "step_id": step_id,
+            "attempt": str(attempt),
+            "idempotency_key": f"{run.id}:{step_id}",
+        }
+        try:
+            submitted = self.submissions.submit(
+                run.tenant, body, extra, f"00-{run.trace_id}-{secrets.token_hex(8)}-01",
+                idempotency_key=f"{run.id}:{step_id}:{attempt}", route=ROUTE, context=context,
+            )  # fmt: skip
+        except (CapacityError, InfrastructureError) as exc:
+            state.due_at = now + BUSY_RETRY_S  # quotas or Redis: the same attempt, a moment later
+            self.record(run, "step.deferred", step_id, None, exc.message)
+            return False
+        except ServiceError as exc:
+            self._fail(run, step_id, exc.code, exc.message)
+            return False
+        state.attempts.append(submitted.record.id)
+        state.due_at = None
+        run.usage.steps_dispatched += 1
+        self.set_step(run, step_id, StepStatus.RUNNING, f"attempt {attempt}: execution {submitted.record.id}")
+        return True
+
+    def _request_approval(self, run: RunRecord, step_id: str, state: StepState, now: float) -> None:
+        spec = run.spec(step_id)
+        assert spec.approval is not None and isinstance(spec.run, CodeCell)
+        approval = ApprovalPublic(
+            id=new_id("apr_"), run_id=run.id, step_id=step_id, status=ApprovalStatus.PENDING,
+            summary=spec.approval.summary, args=state.args or {}, code=spec.run.code, requested_at=now,
+            expires_at=now + spec.approval.expires_in_s, tenant=run.tenant,
+        )  # fmt: skip
+        self.store.put_approval(approval)
+        state.approval_id, state.due_at = approval.id, approval.expires_at
+        self.set_step(run, step_id, StepStatus.AWAITING_APPROVAL, f"approval {approval.id} requested")
+
+    # -- the run's status --------------------------------------------------------------------
+
+    def _derive(self, run: RunRecord) -> None:
+        live = [run.steps[i] for i in self._live(run)]
+        statuses = {s.status for s in live}
+        if statuses <= {StepStatus.SUCCEEDED}:
+            goal = run.plan.goal
+            if goal is not None:
+                outputs = run.steps[goal.step].outputs or {}
+                errors = sorted(e.message for e in Draft202012Validator(goal.outputs_schema).iter_errors(outputs))
+                if errors:
+                    self._run_status(run, RunStatus.GOAL_FAILED, "goal_failed", "; ".join(errors))
+                    return
+            self._run_status(run, RunStatus.SUCCEEDED, "completed", "every step succeeded")
+            return
+        startable = [
+            i for i in self._live(run)
+            if run.steps[i].status is StepStatus.PENDING and not run.steps[i].blocked_by
+            and all(run.steps[d].status is StepStatus.SUCCEEDED for d in dependencies(run.spec(i)))
+        ]  # fmt: skip
+        if StepStatus.RUNNING in statuses or startable:
+            self._run_status(run, RunStatus.RUNNING, None, "steps are running or ready")
+        elif StepStatus.AWAITING_APPROVAL in statuses:
+            self._run_status(run, RunStatus.AWAITING_APPROVAL, None, "waiting for an approval")
+        else:
+            self._run_status(run, RunStatus.NEEDS_REPLAN, "step_failed", "no step can make progress")
+
+    def _run_status(self, run: RunRecord, status: RunStatus, reason: str | None, detail: str) -> None:
+        if run.status is not status:
+            run.status, run.stop_reason = status, reason
+            self.record(run, "run.status_changed", None, status.value, detail)
+            if status.terminal:
+                run.finished_at = time.time()
+                if self.metrics is not None:
+                    self.metrics.runs.labels(status.value, reason or "none").inc()
+
+    def _fail(
+        self, run: RunRecord, step_id: str, category: str, message: str, status: StepStatus = StepStatus.FAILED
+    ) -> None:
+        self.set_step(run, step_id, status, message, StepError(category=category, message=message))
+
+    def set_step(
+        self, run: RunRecord, step_id: str, status: StepStatus, detail: str, error: StepError | None = None
+    ) -> None:
+        state = run.steps[step_id]
+        if error is not None:
+            state.error = error
+        if state.status is not status:
+            state.status = status
+            if self.metrics is not None and (status.settled or status is StepStatus.UNKNOWN_OUTCOME):
+                self.metrics.steps.labels(status.value).inc()
+            self.record(run, "step.status_changed", step_id, status.value, detail)
+
+    def record(self, run: RunRecord, kind: str, step_id: str | None, status: str | None, detail: str) -> None:
+        run.events.append(RunEvent(at=time.time(), type=kind, step=step_id, status=status, detail=detail[:500]))
+
+    @staticmethod
+    def _state(run: RunRecord) -> dict[str, object]:
+        """The document references point into."""
+        steps = {i: {"outputs": s.outputs or {}} for i, s in run.steps.items() if s.status is StepStatus.SUCCEEDED}
+        return {"inputs": run.inputs, "steps": steps}
+
+    @staticmethod
+    def _next_due(run: RunRecord) -> float | None:
+        if run.status.terminal:
+            return None
+        due = [run.created_at + run.budgets.max_wall_s]
+        waiting = (StepStatus.PENDING, StepStatus.AWAITING_APPROVAL)
+        due += [s.due_at for s in run.steps.values() if s.due_at is not None and s.status in waiting]
+        return min(due)

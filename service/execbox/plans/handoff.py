@@ -1,0 +1,70 @@
+"""The `handoff/v1` document: what a re-planner needs, and nothing it does not.
+
+Completed steps with their outputs and artifact references (so that a revision can refer to them
+instead of repeating them), failed steps with their categorized error, the tails of their output
+and whether their effect may have happened, unknown outcomes, what the failures invalidated, what
+still waits, and the budgets used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from execbox.executions.record import ExecutionRecord
+from execbox.plans.schemas import CodeCell, Handoff, HandoffStep, RunRecord, StepStatus
+
+TAIL_CHARS = 2000
+CONSTRAINTS = [
+    'Completed steps are frozen: refer to their outputs with {"$ref": "/steps/<id>/outputs/<name>"} and to '
+    'their files with {"$artifact": "/steps/<id>/artifacts/<name>"}; do not repeat them.',
+    "New steps need new ids: an id used in any revision (failed and superseded ones included) is taken.",
+    "Every write step declares an idempotency strategy.",
+    "Failed and invalidated steps never run again; a revision supersedes them.",
+    "A step with an unknown outcome is settled by POST /v1/runs/{id}/steps/{step}/reconcile, or removed.",
+]
+
+
+def build(run: RunRecord, execution: Callable[[str], ExecutionRecord | None]) -> Handoff:
+    groups: dict[str, list[HandoffStep]] = {k: [] for k in ("completed", "failed", "unknown", "invalidated", "rest")}
+    for spec in run.plan.steps:
+        state = run.steps[spec.id]
+        last = execution(state.attempts[-1]) if state.attempts else None
+        item = HandoffStep(
+            step_id=spec.id,
+            status=state.status,
+            code=spec.run.code if isinstance(spec.run, CodeCell) else None,
+            args=state.args,
+            outputs=state.outputs,
+            artifacts=[f"/steps/{spec.id}/artifacts/{a.name}" for a in last.artifacts] if last else [],
+            attempts=len(state.attempts),
+            error=state.error,
+            side_effects=state.side_effects,
+            blocked_by=state.blocked_by,
+        )
+        if state.status in (StepStatus.FAILED, StepStatus.UNKNOWN_OUTCOME) and last is not None:
+            item.stdout_tail, item.stderr_tail = last.stdout[-TAIL_CHARS:], last.stderr[-TAIL_CHARS:]
+        group = {
+            StepStatus.SUCCEEDED: "completed",
+            StepStatus.FAILED: "failed",
+            StepStatus.UNKNOWN_OUTCOME: "unknown",
+            StepStatus.UPSTREAM_FAILED: "invalidated",
+            StepStatus.SUPERSEDED: None,
+        }.get(state.status, "rest")
+        if group is not None:
+            groups[group].append(item)
+    return Handoff(
+        run_id=run.id,
+        revision=run.revision,
+        objective=run.objective,
+        status=run.status,
+        reason=run.stop_reason,
+        completed=groups["completed"],
+        failed=groups["failed"],
+        unknown_outcomes=groups["unknown"],
+        invalidated=groups["invalidated"],
+        remaining=groups["rest"],
+        budgets=run.budgets,
+        usage=run.usage,
+        constraints=CONSTRAINTS,
+        revise={"method": "POST", "url": f"/v1/runs/{run.id}/revisions", "base_revision": run.revision},
+    )

@@ -1,0 +1,224 @@
+"""What clients do to runs, without HTTP: create, cancel, revise, reconcile, decide, report usage,
+read the hand-off. Each change happens under the run's lock and ends with one reconciliation."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from jsonschema import Draft202012Validator
+
+from execbox.catalog.languages import Languages
+from execbox.catalog.policies import PolicySet
+from execbox.core.errors import ApprovalNotFound, FieldProblem, InvalidPlan, RunConflict, RunNotFound
+from execbox.core.tracing import from_traceparent
+from execbox.plans import handoff
+from execbox.plans.executor import Executor
+from execbox.plans.schemas import (
+    ApprovalPublic,
+    ApprovalStatus,
+    Decision,
+    Handoff,
+    PlanDocument,
+    ReconcileRequest,
+    RevisionCreate,
+    RunCreate,
+    RunRecord,
+    RunStatus,
+    StepState,
+    StepStatus,
+    Usage,
+)
+from execbox.plans.store import new_id
+from execbox.plans.validation import problems
+
+
+@dataclass(frozen=True)
+class UsageReport:
+    tokens: int
+    cost_usd: float
+    calls: int
+
+
+@dataclass
+class Runs:
+    executor: Executor
+    languages: Languages
+    policies: PolicySet
+    allowed_policies: Callable[[str], Collection[str]]
+    """tenant -> the policy names it may use (Quotas.quota(tenant).policies)."""
+
+    def validate(self, tenant: str, plan: PlanDocument) -> list[FieldProblem]:
+        return problems(plan, self.languages, self.policies, self._allowed(tenant))
+
+    def create(self, tenant: str, body: RunCreate, traceparent: str | None) -> RunRecord:
+        found = self.validate(tenant, body.plan)
+        if found:
+            raise InvalidPlan(tuple(found))
+        now = time.time()
+        run = RunRecord(
+            id=new_id("run_"), tenant=tenant, status=RunStatus.RUNNING, revision=1, objective=body.plan.objective,
+            labels=body.labels, trace_id=from_traceparent(traceparent).trace_id, created_at=now,
+            budgets=body.plan.budgets, plan=body.plan, inputs=body.plan.inputs,
+            steps={s.id: StepState(revision=1) for s in body.plan.steps},
+        )  # fmt: skip
+        self.executor.record(run, "run.created", None, run.status.value, f"{len(run.steps)} steps")
+        self.executor.store.create(run)
+        return self.executor.advance(run.id) or run
+
+    def get(self, tenant: str, run_id: str) -> RunRecord:
+        run = self.executor.store.get(run_id)
+        if run is None or run.tenant != tenant:
+            raise RunNotFound(run_id)
+        return run
+
+    def cancel(self, tenant: str, run_id: str) -> RunRecord:
+        with self._change(tenant, run_id) as run:
+            if run.status.terminal:
+                raise RunConflict(f"run {run_id} already ended as {run.status.value}")
+            self.executor.stop(run, RunStatus.CANCELLED, "cancelled_by_client", "cancelled by the client")
+        return run
+
+    def revise(self, tenant: str, run_id: str, body: RevisionCreate) -> RunRecord:
+        with self._change(tenant, run_id) as run:
+            if body.base_revision != run.revision:
+                raise RunConflict(f"run {run_id} is at revision {run.revision}, not {body.base_revision}; "
+                                  "read it again and revise against the current one")  # fmt: skip
+            if not run.status.revisable:
+                raise RunConflict(f"run {run_id} is {run.status.value}; only an unfinished run can be revised")
+            replanning = run.status in (RunStatus.NEEDS_REPLAN, RunStatus.GOAL_FAILED)
+            if replanning and run.usage.replans >= run.budgets.max_replans:
+                self.executor.stop(run, RunStatus.FAILED, "replans_exhausted",
+                                   f"max_replans {run.budgets.max_replans} reached")  # fmt: skip
+                self.executor.save(run)
+                raise RunConflict(f"run {run_id} used its {run.budgets.max_replans} re-plan(s); it is now failed")
+            self._apply(tenant, run, body, replanning)
+        return run
+
+    def reconcile(self, tenant: str, run_id: str, step_id: str, body: ReconcileRequest) -> RunRecord:
+        with self._change(tenant, run_id) as run:
+            state = run.steps.get(step_id)
+            if state is None or state.status is not StepStatus.UNKNOWN_OUTCOME:
+                raise RunConflict(f"step {step_id!r} has no unknown outcome to settle")
+            schema = run.spec(step_id).postconditions
+            if body.outcome == "applied" and schema and schema.outputs_schema:
+                errors = sorted(
+                    e.message for e in Draft202012Validator(schema.outputs_schema).iter_errors(body.outputs)
+                )
+                if errors:
+                    raise InvalidPlan(tuple(FieldProblem("outputs", e) for e in errors))
+            state.reconciled = f"{body.outcome}: {body.reason}"
+            if body.outcome == "applied":
+                state.outputs, state.side_effects = body.outputs, "none"
+                self.executor.set_step(run, step_id, StepStatus.SUCCEEDED, f"reconciled as applied: {body.reason}")
+            elif body.retry:
+                self.executor.set_step(
+                    run, step_id, StepStatus.PENDING, f"reconciled as not applied, retried: {body.reason}"
+                )
+            else:
+                state.side_effects = "none"
+                self.executor.set_step(run, step_id, StepStatus.FAILED, f"reconciled as not applied: {body.reason}")
+        return run
+
+    def decide(self, tenant: str, approval_id: str, body: Decision) -> ApprovalPublic:
+        approval = self.approval(tenant, approval_id)
+        wanted = ApprovalStatus.APPROVED if body.decision == "approve" else ApprovalStatus.REJECTED
+        with self._change(tenant, approval.run_id):
+            approval = self.approval(tenant, approval_id)
+            if approval.status is wanted:
+                return approval  # the same decision again: nothing changes
+            if approval.status is not ApprovalStatus.PENDING:
+                raise RunConflict(f"approval {approval_id} is already {approval.status.value}")
+            approval.status, approval.decided_at = wanted, time.time()
+            approval.decided_by, approval.reason = body.decided_by or None, body.reason or None
+            self.executor.store.put_approval(approval)
+            if self.executor.metrics is not None:
+                self.executor.metrics.approval_wait.observe(max(approval.decided_at - approval.requested_at, 0.0))
+        return approval
+
+    def approval(self, tenant: str, approval_id: str) -> ApprovalPublic:
+        approval = self.executor.store.approval(approval_id)
+        if approval is None or approval.tenant != tenant:
+            raise ApprovalNotFound(approval_id)
+        return approval
+
+    def report_usage(self, tenant: str, run_id: str, report: UsageReport) -> RunRecord:
+        with self._change(tenant, run_id) as run:
+            usage: Usage = run.usage
+            usage.tokens += report.tokens
+            usage.cost_usd += report.cost_usd
+            usage.model_calls += report.calls
+            budgets = run.budgets
+            over = (budgets.max_tokens is not None and usage.tokens > budgets.max_tokens and "tokens") or (
+                budgets.max_cost_usd is not None and usage.cost_usd > budgets.max_cost_usd and "cost"
+            )
+            if over and not run.status.terminal:
+                self.executor.stop(
+                    run, RunStatus.FAILED, f"budget_exceeded:{over}", f"the reported {over} passed the budget"
+                )
+        return run
+
+    def handoff(self, tenant: str, run_id: str) -> Handoff:
+        run = self.get(tenant, run_id)
+        if run.status not in (RunStatus.NEEDS_REPLAN, RunStatus.GOAL_FAILED):
+            raise RunConflict(
+                f"run {run_id} is {run.status.value}: a hand-off exists only for a run that needs a re-plan"
+            )
+        return handoff.build(run, self.executor.submissions.store.get)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _allowed(self, tenant: str) -> Collection[str]:
+        return self.allowed_policies(tenant)
+
+    @contextmanager
+    def _change(self, tenant: str, run_id: str) -> Iterator[RunRecord]:
+        """The run under its lock; reconciled and saved after the block (unless it raised)."""
+        self.get(tenant, run_id)  # 404 before taking any lock
+        with self.executor.store.locked(run_id):
+            run = self.executor.store.get(run_id)
+            if run is None:
+                raise RunNotFound(run_id)
+            yield run
+            if not run.status.terminal:
+                self.executor.step(run)
+            self.executor.save(run)
+
+    def _apply(self, tenant: str, run: RunRecord, body: RevisionCreate, replanning: bool) -> None:
+        known = {s.id for s in run.plan.steps}
+        found = [FieldProblem(f"add.{i}.id", f"step id {s.id!r} was used before; a new step needs a new id")
+                 for i, s in enumerate(body.add) if s.id in known]  # fmt: skip
+        for index, step_id in enumerate(body.remove):
+            status = run.steps[step_id].status if step_id in run.steps else None
+            if status is None:
+                found.append(FieldProblem(f"remove.{index}", f"no step {step_id!r}"))
+            elif status in (StepStatus.SUCCEEDED, StepStatus.RUNNING):
+                found.append(FieldProblem(f"remove.{index}", f"step {step_id!r} is {status.value}; it stays"))
+        merged = run.plan.model_copy(update={"steps": [*run.plan.steps, *body.add], "goal": body.goal or run.plan.goal})
+        frozen = {i: s.status.value for i, s in run.steps.items()}
+        found += problems(merged, self.languages, self.policies, self._allowed(tenant), prefix="revision",
+                          frozen=frozen, new_ids={s.id for s in body.add})  # fmt: skip
+        if found:
+            raise InvalidPlan(tuple(found))
+        run.revision += 1
+        run.plan = merged
+        if replanning:
+            run.usage.replans += 1
+            if self.executor.metrics is not None:
+                self.executor.metrics.replans.inc()
+        # Failed, invalidated and cancelled steps never run again: a revision supersedes them,
+        # with the steps removed; unknown outcomes stay until reconciled (or removed).
+        settled_badly = (StepStatus.FAILED, StepStatus.UPSTREAM_FAILED, StepStatus.CANCELLED)
+        for step_id, state in run.steps.items():
+            if step_id in body.remove or state.status in settled_badly:
+                self.executor.set_step(run, step_id, StepStatus.SUPERSEDED, f"revision {run.revision}: {body.reason}")
+        for step in body.add:
+            run.steps[step.id] = StepState(revision=run.revision)
+        self.executor.record(run, "revision.applied", None, str(run.revision),
+                             f"added {len(body.add)}, removed {len(body.remove)}: {body.reason}")  # fmt: skip
+        run.status, run.stop_reason = RunStatus.RUNNING, None
+
+
+__all__ = ["Runs", "UsageReport"]

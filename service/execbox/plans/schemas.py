@@ -1,0 +1,334 @@
+"""A plan on the wire (`plan/v1`), the run that executes it, its approvals and its hand-off.
+
+A plan is a DAG of steps. Each step runs one code cell (an ordinary execution) with arguments
+that may refer to the run's inputs and to earlier steps' outputs (`{"$ref": "/steps/a/outputs/x"}`)
+and artifacts (`{"$artifact": "/steps/a/artifacts/report.csv"}`), never by splicing text into code.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from execbox.catalog.schemas import PolicyRequest
+
+STEP_ID_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
+RUN_ID_PATTERN = r"^run_[a-z0-9]{26}$"
+APPROVAL_ID_PATTERN = r"^apr_[a-z0-9]{26}$"
+MAX_PLAN_STEPS = 1000
+"""Most steps a plan (all its revisions together) may hold."""
+_STRICT = ConfigDict(extra="forbid")
+
+
+class TransientCategory(enum.StrEnum):
+    """The error categories a step may retry in place."""
+
+    SANDBOX_ERROR = "sandbox.error"
+    LIMIT_TIMEOUT = "limit.timeout"
+
+
+class CodeCell(BaseModel):
+    model_config = _STRICT
+
+    code: str = Field(min_length=1, description="Program source, as for an execution.")
+    language: str = Field("python", min_length=1, max_length=64, description="Language name or alias.")
+
+
+class ScriptRef(BaseModel):
+    model_config = _STRICT
+
+    script: str = Field(max_length=200, description="`name@version` of a registered script (not available yet).")
+
+
+class Idempotency(BaseModel):
+    """How a write step may be repeated after an attempt whose outcome is unknown."""
+
+    model_config = _STRICT
+
+    strategy: Literal["key", "status_read", "compensation", "none"] = Field(
+        description="`key`: the step forwards `execbox.idempotency_key()` (stable across attempts) to the "
+        "service it writes to, so a retry is safe; `none`: never retried once its code may have run "
+        "(an unknown outcome is settled by reconcile). `status_read` and `compensation` are accepted "
+        "and treated as `none` for now."
+    )
+
+
+class Approval(BaseModel):
+    model_config = _STRICT
+
+    required: bool = Field(True, description="The step waits for a decision before it runs.")
+    summary: str = Field("", max_length=1000, description="What the approver is asked to allow.")
+    expires_in_s: int = Field(86400, ge=1, le=30 * 86400, description="Unanswered this long: expired (rejected).")
+
+
+class Retry(BaseModel):
+    model_config = _STRICT
+
+    on: list[TransientCategory] = Field(
+        default_factory=lambda: [TransientCategory("sandbox.error")],
+        description="Transient categories retried in place (only for steps safe to repeat).",
+    )
+    max_attempts: int = Field(3, ge=1, le=10, description="Attempts in all, the first included.")
+    interval_s: float = Field(1.0, ge=0, le=600, description="Wait before the second attempt; doubles after.")
+
+
+class Postconditions(BaseModel):
+    model_config = _STRICT
+
+    outputs_schema: dict[str, Any] | None = Field(None, description="JSON Schema the step's outputs must satisfy.")
+
+
+class StepSpec(BaseModel):
+    model_config = _STRICT
+
+    id: str = Field(pattern=STEP_ID_PATTERN, description="Unique within the run, across all its revisions.")
+    run: CodeCell | ScriptRef = Field(description="What the step runs: a code cell (or, later, a script).")
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description='Arguments, readable by the code as `execbox.inputs`: JSON values, `{"$ref": "/inputs/x"}`, '
+        '`{"$ref": "/steps/<id>/outputs/<name>"}` (keeps the JSON type), or `{"$artifact": '
+        '"/steps/<id>/artifacts/<name>"}` (the file is placed under `artifacts/<id>/` and the argument is its path).',
+    )
+    depends_on: list[str] = Field(default_factory=list, max_length=64, description="Ordering-only dependencies.")
+    postconditions: Postconditions | None = Field(None, description="Checked on the outputs (output.invalid).")
+    effect: Literal["read", "write"] = Field("read", description="`write` steps must declare `idempotency`.")
+    idempotency: Idempotency | None = Field(None, description="Required for `write` steps.")
+    approval: Approval | None = Field(None, description="A human or agent decision before the step runs.")
+    retry: Retry | None = Field(None, description="In-place retries of transient failures (default: none).")
+    policy: PolicyRequest = Field(default_factory=PolicyRequest, description="Limits, as for an execution.")
+
+
+class Budgets(BaseModel):
+    model_config = _STRICT
+
+    max_steps: int = Field(50, ge=1, le=MAX_PLAN_STEPS, description="Step attempts dispatched, at most.")
+    max_parallel: int = Field(4, ge=1, le=64, description="Steps queued or running at once.")
+    max_replans: int = Field(2, ge=0, le=100, description="Revisions accepted, at most.")
+    max_wall_s: float = Field(900.0, gt=0, le=7 * 86400, description="From creation to the end of the run.")
+    max_tokens: int | None = Field(None, ge=1, description="Model tokens the agent may report (POST .../usage).")
+    max_cost_usd: float | None = Field(None, gt=0, description="Model cost the agent may report.")
+
+
+class Goal(BaseModel):
+    model_config = _STRICT
+
+    step: str = Field(pattern=STEP_ID_PATTERN, description="The step whose outputs decide the goal.")
+    outputs_schema: dict[str, Any] = Field(description="JSON Schema the step's outputs must satisfy.")
+
+
+class PlanDocument(BaseModel):
+    model_config = _STRICT
+
+    format: Literal["plan/v1"] = Field(description="`plan/v1`.")
+    objective: str = Field("", max_length=4000, description="What the plan is for (shown in the hand-off).")
+    inputs: dict[str, Any] = Field(default_factory=dict, description="Run inputs, referred to as `/inputs/...`.")
+    budgets: Budgets = Field(default_factory=Budgets, description="Limits of the run.")
+    steps: list[StepSpec] = Field(min_length=1, max_length=MAX_PLAN_STEPS, description="The steps.")
+    goal: Goal | None = Field(None, description="Final acceptance criteria; unmet: `goal_failed`.")
+
+
+class RunCreate(BaseModel):
+    model_config = _STRICT
+
+    plan: PlanDocument = Field(description="The plan to run.")
+    labels: dict[str, str] = Field(default_factory=dict, max_length=16, description="Free-form labels.")
+
+
+class StepStatus(enum.StrEnum):
+    PENDING = "pending"
+    AWAITING_APPROVAL = "awaiting_approval"
+    RUNNING = "running"
+    """Dispatched: its execution is queued or running."""
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    UPSTREAM_FAILED = "upstream_failed"
+    UNKNOWN_OUTCOME = "unknown_outcome"
+    CANCELLED = "cancelled"
+    SUPERSEDED = "superseded"
+
+    @property
+    def settled(self) -> bool:
+        """Nothing more happens to the step in this revision (unknown_outcome waits for reconcile)."""
+        return self in (StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.UPSTREAM_FAILED,
+                        StepStatus.CANCELLED, StepStatus.SUPERSEDED)  # fmt: skip
+
+
+class RunStatus(enum.StrEnum):
+    RUNNING = "running"
+    AWAITING_APPROVAL = "awaiting_approval"
+    NEEDS_REPLAN = "needs_replan"
+    GOAL_FAILED = "goal_failed"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+    @property
+    def revisable(self) -> bool:
+        return self in (RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL, RunStatus.NEEDS_REPLAN, RunStatus.GOAL_FAILED)
+
+
+class StepError(BaseModel):
+    """Why a step did not succeed: its execution's error, or the run's own reason."""
+
+    category: str = Field(
+        description="An execution's category (check.failed, sandbox.error, ...) or the run's: approval.rejected, "
+        "approval.expired, input.invalid, dependency.failed, cancelled."
+    )
+    message: str = Field(description="What happened and what to do next.")
+    retryable: bool = Field(False, description="Running it again as it is may succeed.")
+    details: dict[str, Any] = Field(default_factory=dict, description="Category-specific details.")
+
+
+class StepState(BaseModel):
+    status: StepStatus = Field(StepStatus.PENDING, description="Where the step is.")
+    revision: int = Field(description="The revision that added it.")
+    attempts: list[str] = Field(default_factory=list, description="Execution ids of its attempts, in order.")
+    outputs: dict[str, Any] | None = Field(None, description="Declared outputs, once it succeeded.")
+    error: StepError | None = Field(None, description="Why it did not succeed.")
+    side_effects: Literal["none", "possible", "unknown"] | None = Field(
+        None, description="For a step that did not succeed: whether its effect may have happened."
+    )
+    blocked_by: list[str] = Field(default_factory=list, description="Failed or unknown steps it waits behind.")
+    approval_id: str | None = Field(None, description="Its approval, when it has one.")
+    due_at: float | None = Field(None, description="Unix time the executor looks at it again (a retry, an expiry).")
+    args: dict[str, Any] | None = Field(
+        None, description="Its resolved arguments, once dispatched or awaiting approval."
+    )
+    reconciled: str | None = Field(None, description="How an unknown outcome was settled, and why.")
+
+
+class RunEvent(BaseModel):
+    at: float = Field(description="Unix time.")
+    type: str = Field(description="run.created, step.status_changed, run.status_changed, revision.applied, ...")
+    step: str | None = Field(None, description="The step concerned, if any.")
+    status: str | None = Field(None, description="The status entered, if any.")
+    detail: str = Field("", description="Why.")
+
+
+class Usage(BaseModel):
+    steps_dispatched: int = Field(0, description="Step attempts dispatched.")
+    replans: int = Field(0, description="Revisions accepted.")
+    tokens: int = Field(0, description="Model tokens the agent reported.")
+    cost_usd: float = Field(0.0, description="Model cost the agent reported.")
+    model_calls: int = Field(0, description="Model calls the agent reported.")
+
+
+class RunPublic(BaseModel):
+    id: str = Field(description="Run id, `run_` and 26 characters.")
+    status: RunStatus = Field(description="Where the run is.")
+    stop_reason: str | None = Field(None, description="Why a run stopped: completed, step_failed, budget_exceeded:...")
+    revision: int = Field(description="Current revision, 1 for the plan as created.")
+    objective: str = Field("", description="The plan's objective.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels from the request.")
+    trace_id: str = Field(description="W3C trace id shared by every step's execution.")
+    created_at: float = Field(description="Unix time.")
+    finished_at: float | None = Field(None, description="Unix time it became terminal.")
+    budgets: Budgets = Field(description="Limits.")
+    usage: Usage = Field(default_factory=Usage, description="What the run used.")
+    steps: dict[str, StepState] = Field(description="Every step of every revision, by id.")
+    events: list[RunEvent] = Field(default_factory=list, description="Every transition, with time and reason.")
+
+
+class RunRecord(RunPublic):
+    """What Redis keeps: the public view plus the plan itself."""
+
+    tenant: str = Field(description="Owner.")
+    plan: PlanDocument = Field(description="The plan with every revision's steps (superseded ones included).")
+    inputs: dict[str, Any] = Field(default_factory=dict, description="Run inputs.")
+
+    def public(self) -> RunPublic:
+        return RunPublic.model_validate(self.model_dump(include=set(RunPublic.model_fields)))
+
+    def spec(self, step_id: str) -> StepSpec:
+        return next(s for s in self.plan.steps if s.id == step_id)
+
+
+class RevisionCreate(BaseModel):
+    model_config = _STRICT
+
+    base_revision: int = Field(ge=1, description="The revision this one is made against (409 when it moved).")
+    reason: str = Field("", max_length=4000, description="Why (recorded).")
+    remove: list[str] = Field(default_factory=list, description="Steps to supersede (not succeeded, not queued).")
+    add: list[StepSpec] = Field(default_factory=list, description="New steps; ids never reused.")
+    goal: Goal | None = Field(None, description="A new goal check, replacing the old one.")
+
+
+class ReconcileRequest(BaseModel):
+    model_config = _STRICT
+
+    outcome: Literal["applied", "not_applied"] = Field(description="Whether the step's effect happened.")
+    outputs: dict[str, Any] = Field(default_factory=dict, description="Its outputs when applied.")
+    reason: str = Field(min_length=1, max_length=4000, description="Evidence, recorded with the step.")
+    retry: bool = Field(False, description="With not_applied: run the step again (same idempotency key).")
+
+
+class ApprovalStatus(enum.StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+
+
+class ApprovalPublic(BaseModel):
+    id: str = Field(description="Approval id, `apr_` and 26 characters.")
+    run_id: str = Field(description="The run.")
+    step_id: str = Field(description="The step waiting for it.")
+    status: ApprovalStatus = Field(description="pending, approved, rejected or expired.")
+    summary: str = Field("", description="What is asked.")
+    args: dict[str, Any] = Field(default_factory=dict, description="The step's resolved arguments.")
+    code: str = Field(description="The code the step will run.")
+    requested_at: float = Field(description="Unix time.")
+    expires_at: float = Field(description="Unix time it expires unanswered.")
+    decided_at: float | None = Field(None, description="Unix time of the decision.")
+    decided_by: str | None = Field(None, description="Who decided.")
+    reason: str | None = Field(None, description="The decision's reason.")
+    tenant: str = Field(description="Owner.")
+
+
+class Decision(BaseModel):
+    model_config = _STRICT
+
+    decision: Literal["approve", "reject"] = Field(description="approve or reject.")
+    reason: str = Field("", max_length=4000, description="Recorded with the decision.")
+    decided_by: str = Field("", max_length=200, description="Who decides (informational).")
+
+
+class HandoffStep(BaseModel):
+    step_id: str
+    status: StepStatus
+    code: str | None = None
+    args: dict[str, Any] | None = None
+    outputs: dict[str, Any] | None = None
+    artifacts: list[str] = Field(default_factory=list, description="`$artifact` references to its artifacts.")
+    attempts: int = 0
+    error: StepError | None = None
+    stdout_tail: str | None = None
+    stderr_tail: str | None = None
+    side_effects: str | None = None
+    blocked_by: list[str] = Field(default_factory=list)
+
+
+class Handoff(BaseModel):
+    """What a re-planner needs: what is done, what failed and why, what that invalidated, what remains."""
+
+    format: Literal["handoff/v1"] = "handoff/v1"
+    run_id: str
+    revision: int
+    objective: str
+    status: RunStatus
+    reason: str | None
+    completed: list[HandoffStep]
+    failed: list[HandoffStep]
+    unknown_outcomes: list[HandoffStep]
+    invalidated: list[HandoffStep]
+    remaining: list[HandoffStep]
+    budgets: Budgets
+    usage: Usage
+    constraints: list[str]
+    revise: dict[str, Any]

@@ -1,0 +1,120 @@
+"""Checking a plan before anything runs: every problem at once, each with its path in the request.
+
+Feasibility (ids, references, cycles, budgets that cannot fit) and permissions (languages,
+policies and their ceilings, the policies the tenant may use) are checked up front, so a run
+never starts on a plan that could only fail for reasons known in advance.
+"""
+
+from __future__ import annotations
+
+import graphlib
+from collections.abc import Collection, Iterable, Mapping
+
+from execbox.catalog.languages import Languages
+from execbox.catalog.policies import PolicySet
+from execbox.core.errors import FieldProblem, ServiceError
+from execbox.plans.refs import Ref, RefError, refs_in
+from execbox.plans.schemas import CodeCell, PlanDocument, StepSpec
+
+
+def step_refs(step: StepSpec) -> list[Ref]:
+    """The references in a step's arguments (malformed ones are the validation's to report)."""
+    try:
+        return list(refs_in(step.args, "args"))
+    except RefError:
+        return []
+
+
+def dependencies(step: StepSpec) -> set[str]:
+    """The steps this one waits for: those its arguments refer to, and its depends_on."""
+    return {r.step for r in step_refs(step) if r.step is not None} | set(step.depends_on)
+
+
+def order(steps: Iterable[StepSpec]) -> list[str]:
+    """Step ids in an order where every step comes after its dependencies (the plan is acyclic)."""
+    return list(graphlib.TopologicalSorter({s.id: dependencies(s) for s in steps}).static_order())
+
+
+def problems(
+    plan: PlanDocument,
+    languages: Languages,
+    policies: PolicySet,
+    allowed_policies: Collection[str],
+    prefix: str = "plan",
+    frozen: Mapping[str, str] | None = None,
+    new_ids: Collection[str] | None = None,
+) -> list[FieldProblem]:
+    """Every problem of the plan. For a revision, `frozen` maps the steps of earlier revisions to
+    their status (added steps may refer only to succeeded ones) and `new_ids` names the added steps."""
+    found: list[FieldProblem] = []
+    ids = [s.id for s in plan.steps]
+    known = set(ids)
+    seen: set[str] = set()
+    for index, step in enumerate(plan.steps):
+        at = f"{prefix}.steps.{index}"
+        if step.id in seen:
+            found.append(FieldProblem(f"{at}.id", f"step id {step.id!r} is used twice; every step needs its own"))
+        seen.add(step.id)
+        if frozen is not None and new_ids is not None and step.id not in new_ids:
+            continue  # an earlier revision's step: checked when it was added
+        found += _step_problems(step, at, plan, known, languages, policies, allowed_policies, frozen)
+    if len(plan.steps) > plan.budgets.max_steps:
+        fits = f"{len(plan.steps)} steps cannot fit in max_steps {plan.budgets.max_steps}"
+        found.append(FieldProblem(f"{prefix}.budgets.max_steps", fits))
+    if plan.goal is not None and plan.goal.step not in known:
+        found.append(FieldProblem(f"{prefix}.goal.step", f"no step {plan.goal.step!r}"))
+    try:
+        order(s for s in plan.steps if s.id in known)
+    except graphlib.CycleError as exc:
+        cycle = " -> ".join(exc.args[1])
+        found.append(FieldProblem(f"{prefix}.steps", f"the steps form a cycle: {cycle}"))
+    return found
+
+
+def _step_problems(
+    step: StepSpec,
+    at: str,
+    plan: PlanDocument,
+    known: set[str],
+    languages: Languages,
+    policies: PolicySet,
+    allowed_policies: Collection[str],
+    frozen: Mapping[str, str] | None,
+) -> list[FieldProblem]:
+    found: list[FieldProblem] = []
+    if not isinstance(step.run, CodeCell):
+        found.append(FieldProblem(f"{at}.run", "registered scripts are not available yet; give `code` and `language`"))
+    else:
+        try:
+            languages.get(step.run.language)
+            policy = policies.resolve(step.policy, len(step.run.code.encode()))
+            if policy.name not in allowed_policies:
+                found.append(FieldProblem(f"{at}.policy.name", f"this tenant may not use policy {policy.name!r}; "
+                                          f"allowed: {', '.join(sorted(allowed_policies))}"))  # fmt: skip
+        except ServiceError as exc:
+            found += [FieldProblem(f"{at}.{p.field}", p.message) for p in exc.problems] or [
+                FieldProblem(f"{at}.run", exc.message)
+            ]
+    if step.effect == "write" and step.idempotency is None:
+        found.append(FieldProblem(f"{at}.idempotency", "a write step must declare how it may be repeated: "
+                                  "strategy key, status_read, compensation or none"))  # fmt: skip
+    try:
+        refs = list(refs_in(step.args, "args"))
+    except RefError as exc:
+        return [*found, FieldProblem(f"{at}.{exc.path.replace('/', '.')}", exc.message)]
+    for ref in refs:
+        where = f"{at}.{ref.path.replace('/', '.')}"
+        if ref.pointer[0] == "inputs":
+            if len(ref.pointer) > 1 and ref.pointer[1] not in plan.inputs:
+                found.append(FieldProblem(where, f"the plan has no input {ref.pointer[1]!r}"))
+        elif ref.step not in known:
+            found.append(FieldProblem(where, f"no step {ref.step!r}"))
+        elif ref.step == step.id:
+            found.append(FieldProblem(where, "a step cannot refer to itself"))
+        elif frozen is not None and ref.step in frozen and frozen[ref.step] != "succeeded":
+            found.append(FieldProblem(where, f"step {ref.step!r} is {frozen[ref.step]}; refer only to succeeded "
+                                      "steps or to steps of this revision"))  # fmt: skip
+    for index, dependency in enumerate(step.depends_on):
+        if dependency not in known:
+            found.append(FieldProblem(f"{at}.depends_on.{index}", f"no step {dependency!r}"))
+    return found

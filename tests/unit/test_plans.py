@@ -1,0 +1,308 @@
+"""Plans and runs in-process against a real Redis, with executions settled by hand (no worker):
+validation, the DAG's dispatch order, failure propagation, retries, unknown outcomes, approvals,
+revisions and budgets. The same behaviours run against real sandboxes in
+tests/integration/test_plans.py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from execbox.core.keys import Keys
+from execbox.core.settings import Settings
+from execbox.core.status import ErrorCategory, ExecutionStatus
+from execbox.executions.record import ExecutionRecord
+from execbox.executions.schemas import ExecutionError
+from execbox.executions.store import ExecutionStore
+from execbox.plans.executor import Executor
+from tests.unit.conftest import InProcess
+
+pytestmark = pytest.mark.redis
+Api = tuple[InProcess, dict[str, dict[str, str]]]
+
+
+def cell(code: str = "print(1)") -> dict[str, Any]:
+    return {"code": code, "language": "python"}
+
+
+def plan(*steps: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"format": "plan/v1", "steps": list(steps), **extra}
+
+
+class Harness:
+    """Runs through the API, with each step's execution ended by the test instead of a worker."""
+
+    def __init__(self, api: Api, settings: Settings, client: redis.Redis) -> None:
+        self.http, headers = api
+        self.headers = headers["alpha"]
+        self.store = ExecutionStore(client, settings)
+        self.client = client
+        self.keys = Keys(settings.redis.key_prefix)
+
+    @property
+    def executor(self) -> Executor:
+        executor: Executor = self.http.app.state.services.runs.executor
+        return executor
+
+    def start(self, document: dict[str, Any]) -> dict[str, Any]:
+        created = self.http.post("/v1/runs", json={"plan": document}, headers=self.headers)
+        assert created.status_code == 201, created.text
+        body: dict[str, Any] = created.json()
+        return body
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        body: dict[str, Any] = self.http.get(f"/v1/runs/{run_id}", headers=self.headers).json()
+        return body
+
+    def statuses(self, run_id: str) -> dict[str, str]:
+        return {step: state["status"] for step, state in self.run(run_id)["steps"].items()}
+
+    def finish(self, run_id: str, step: str, outputs: dict[str, Any] | None = None,
+               category: ErrorCategory | None = None, started: bool = True) -> None:  # fmt: skip
+        """End the step's current execution (succeeded with outputs, or failed with category), then
+        advance the run as the consumer would."""
+        execution_id = self.run(run_id)["steps"][step]["attempts"][-1]
+
+        def start(record: ExecutionRecord) -> ExecutionStatus:
+            record.started_at = time.time() if started else None
+            return ExecutionStatus.RUNNING
+
+        def end(record: ExecutionRecord) -> ExecutionStatus:
+            if category is None:
+                record.outputs = outputs or {}
+                return ExecutionStatus.SUCCEEDED
+            record.error = ExecutionError(category=category, message=f"{category.value} (test)", retryable=False)
+            return ExecutionStatus.FAILED
+
+        self.store.transition(execution_id, {ExecutionStatus.QUEUED}, "test", start)
+        assert self.store.transition(execution_id, {ExecutionStatus.RUNNING}, "test", end) is not None
+        self.executor.advance(run_id)
+
+    def executions_of(self, run_id: str, step: str) -> list[str]:
+        attempts: list[str] = self.run(run_id)["steps"][step]["attempts"]
+        return attempts
+
+
+@pytest.fixture
+def plans(api: Api, settings: Settings, client: redis.Redis) -> Iterator[Harness]:
+    yield Harness(api, settings, client)
+
+
+def test_a_bad_plan_gets_every_problem_at_once_and_stores_nothing(plans: Harness) -> None:
+    bad = plan(
+        {"id": "a", "run": cell(), "args": {"x": {"$ref": "/steps/nope/outputs/y"}}},
+        {"id": "b", "run": cell(), "depends_on": ["c"]},
+        {"id": "c", "run": cell(), "depends_on": ["b"]},
+        {"id": "w", "run": cell(), "effect": "write"},
+        {"id": "a", "run": cell()},
+        {"id": "i", "run": cell(), "args": {"v": {"$ref": "/inputs/missing"}}},
+        {"id": "p", "run": cell(), "policy": {"memory_mb": 1 << 19}},
+        {"id": "s", "run": {"script": "reports.weekly@1.0.0"}},
+    )
+    answer = plans.http.post("/v1/plans/validate", json=bad, headers=plans.headers)
+    created = plans.http.post("/v1/runs", json={"plan": bad}, headers=plans.headers)
+
+    assert answer.status_code == 422 and answer.json()["code"] == "plan.invalid"
+    fields = {e["field"]: e["message"] for e in answer.json()["errors"]}
+    assert "no step 'nope'" in fields["plan.steps.0.args.x"]
+    assert "cycle" in fields["plan.steps"]
+    assert "write step must declare" in fields["plan.steps.3.idempotency"]
+    assert "used twice" in fields["plan.steps.4.id"]
+    assert "no input 'missing'" in fields["plan.steps.5.args.v"]
+    assert "plan.steps.6.policy.memory_mb" in fields
+    assert "scripts are not available" in fields["plan.steps.7.run"]
+    assert created.status_code == 422 and created.json()["errors"] == answer.json()["errors"]
+    assert not list(plans.client.scan_iter(match=plans.keys.run("*"))), "a refused plan stores nothing"
+
+
+def test_oversized_and_deeply_nested_plans_are_refused(plans: Harness) -> None:
+    huge = plan(*({"id": f"s{i}", "run": cell()} for i in range(10_000)))
+    deep: Any = {"$ref": "/inputs/x"}
+    for _ in range(40):
+        deep = [deep]
+    nested = plan({"id": "a", "run": cell(), "args": {"deep": deep}}, inputs={"x": 1})
+
+    too_many = plans.http.post("/v1/plans/validate", json=huge, headers=plans.headers)
+    too_deep = plans.http.post("/v1/plans/validate", json=nested, headers=plans.headers)
+    no_fit = plans.http.post("/v1/plans/validate", json=plan(*({"id": f"s{i}", "run": cell()} for i in range(3)),
+                             budgets={"max_steps": 2}), headers=plans.headers)  # fmt: skip
+
+    assert too_many.status_code == 422 and too_many.json()["errors"][0]["field"].endswith("steps")
+    assert too_deep.status_code == 422 and "deeper than 32" in too_deep.json()["errors"][0]["message"]
+    assert no_fit.status_code == 422 and no_fit.json()["errors"][0]["field"] == "plan.budgets.max_steps"
+
+
+def test_steps_run_in_dependency_order_with_outputs_passed_by_reference(plans: Harness) -> None:
+    run = plans.start(plan(
+        {"id": "fetch", "run": cell(), "args": {"n": {"$ref": "/inputs/n"}}},
+        {"id": "double", "run": cell(), "args": {"rows": {"$ref": "/steps/fetch/outputs/rows"}}},
+        inputs={"n": 3},
+    ))  # fmt: skip
+    assert plans.statuses(run["id"]) == {"fetch": "running", "double": "pending"}
+    first = plans.store.get(plans.executions_of(run["id"], "fetch")[0])
+    assert first is not None and first.inputs == {"n": 3} and first.labels["execbox.run"] == run["id"]
+    assert first.context["idempotency_key"] == f"{run['id']}:fetch" and first.trace_id == run["trace_id"]
+
+    plans.finish(run["id"], "fetch", {"rows": [1, 2, 3]})
+
+    second = plans.store.get(plans.executions_of(run["id"], "double")[0])
+    assert second is not None and second.inputs == {"rows": [1, 2, 3]}, "the output keeps its JSON type"
+    plans.finish(run["id"], "double", {"total": 6})
+    done = plans.run(run["id"])
+    assert done["status"] == "succeeded" and done["stop_reason"] == "completed"
+    assert done["usage"]["steps_dispatched"] == 2
+
+
+def test_a_failed_branch_invalidates_its_dependants_while_independent_ones_finish(plans: Harness) -> None:
+    run = plans.start(plan(
+        {"id": "a", "run": cell()},
+        {"id": "b", "run": cell(), "depends_on": ["a"]},
+        {"id": "c", "run": cell(), "depends_on": ["a"]},
+        {"id": "d", "run": cell(), "depends_on": ["b", "c"]},
+    ))  # fmt: skip
+    plans.finish(run["id"], "a")
+    assert plans.statuses(run["id"]) == {"a": "succeeded", "b": "running", "c": "running", "d": "pending"}
+
+    plans.finish(run["id"], "c", category=ErrorCategory.CHECK_FAILED)
+    assert plans.run(run["id"])["status"] == "running", "b still runs"
+    plans.finish(run["id"], "b")
+
+    final = plans.run(run["id"])
+    assert plans.statuses(run["id"]) == {"a": "succeeded", "b": "succeeded", "c": "failed", "d": "upstream_failed"}
+    assert final["status"] == "needs_replan" and final["stop_reason"] == "step_failed"
+    handoff = plans.http.get(f"/v1/runs/{run['id']}/handoff", headers=plans.headers).json()
+    assert [s["step_id"] for s in handoff["completed"]] == ["a", "b"]
+    assert [(s["step_id"], s["error"]["category"]) for s in handoff["failed"]] == [("c", "check.failed")]
+    assert [s["step_id"] for s in handoff["invalidated"]] == ["d"] and handoff["invalidated"][0]["blocked_by"] == ["c"]
+
+
+def test_a_revision_continues_without_rerunning_completed_steps(plans: Harness) -> None:
+    run = plans.start(plan(
+        {"id": "schema", "run": cell()},
+        {"id": "query", "run": cell(), "args": {"s": {"$ref": "/steps/schema/outputs/tables"}}},
+    ))  # fmt: skip
+    plans.finish(run["id"], "schema", {"tables": ["t"]})
+    plans.finish(run["id"], "query", category=ErrorCategory.CODE_EXCEPTION)
+    assert plans.run(run["id"])["status"] == "needs_replan"
+    stale = plans.http.post(f"/v1/runs/{run['id']}/revisions", json={"base_revision": 7}, headers=plans.headers)
+    bad_ref = {
+        "base_revision": 1,
+        "add": [{"id": "q2", "run": cell(), "args": {"x": {"$ref": "/steps/query/outputs/q"}}}],
+    }
+    refused = plans.http.post(f"/v1/runs/{run['id']}/revisions", json=bad_ref, headers=plans.headers)
+
+    revised = plans.http.post(f"/v1/runs/{run['id']}/revisions", json={
+        "base_revision": 1, "reason": "query was wrong",
+        "add": [{"id": "query2", "run": cell(), "args": {"s": {"$ref": "/steps/schema/outputs/tables"}}}],
+    }, headers=plans.headers)  # fmt: skip
+
+    assert stale.status_code == 409 and refused.status_code == 422
+    assert "query" in refused.json()["errors"][0]["message"] and "failed" in refused.json()["errors"][0]["message"]
+    assert revised.status_code == 200, revised.text
+    assert revised.json()["revision"] == 2 and revised.json()["steps"]["query"]["status"] == "superseded"
+    plans.finish(run["id"], "query2", {"rows": 1})
+    final = plans.run(run["id"])
+    assert final["status"] == "succeeded" and final["usage"]["replans"] == 1
+    assert len(final["steps"]["schema"]["attempts"]) == 1, "the completed step ran once"
+
+
+def test_transient_failures_retry_safe_steps_and_unknown_outcomes_wait_for_reconcile(plans: Harness) -> None:
+    run = plans.start(plan(
+        {"id": "read", "run": cell(), "retry": {"max_attempts": 2, "interval_s": 0}},
+        {"id": "keyed", "run": cell(), "effect": "write", "idempotency": {"strategy": "key"},
+         "retry": {"max_attempts": 2, "interval_s": 0}},
+        {"id": "blind", "run": cell(), "effect": "write", "idempotency": {"strategy": "none"}},
+        {"id": "after", "run": cell(), "depends_on": ["blind"]},
+    ))  # fmt: skip
+    for step in ("read", "keyed", "blind"):
+        plans.finish(run["id"], step, category=ErrorCategory.SANDBOX_ERROR)
+    plans.executor.advance(run["id"])  # the retries are due at once (interval 0)
+
+    state = plans.run(run["id"])["steps"]
+    assert [len(state[s]["attempts"]) for s in ("read", "keyed", "blind")] == [2, 2, 1]
+    assert state["blind"]["status"] == "unknown_outcome" and state["after"]["blocked_by"] == ["blind"]
+    keyed = [plans.store.get(e) for e in state["keyed"]["attempts"]]
+    assert {r.context["idempotency_key"] for r in keyed if r} == {f"{run['id']}:keyed"}, "one key for all attempts"
+    plans.finish(run["id"], "read")
+    plans.finish(run["id"], "keyed", category=ErrorCategory.SANDBOX_ERROR)  # attempts exhausted
+    assert plans.statuses(run["id"])["keyed"] == "failed"
+
+    settled = plans.http.post(
+        f"/v1/runs/{run['id']}/steps/blind/reconcile",
+        json={"outcome": "applied", "outputs": {"done": True}, "reason": "the downstream log shows it"},
+        headers=plans.headers,
+    )
+    assert settled.status_code == 200 and settled.json()["steps"]["blind"]["status"] == "succeeded"
+    assert settled.json()["steps"]["after"]["status"] == "running", "its dependant proceeds without a revision"
+    again = plans.http.post(f"/v1/runs/{run['id']}/steps/blind/reconcile", json={
+        "outcome": "applied", "reason": "twice"}, headers=plans.headers)  # fmt: skip
+    assert again.status_code == 409
+
+
+def test_an_approval_gates_its_step_and_a_rejection_feeds_the_replan(plans: Harness) -> None:
+    gated = {"id": "pay", "run": cell(), "args": {"amount": {"$ref": "/inputs/amount"}},
+             "approval": {"summary": "pay the invoice"}}  # fmt: skip
+    run = plans.start(plan(gated, {"id": "note", "run": cell(), "depends_on": ["pay"]}, inputs={"amount": 12}))
+    assert run["status"] == "awaiting_approval" and run["steps"]["pay"]["attempts"] == []
+    (pending,) = plans.http.get("/v1/approvals?status=pending", headers=plans.headers).json()
+    assert pending["args"] == {"amount": 12} and pending["summary"] == "pay the invoice"
+
+    decided = plans.http.post(f"/v1/approvals/{pending['id']}/decision",
+                              json={"decision": "reject", "reason": "too much"}, headers=plans.headers)  # fmt: skip
+    conflicting = plans.http.post(f"/v1/approvals/{pending['id']}/decision",
+                                  json={"decision": "approve"}, headers=plans.headers)  # fmt: skip
+
+    assert decided.status_code == 200 and conflicting.status_code == 409
+    final = plans.run(run["id"])
+    assert final["status"] == "needs_replan" and final["steps"]["pay"]["error"]["category"] == "approval.rejected"
+    assert final["steps"]["pay"]["attempts"] == [] and final["steps"]["note"]["status"] == "upstream_failed"
+
+    second = plans.start(plan(gated, inputs={"amount": 5}))
+    approval_id = second["steps"]["pay"]["approval_id"]
+    plans.http.post(f"/v1/approvals/{approval_id}/decision", json={"decision": "approve"}, headers=plans.headers)
+    assert plans.statuses(second["id"]) == {"pay": "running"}
+
+
+def test_budgets_stop_runs_with_a_reason(plans: Harness) -> None:
+    chain = plan({"id": "a", "run": cell(), "retry": {"max_attempts": 5, "interval_s": 0}}, budgets={"max_steps": 2})
+    steps = plans.start(chain)
+    plans.finish(steps["id"], "a", category=ErrorCategory.SANDBOX_ERROR)
+    plans.executor.advance(steps["id"])
+    plans.finish(steps["id"], "a", category=ErrorCategory.SANDBOX_ERROR)
+    plans.executor.advance(steps["id"])
+    assert (plans.run(steps["id"])["status"], plans.run(steps["id"])["stop_reason"]) == (
+        "failed",
+        "budget_exceeded:steps",
+    )
+
+    wall = plans.start(plan({"id": "a", "run": cell()}, budgets={"max_wall_s": 0.001}))
+    plans.executor.advance(wall["id"])
+    walled = plans.run(wall["id"])
+    assert (walled["status"], walled["stop_reason"]) == ("failed", "budget_exceeded:wall")
+    assert walled["steps"]["a"]["status"] == "cancelled"
+    cancelled = plans.store.get(walled["steps"]["a"]["attempts"][0])
+    assert cancelled is not None and cancelled.status is ExecutionStatus.CANCELLED, "its execution is cancelled too"
+
+    replans = plans.start(plan({"id": "a", "run": cell()}, budgets={"max_replans": 0}))
+    plans.finish(replans["id"], "a", category=ErrorCategory.CODE_EXCEPTION)
+    refused = plans.http.post(
+        f"/v1/runs/{replans['id']}/revisions",
+        json={"base_revision": 1, "add": [{"id": "b", "run": cell()}]},
+        headers=plans.headers,
+    )
+    assert refused.status_code == 409
+    assert plans.run(replans["id"])["stop_reason"] == "replans_exhausted"
+
+
+def test_runs_are_the_tenants_own(plans: Harness, api: Api) -> None:
+    run = plans.start(plan({"id": "a", "run": cell()}))
+    other = api[1]["beta"]
+    assert plans.http.get(f"/v1/runs/{run['id']}", headers=other).status_code == 404
+    assert plans.http.post(f"/v1/runs/{run['id']}/cancel", headers=other).status_code == 404
+    assert plans.http.get("/v1/runs", headers=other).json() == []
+    cancelled = plans.http.post(f"/v1/runs/{run['id']}/cancel", headers=plans.headers).json()
+    assert cancelled["status"] == "cancelled" and cancelled["steps"]["a"]["status"] == "cancelled"
