@@ -220,7 +220,7 @@ class Executor:
                     return False
         schema = spec.postconditions.outputs_schema if spec.postconditions else None
         body = ExecutionCreate(
-            language=spec.run.language, code=spec.run.code, inputs=state.args, policy=spec.policy,
+            language=spec.run.language, code=spec.run.code, inputs=state.args, policy=spec.policy, files=spec.files,
             labels={"execbox.run": run.id, "execbox.step": step_id},
             expect=Expect(outputs_schema=schema) if schema is not None else None,
         )  # fmt: skip

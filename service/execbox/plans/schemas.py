@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from execbox.catalog.schemas import PolicyRequest
+from execbox.executions.schemas import InputFile
 
 STEP_ID_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 RUN_ID_PATTERN = r"^run_[a-z0-9]{26}$"
@@ -90,6 +91,11 @@ class StepSpec(BaseModel):
         description='Arguments, readable by the code as `execbox.inputs`: JSON values, `{"$ref": "/inputs/x"}`, '
         '`{"$ref": "/steps/<id>/outputs/<name>"}` (keeps the JSON type), or `{"$artifact": '
         '"/steps/<id>/artifacts/<name>"}` (the file is placed under `artifacts/<id>/` and the argument is its path).',
+    )
+    files: list[InputFile] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Input files, as for an execution (e.g. an uploaded file by id).",
     )
     depends_on: list[str] = Field(default_factory=list, max_length=64, description="Ordering-only dependencies.")
     postconditions: Postconditions | None = Field(None, description="Checked on the outputs (output.invalid).")
