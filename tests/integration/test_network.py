@@ -5,27 +5,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import secrets
-import shutil
 import subprocess
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import docker
 import httpx
 import pytest
 import redis
-import yaml
 
-from execbox.core.redis_roles import role_url
-from execbox.egress import sealing
 from tests.conftest import (
     EXECBOX,
-    PASSWORDS,
-    ROOT,
     Side,
     Stack,
     answers_200,
@@ -36,169 +27,9 @@ from tests.conftest import (
     run_code,
     wait_until,
 )  # fmt: skip
+from tests.integration.conftest import FETCH, Targets
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
-
-# A's and B's server: answers "ok <name>" and logs each request's headers (as JSON) to stdout; and
-# echoes UDP datagrams on the same port.
-SERVER = """
-import http.server, json, sys
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        print(json.dumps(dict(self.headers)), flush=True)
-        body = ("ok " + sys.argv[1]).encode()
-        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *args): pass
-def udp_echo():
-    import socket
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); sock.bind(("0.0.0.0", 8080))
-    while True:
-        data, peer = sock.recvfrom(512); sock.sendto(data, peer)
-import threading; threading.Thread(target=udp_echo, daemon=True).start()
-server = http.server.ThreadingHTTPServer(("0.0.0.0", 8080), H)
-print("listening", flush=True)
-server.serve_forever()
-"""
-FETCH = """
-import http.client, json, os, socket, sys, time, urllib.request
-def get(url):
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-    except OSError as e:
-        return 0, type(e).__name__
-def tunnel(host):
-    proxy = os.environ["HTTPS_PROXY"].removeprefix("http://")
-    conn = http.client.HTTPConnection(*proxy.split(":"), timeout=10)
-    conn.set_tunnel(host, 8080)
-    try:
-        conn.request("GET", "/"); r = conn.getresponse(); return r.status, r.read().decode()
-    except OSError as e:
-        return 0, str(e)
-def raw(address, kind):
-    s = socket.socket(socket.AF_INET, kind); s.settimeout(1.5)
-    try:
-        if kind == socket.SOCK_STREAM:
-            s.connect((address, 8080))
-        else:
-            s.sendto(b"x", (address, 8080)); s.recvfrom(16)  # A echoes: a reply means it got through
-        return "reached"
-    except OSError as e:  # unreachable, refused or timed out: all blocked
-        return "blocked " + type(e).__name__
-def resolve(name):
-    try:
-        return socket.getaddrinfo(name, 80)[0][4][0]
-    except OSError as e:
-        return type(e).__name__
-"""
-
-
-@dataclass
-class Targets:
-    a_ip: str
-    b_ip: str
-    subnet: str
-    gateway: str
-    egress: str
-    containers: list[Any]
-    public_key: str
-    """The egress proxy's: secrets are sealed to it."""
-
-    def headers_seen_by(self, name: str) -> list[dict[str, str]]:
-        (container,) = [c for c in self.containers if c.name.endswith(f"-target-{name}")]
-        return [json.loads(line) for line in container.logs().decode().splitlines() if line.startswith("{")]
-
-
-@pytest.fixture(scope="module")
-def targets(
-    stack: Stack, docker_client: docker.DockerClient, redis_server: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Targets]:
-    """Servers A and B and the egress proxy (current source mounted over the image's) on a network;
-    the proxy holds its private key (readable by its uid only) and the egress role's Redis password."""
-    name = f"{stack.prefix}-targets"
-    keys = tmp_path_factory.mktemp("egress-key")
-    keys.chmod(0o711)
-    public_key = sealing.generate(keys / "egress.key")
-    os.chown(keys / "egress.key", 10001, 10001)
-    network = docker_client.networks.create(name, driver="bridge", labels={"execbox.test": stack.prefix})
-    network.reload()
-    config = network.attrs["IPAM"]["Config"][0]
-    containers = []
-    try:
-        # The proxy reaches the test Redis through this network's gateway (the host).
-        # (protected mode off: this throw-away server listens on loopback and this bridge only).
-        client = redis.Redis.from_url(redis_server.url)
-        client.config_set("bind", f"127.0.0.1 {config['Gateway']}")
-        client.config_set("protected-mode", "no")
-        for target in ("a", "b"):
-            containers.append(docker_client.containers.run(
-                "execbox/sandbox-python:latest", ["python3", "-c", SERVER, target], name=f"{name}-target-{target}",
-                detach=True, network=name, user="65534:65534", read_only=True,
-                labels={"execbox.test": stack.prefix},
-            ))  # fmt: skip
-            docker_client.networks.get(name).disconnect(containers[-1])
-            docker_client.networks.get(name).connect(containers[-1], aliases=[f"target-{target}"])
-        egress = docker_client.containers.run(
-            "execbox/service:latest", ["execbox", "egress"], name=f"{stack.prefix}-egress", detach=True,
-            network=name, user="10001:10001", read_only=True,
-            volumes={str(ROOT / "service"): {"bind": "/src", "mode": "ro"},
-                     str(keys): {"bind": "/run/execbox", "mode": "ro"}},
-            environment={
-                "PYTHONPATH": "/src",
-                "EXECBOX_REDIS__URL": role_url(f"redis://{config['Gateway']}:{redis_server.port}/0", "egress",
-                                               PASSWORDS["egress"]),
-                "EXECBOX_EGRESS__PRIVATE_KEY_FILE": "/run/execbox/egress.key",
-                "EXECBOX_REDIS__KEY_PREFIX": stack.prefix,
-                "EXECBOX_EGRESS__ALLOW_PRIVATE_CIDRS": json.dumps([config["Subnet"]]),
-                "EXECBOX_LOG_LEVEL": "INFO",
-            },
-            labels={"execbox.test": stack.prefix},
-        )  # fmt: skip
-        containers.append(egress)
-        for c in containers:
-            c.reload()
-        for server in containers[:2]:
-            wait_until(lambda: b"listening" in server.logs(), 30, "a test server to listen")  # noqa: B023
-        wait_until(lambda: b"egress proxy listening" in egress.logs(), 30, "the egress proxy to listen")
-        ips = [c.attrs["NetworkSettings"]["Networks"][name]["IPAddress"] for c in containers[:2]]
-        # Control: from a container on A's own network, A's UDP echo and HTTP answer.
-        control = docker_client.containers.run("execbox/sandbox-python:latest", ["python3", "-c", FETCH + (
-            f"print(raw('{ips[0]}', socket.SOCK_DGRAM), raw('{ips[0]}', socket.SOCK_STREAM))")],
-            network=name, remove=True, user="65534:65534")  # fmt: skip
-        assert control.split() == [b"reached", b"reached"], control
-        yield Targets(ips[0], ips[1], config["Subnet"], config["Gateway"], str(egress.name), containers, public_key)
-    finally:
-        for c in containers:
-            c.remove(force=True)
-        network.remove()
-
-
-@pytest.fixture(scope="module")
-def netside(targets: Targets, stack: Stack, processes: Any, tmp_path_factory: pytest.TempPathFactory) -> Side:
-    """An API and two workers whose `net` policy lets executions reach target-a and target-b."""
-    from tests.conftest import answers_200, free_port
-
-    policies = tmp_path_factory.mktemp("policies")
-    for path in [*(ROOT / "policies").glob("*.yaml"), ROOT / "policies" / "seccomp.json"]:
-        shutil.copy(path, policies / path.name)
-    (policies / "net.yaml").write_text(yaml.safe_dump({"network_allow": ["target-a:8080", "target-b:8080"]}))
-    tenants = yaml.safe_load((policies / "tenants.yaml").read_text())
-    tenants["default"]["policies"].append("net")
-    (policies / "tenants.yaml").write_text(yaml.safe_dump(tenants))
-    queue = f"{stack.prefix}-net"
-    env = {**stack.env, "EXECBOX_QUEUE__NAME": queue, "EXECBOX_POLICIES_DIR": str(policies),
-           "EXECBOX_EGRESS__CONTAINER": targets.egress, "EXECBOX_EGRESS__PUBLIC_KEY": targets.public_key}  # fmt: skip
-    port = free_port()
-    processes.spawn(f"api-{queue}", [EXECBOX, "api", "--port", str(port)], env)
-    base_url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: answers_200(f"{base_url}/healthz"), 20, "the network test API")
-    side = Side(env, base_url, processes, stack.keys["alpha"])
-    side.worker("net-1")
-    side.worker("net-2")
-    return side
 
 
 def run(side: Side, code: str, allow: list[str] | None = None) -> dict[str, Any]:

@@ -3,12 +3,18 @@ stream by the API's plan executor, with real Redis under the deployment's roles.
 
 from __future__ import annotations
 
+import os
+import secrets
+import signal
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+
+from tests.conftest import EXECBOX, Processes, Side, answers_200, free_port, wait_until
+from tests.integration.conftest import Targets
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
@@ -164,3 +170,82 @@ def test_an_artifact_reaches_a_later_step_without_the_client(api: httpx.Client) 
     assert run["status"] == "succeeded", run
     assert run["steps"]["read"]["outputs"] == {"text": "a,b\n1,2\n"}
     assert run["steps"]["read"]["args"] == {"csv": "artifacts/make/r.csv"}
+
+
+WRITE = """
+import execbox, json, time, urllib.request
+keyed = execbox.inputs["keyed"]
+key = execbox.idempotency_key() if keyed else "unkeyed-" + execbox.context["run_id"]
+request = urllib.request.Request("http://target-ledger:8080/apply", data=b"{}", method="POST",
+                                 headers={"Idempotency-Key": key})
+answer = json.loads(urllib.request.urlopen(request, timeout=10).read())
+if execbox.context["attempt"] == "1":
+    time.sleep(120)  # the test kills this attempt's worker here, after the write
+execbox.emit("applied", answer["applied"])
+"""
+
+
+@pytest.fixture
+def plan_side(netside: Side, processes: Processes) -> Side:
+    """An API on a queue of its own with the network test's policies; workers are the test's."""
+    env = {**netside.env, "EXECBOX_QUEUE__NAME": f"{netside.env['EXECBOX_QUEUE__NAME']}-{secrets.token_hex(3)}"}
+    port = free_port()
+    processes.spawn(f"api-{env['EXECBOX_QUEUE__NAME']}", [EXECBOX, "api", "--port", str(port)], env)
+    wait_until(lambda: answers_200(f"http://127.0.0.1:{port}/healthz"), 20, "the plan side API")
+    return Side(env, f"http://127.0.0.1:{port}", processes, netside.key)
+
+
+def write_plan(strategy: str) -> dict[str, Any]:
+    policy = {"name": "net", "timeout_s": 30, "network": {"mode": "allowlist", "allow": ["target-ledger:8080"]}}
+    step = {
+        "id": "write",
+        "run": {"code": WRITE},
+        "args": {"keyed": strategy == "key"},
+        "effect": "write",
+        "idempotency": {"strategy": strategy},
+        "retry": {"max_attempts": 3, "interval_s": 0},
+        "policy": policy,
+    }
+    return {"format": "plan/v1", "steps": [step]}
+
+
+def kill_mid_write(side: Side, client: httpx.Client, targets: Targets, strategy: str) -> tuple[dict[str, Any], str]:
+    """Start the write step on a worker of its own, wait until the ledger saw its write, start a
+    second worker (it reaps and retries), SIGKILL the first. Returns the finished run and the key."""
+    first = side.worker(f"write-{strategy}-1")
+    run = client.post("/v1/runs", json={"plan": write_plan(strategy)}).json()
+    key = f"{run['id']}:write" if strategy == "key" else f"unkeyed-{run['id']}"
+    wait_until(lambda: any(e["key"] == key for e in targets.ledger()), 60, "the step's write to reach the ledger")
+    side.worker(f"write-{strategy}-2")
+    os.killpg(first.pid, signal.SIGKILL)
+    return wait_run(client, run["id"]), key
+
+
+def test_a_keyed_write_whose_worker_dies_is_retried_with_its_key_and_applied_once(
+    plan_side: Side, targets: Targets
+) -> None:
+    with plan_side.client() as client:
+        run, key = kill_mid_write(plan_side, client, targets, "key")
+        assert run["status"] == "succeeded", run
+        first, second = [client.get(f"/v1/executions/{e}").json() for e in run["steps"]["write"]["attempts"]]
+        assert first["error"]["category"] == "sandbox.error" and first["error"]["details"]["reason"] == "worker_lost"
+        assert second["status"] == "succeeded" and run["steps"]["write"]["outputs"] == {"applied": False}
+        assert [e["applied"] for e in targets.ledger() if e["key"] == key] == [True, False], "applied once"
+
+
+def test_an_unkeyed_write_whose_worker_dies_waits_for_reconcile_and_is_never_retried(
+    plan_side: Side, targets: Targets
+) -> None:
+    with plan_side.client() as client:
+        run, key = kill_mid_write(plan_side, client, targets, "none")
+        assert run["status"] == "needs_replan", run
+        step = run["steps"]["write"]
+        assert step["status"] == "unknown_outcome" and step["side_effects"] == "unknown" and len(step["attempts"]) == 1
+        handoff = client.get(f"/v1/runs/{run['id']}/handoff").json()
+        assert [s["step_id"] for s in handoff["unknown_outcomes"]] == ["write"]
+        settled = client.post(
+            f"/v1/runs/{run['id']}/steps/write/reconcile",
+            json={"outcome": "applied", "outputs": {"applied": True}, "reason": "the ledger has it"},
+        )
+        assert settled.status_code == 200 and settled.json()["status"] == "succeeded"
+        assert len([e for e in targets.ledger() if e["key"] == key]) == 1, "never sent twice"

@@ -20,6 +20,7 @@ from execbox.plans.executor import Executor
 
 log = logging.getLogger(__name__)
 GROUP = DURABLE_GROUPS[1]
+"""Per queue: `plans.<queue>` (deployments sharing a Redis each advance their own runs)."""
 RUN_LABEL, STEP_LABEL = "execbox.run", "execbox.step"
 
 
@@ -29,6 +30,7 @@ class PlanConsumer:
         self._events = executor.submissions.store.events
         self._name = name
         self._idle_s = idle_s
+        self._group = f"{GROUP}.{executor.queue}"
 
     def start(self, stop: threading.Event) -> threading.Thread:
         thread = threading.Thread(target=self.run, args=(stop,), name="plans", daemon=True)
@@ -38,7 +40,7 @@ class PlanConsumer:
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             try:
-                self._events.ensure_group(GROUP)
+                self._events.ensure_group(self._group)
                 while not stop.is_set():
                     self.step()
             except ServiceError as exc:
@@ -49,12 +51,12 @@ class PlanConsumer:
         """One round: runs that fell due, then execution events (blocking briefly for new ones)."""
         for run_id in self._executor.store.due():
             self._advance(run_id)
-        for event_id, event in self._events.read(GROUP, self._name, block_s=block_s, idle_s=self._idle_s):
+        for event_id, event in self._events.read(self._group, self._name, block_s=block_s, idle_s=self._idle_s):
             if event.get("type") == TERMINAL:
                 record = self._executor.submissions.store.get(event["id"])
                 if record is not None and record.labels.get(RUN_LABEL):
                     self._advance(record.labels[RUN_LABEL])
-            self._events.ack(GROUP, event_id)
+            self._events.ack(self._group, event_id)
 
     def _advance(self, run_id: str) -> None:
         try:

@@ -54,10 +54,15 @@ class Executor:
     artifacts: ArtifactStore
     metrics: PlanMetrics | None = None
 
+    @property
+    def queue(self) -> str:
+        return self.submissions.settings.queue.name
+
     def advance(self, run_id: str) -> RunRecord | None:
+        """Reconcile the run (a run of another queue's deployment is left to that deployment)."""
         with self.store.locked(run_id):
             run = self.store.get(run_id)
-            if run is None or run.status.terminal:
+            if run is None or run.status.terminal or run.queue != self.queue:
                 return run
             self.step(run)
             self.save(run)

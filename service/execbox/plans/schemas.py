@@ -247,6 +247,7 @@ class RunRecord(RunPublic):
     tenant: str = Field(description="Owner.")
     plan: PlanDocument = Field(description="The plan with every revision's steps (superseded ones included).")
     inputs: dict[str, Any] = Field(default_factory=dict, description="Run inputs.")
+    queue: str = Field(description="The queue its steps go to: API processes of that queue advance it.")
 
     def public(self) -> RunPublic:
         return RunPublic.model_validate(self.model_dump(include=set(RunPublic.model_fields)))
