@@ -3,17 +3,35 @@ stream by the API's plan executor, with real Redis under the deployment's roles.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
 import sqlite3
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import redis
 
-from tests.conftest import EXECBOX, Processes, Side, answers_200, free_port, wait_until
+from execbox.core.redis_roles import role_url
+from tests.conftest import (
+    EXECBOX,
+    PASSWORDS,
+    Processes,
+    Side,
+    Stack,
+    answers_200,
+    as_role,
+    auth,
+    create_key,
+    deployment_env,
+    free_port,
+    start_redis,
+    wait_until,
+)
 from tests.integration.conftest import Targets
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
@@ -249,3 +267,58 @@ def test_an_unkeyed_write_whose_worker_dies_waits_for_reconcile_and_is_never_ret
         )
         assert settled.status_code == 200 and settled.json()["status"] == "succeeded"
         assert len([e for e in targets.ledger() if e["key"] == key]) == 1, "never sent twice"
+
+
+def test_killing_the_api_and_a_worker_mid_run_loses_no_step_and_runs_none_twice(
+    stack: Stack, processes: Processes, tmp_path: Path
+) -> None:
+    redis_port = free_port()
+    prefix = f"{stack.prefix}plancrash"
+    start_redis(processes, redis_port, tmp_path, prefix)
+    env = {**deployment_env(stack, redis_port, prefix, "plancrash"), "EXECBOX_PLANS__CLAIM_IDLE_S": "1"}
+    key = create_key(env, "alpha")
+
+    def api_process() -> tuple[subprocess.Popen[bytes], httpx.Client]:
+        port = free_port()
+        proc = processes.spawn(f"plancrash-api-{port}", [EXECBOX, "api", "--port", str(port)], env)
+        wait_until(lambda: answers_200(f"http://127.0.0.1:{port}/healthz"), 20, "the crash-test API")
+        return proc, httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=90, headers=auth(key))
+
+    def worker(name: str) -> subprocess.Popen[bytes]:
+        return processes.spawn(name, [EXECBOX, "worker", "--name", f"{prefix}-{name}"], as_role(env, "worker"))
+
+    sleeper = "import time, execbox\ntime.sleep(1.5)\nexecbox.emit('at', time.time())\n"
+    steps = [{"id": "s0", "run": {"code": sleeper}}]
+    steps += [{"id": f"s{i}", "run": {"code": sleeper}, "depends_on": [f"s{i - 1}"]} for i in range(1, 6)]
+    steps += [{"id": "side", "run": {"code": sleeper}}]
+    api, client = api_process()
+    first, spare = worker("w1"), worker("w2")
+    run_id = client.post("/v1/runs", json={"plan": {"format": "plan/v1", "steps": steps}}).json()["id"]
+    wait_until(lambda: client.get(f"/v1/runs/{run_id}").json()["steps"]["s1"]["status"] == "running", 60, "s1 to start")
+    os.killpg(api.pid, signal.SIGKILL)  # the API dies with the run in flight
+    client.close()
+    api, client = api_process()
+    wait_until(lambda: client.get(f"/v1/runs/{run_id}").json()["steps"]["s3"]["status"] == "running", 60, "s3 to start")
+    running_s3 = client.get(f"/v1/executions/{client.get(f'/v1/runs/{run_id}').json()['steps']['s3']['attempts'][-1]}")
+    victim = {f"{prefix}-w1": first, f"{prefix}-w2": spare}[running_s3.json()["worker"]]
+    os.killpg(victim.pid, signal.SIGKILL)  # and a worker, while it runs s3
+    worker("w3")
+
+    final = client.get(f"/v1/runs/{run_id}?wait=60").json()
+    client.close()
+
+    assert final["status"] == "succeeded", final
+    harness = redis.Redis.from_url(role_url(f"redis://127.0.0.1:{redis_port}/0", "harness", PASSWORDS["harness"]))
+    raws: Any = harness.mget(list(harness.scan_iter(match=f"{prefix}:exe:*")))
+    executions = [json.loads(raw) for raw in raws]
+    by_step: dict[str, list[dict[str, Any]]] = {}
+    for record in executions:
+        by_step.setdefault(record["labels"]["execbox.step"], []).append(record)
+    for step_id, state in final["steps"].items():
+        made = sorted(r["id"] for r in by_step[step_id])
+        assert made == sorted(state["attempts"]), f"{step_id}: every execution made is an attempt of the run's"
+        assert [r["status"] for r in by_step[step_id]].count("succeeded") == 1, f"{step_id} succeeded once"
+    assert {s: len(v["attempts"]) for s, v in final["steps"].items() if s != "s3"} == dict.fromkeys(
+        ["s0", "s1", "s2", "s4", "s5", "side"], 1), "only the step whose worker died ran again"  # fmt: skip
+    lost = [r for r in by_step["s3"] if r["status"] != "succeeded"]
+    assert [r["error"]["details"].get("reason") for r in lost] == ["worker_lost"]
