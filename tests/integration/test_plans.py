@@ -3,12 +3,16 @@ stream by the API's plan executor, with real Redis under the deployment's roles.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import secrets
 import signal
 import sqlite3
 import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -322,3 +326,49 @@ def test_killing_the_api_and_a_worker_mid_run_loses_no_step_and_runs_none_twice(
         ["s0", "s1", "s2", "s4", "s5", "side"], 1), "only the step whose worker died ran again"  # fmt: skip
     lost = [r for r in by_step["s3"] if r["status"] != "succeeded"]
     assert [r["error"]["details"].get("reason") for r in lost] == ["worker_lost"]
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    calls: list[tuple[dict[str, str], bytes]] = []
+
+    def do_POST(self) -> None:
+        self.calls.append((dict(self.headers), self.rfile.read(int(self.headers["Content-Length"]))))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_run_events_reach_the_runs_webhook_signed(api: httpx.Client) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    secret = "run-hook-secret-0123456789"
+    hook = {"url": f"http://localhost:{server.server_address[1]}/runs", "secret": secret}
+    try:
+        failing = {"format": "plan/v1", "steps": [{"id": "boom", "run": {"code": "raise ValueError('no')"}}]}
+        failed = wait_run(api, api.post("/v1/runs", json={"plan": failing, "webhook": hook}).json()["id"])
+        api.post(f"/v1/runs/{failed['id']}/cancel")
+        gated = {"format": "plan/v1", "steps": [{"id": "g", "run": {"code": "print(1)"}, "approval": {}}]}
+        waiting = api.post("/v1/runs", json={"plan": gated, "webhook": hook}).json()
+
+        def events() -> list[tuple[str, str]]:
+            return sorted((h["Execbox-Event"], h["Execbox-Run-Id"]) for h, _ in _Receiver.calls)
+
+        expected = sorted([("run.needs_replan", failed["id"]), ("run.finished", failed["id"]),
+                           ("approval.requested", waiting["id"])])  # fmt: skip
+        wait_until(lambda: events() == expected, 30, "the three run events to be delivered")
+        for headers, body in _Receiver.calls:
+            stamp, digest = (part.split("=", 1)[1] for part in headers["Execbox-Signature"].split(","))
+            assert hmac.compare_digest(digest, hmac.new(secret.encode(), f"{stamp}.".encode() + body,
+                                                        hashlib.sha256).hexdigest())  # fmt: skip
+        payloads = {h["Execbox-Event"]: json.loads(b) for h, b in _Receiver.calls}
+        assert payloads["run.needs_replan"]["handoff"]["failed"][0]["error"]["category"] == "code.exception"
+        assert payloads["run.finished"]["run"]["status"] == "cancelled"
+        assert payloads["approval.requested"]["approval"]["step_id"] == "g"
+        assert "secret" not in json.dumps(payloads), "the webhook's secret never travels"
+        bad = api.post("/v1/runs", json={"plan": gated, "webhook": {**hook, "url": "http://elsewhere.example/x"}})
+        assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "webhook.url"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -95,7 +95,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )  # fmt: skip
     artifacts = LocalArtifactStore(settings.artifacts_dir)
     executor = Executor(RunStore(client, keys, settings.retention_s), submissions, artifacts, metrics.plans)
-    plan_runs = Runs(executor, language_set, policies, lambda tenant: quotas.quota(tenant).policies)
+    allowed = lambda tenant: quotas.quota(tenant).policies  # noqa: E731
+    plan_runs = Runs(executor, language_set, policies, allowed, settings.webhooks.allow_hosts)
     app.state.services = Services(
         settings=settings,
         store=store,

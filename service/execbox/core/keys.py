@@ -143,13 +143,13 @@ SCHEMA: tuple[KeySpec, ...] = (
         "string (JSON RunRecord)",
         "retention_s after the last write",
         ("api",),
-        (),
+        ("worker",),
         "a plan's run: its steps' states, budgets and events; written under the run's lock",
     ),
     KeySpec("runlock:{id}", "string (lock token)", "30 s", ("api",), (), "serialises advancing one run"),
     KeySpec("runs:{tenant}", "zset id -> created_at", "none", ("api",), (), "a tenant's runs, for listing"),
     KeySpec("runs:active", "zset id -> next due time", "none", ("api",), (), "runs with a retry, expiry or budget due"),
-    KeySpec("approval:{id}", "string (JSON approval)", "retention_s", ("api",), (), "a step's approval"),
+    KeySpec("approval:{id}", "string (JSON approval)", "retention_s", ("api",), ("worker",), "a step's approval"),
     KeySpec("approvals:{tenant}", "zset id -> requested_at", "none", ("api",), (), "a tenant's approvals"),
 )
 

@@ -69,10 +69,20 @@ def roles(prefix: str) -> dict[str, Role]:
             (f"{p}:done:*", f"{p}:idem:*"),
             f"{_DATA} {_PUBSUB}",
         ),
-        # Runs executions: records, leases, egress rules, network slots and sandbox uids; reads input files.
+        # Runs executions: records, leases, egress rules, network slots and sandbox uids; reads input files,
+        # and runs and approvals (to deliver their webhooks).
         "worker": Role(
             "worker",
-            (*shared, f"%R~{p}:file:*", f"~{p}:egress:rule:*", f"~{p}:egress:slot:*", f"~{p}:uid:*", f"~{p}:due:*"),
+            (
+                *shared,
+                f"%R~{p}:file:*",
+                f"~{p}:egress:rule:*",
+                f"~{p}:egress:slot:*",
+                f"~{p}:uid:*",
+                f"~{p}:due:*",
+                f"%R~{p}:run:*",
+                f"%R~{p}:approval:*",
+            ),  # fmt: skip
             (f"{p}:done:*", "rq:pubsub:*"),
             f"{_DATA} {_PUBSUB}",
         ),

@@ -263,6 +263,7 @@ class Executor:
         )  # fmt: skip
         self.store.put_approval(approval)
         state.approval_id, state.due_at = approval.id, approval.expires_at
+        run.notify("approval.requested", approval=approval.id)
         self.set_step(run, step_id, StepStatus.AWAITING_APPROVAL, f"approval {approval.id} requested")
 
     # -- the run's status --------------------------------------------------------------------
@@ -296,7 +297,10 @@ class Executor:
         if run.status is not status:
             run.status, run.stop_reason = status, reason
             self.record(run, "run.status_changed", None, status.value, detail)
+            if status in (RunStatus.NEEDS_REPLAN, RunStatus.GOAL_FAILED):
+                run.notify("run.needs_replan", status=status.value)
             if status.terminal:
+                run.notify("run.finished", status=status.value)
                 run.finished_at = time.time()
                 if self.metrics is not None:
                     self.metrics.runs.labels(status.value, reason or "none").inc()

@@ -12,6 +12,7 @@ from jsonschema import Draft202012Validator
 
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
+from execbox.catalog.webhook_hosts import host_allowed
 from execbox.core.errors import ApprovalNotFound, FieldProblem, InvalidPlan, RunConflict, RunNotFound
 from execbox.core.tracing import from_traceparent
 from execbox.plans import handoff
@@ -49,19 +50,22 @@ class Runs:
     policies: PolicySet
     allowed_policies: Callable[[str], Collection[str]]
     """tenant -> the policy names it may use (Quotas.quota(tenant).policies)."""
+    webhook_hosts: list[str]
 
     def validate(self, tenant: str, plan: PlanDocument) -> list[FieldProblem]:
         return problems(plan, self.languages, self.policies, self._allowed(tenant))
 
     def create(self, tenant: str, body: RunCreate, traceparent: str | None) -> RunRecord:
         found = self.validate(tenant, body.plan)
+        if body.webhook is not None and not host_allowed(body.webhook.url, self.webhook_hosts):
+            found.append(FieldProblem("webhook.url", "host not allowed for callbacks (EXECBOX_WEBHOOKS__ALLOW_HOSTS)"))
         if found:
             raise InvalidPlan(tuple(found))
         now = time.time()
         run = RunRecord(
             id=new_id("run_"), tenant=tenant, status=RunStatus.RUNNING, revision=1, objective=body.plan.objective,
             labels=body.labels, trace_id=from_traceparent(traceparent).trace_id, created_at=now,
-            budgets=body.plan.budgets, plan=body.plan, inputs=body.plan.inputs,
+            budgets=body.plan.budgets, plan=body.plan, inputs=body.plan.inputs, webhook=body.webhook,
             steps={s.id: StepState(revision=1) for s in body.plan.steps}, queue=self.executor.queue,
         )  # fmt: skip
         self.executor.record(run, "run.created", None, run.status.value, f"{len(run.steps)} steps")

@@ -10,10 +10,10 @@ from __future__ import annotations
 import enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from execbox.catalog.schemas import PolicyRequest
-from execbox.executions.schemas import InputFile
+from execbox.executions.schemas import InputFile, Webhook
 
 STEP_ID_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 RUN_ID_PATTERN = r"^run_[a-z0-9]{26}$"
@@ -140,6 +140,11 @@ class RunCreate(BaseModel):
 
     plan: PlanDocument = Field(description="The plan to run.")
     labels: dict[str, str] = Field(default_factory=dict, max_length=16, description="Free-form labels.")
+    webhook: Webhook | None = Field(
+        None,
+        description="POSTed (signed, retried) on run.needs_replan (with the hand-off), approval.requested and "
+        "run.finished; the `Execbox-Event` header names the event.",
+    )
 
 
 class StepStatus(enum.StrEnum):
@@ -248,6 +253,17 @@ class RunRecord(RunPublic):
     plan: PlanDocument = Field(description="The plan with every revision's steps (superseded ones included).")
     inputs: dict[str, Any] = Field(default_factory=dict, description="Run inputs.")
     queue: str = Field(description="The queue its steps go to: API processes of that queue advance it.")
+    webhook: Webhook | None = Field(None, description="Where its events are POSTed, and the secret.")
+    _notices: list[dict[str, str]] = PrivateAttr(default_factory=list)
+    """Events for its webhook, appended to the outbox when the run is next saved."""
+
+    def notify(self, event: str, **fields: str) -> None:
+        if self.webhook is not None:
+            self._notices.append({"type": event, "id": self.id, **fields})
+
+    def take_notices(self) -> list[dict[str, str]]:
+        notices, self._notices = self._notices, []
+        return notices
 
     def public(self) -> RunPublic:
         return RunPublic.model_validate(self.model_dump(include=set(RunPublic.model_fields)))

@@ -17,6 +17,7 @@ import redis
 from redis.exceptions import LockError
 
 from execbox.core.errors import RunBusy
+from execbox.core.events import EventStream
 from execbox.core.keys import Keys
 from execbox.core.redis import redis_errors, text
 from execbox.plans.schemas import ApprovalPublic, RunRecord
@@ -35,6 +36,7 @@ class RunStore:
         self.redis = client
         self.keys = keys
         self._retention_s = retention_s
+        self.events = EventStream(client, keys.events)
 
     @contextmanager
     def locked(self, run_id: str) -> Iterator[None]:
@@ -65,9 +67,12 @@ class RunStore:
 
     def put(self, record: RunRecord, due_at: float | None) -> None:
         """Store a changed run (under its lock); due_at: when it must be advanced again even if no
-        execution ends (a retry, an approval's expiry, the wall budget), None when it is terminal."""
+        execution ends (a retry, an approval's expiry, the wall budget), None when it is terminal.
+        Its webhook's events go to the outbox in the same transaction."""
         with redis_errors(), self.redis.pipeline() as pipe:
             pipe.set(self.keys.run(record.id), record.model_dump_json(), ex=self._retention_s)
+            for notice in record.take_notices():
+                self.events.append(pipe, notice)
             if due_at is None:
                 pipe.zrem(self.keys.active_runs, record.id)
             else:

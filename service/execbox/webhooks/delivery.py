@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import logging
 import random
 import secrets
 import threading
 import time
+from typing import Any
 
 import httpx
 
@@ -33,9 +35,12 @@ from execbox.executions.events import DURABLE_GROUPS
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import WebhookDelivery
 from execbox.executions.store import ExecutionStore
+from execbox.plans import handoff
+from execbox.plans.store import RunStore
 
 log = logging.getLogger(__name__)
 GROUP = DURABLE_GROUPS[0]
+RUN_EVENTS = ("run.needs_replan", "run.finished", "approval.requested")
 
 
 def sign(secret: str, body: bytes, timestamp: int) -> str:
@@ -47,7 +52,8 @@ class WebhookConsumer:
     def __init__(self, store: ExecutionStore, settings: WebhookSettings, name: str) -> None:
         self._store = store
         self._retries = DueSet(store.redis, store.keys.due("webhooks"))
-        """Executions whose next delivery attempt is due at a time."""
+        """Executions (by id) and run events (as JSON) whose next delivery attempt is due at a time."""
+        self._runs = RunStore(store.redis, store.keys, 0)  # read only
         self._settings = settings
         self._name = name
 
@@ -68,14 +74,51 @@ class WebhookConsumer:
 
     def step(self) -> None:
         """One round: due retries, then stream entries (blocking briefly for new ones)."""
-        for execution_id in self._retries.take_due():
-            self._deliver(execution_id)
+        for member in self._retries.take_due():
+            if member.startswith("{"):
+                self._deliver_run(json.loads(member))
+            else:
+                self._deliver(member)
         for event_id, event in self._store.events.read(
             GROUP, self._name, block_s=1.0, idle_s=self._settings.claim_idle_s
         ):
             if event.get("type") == TERMINAL:
                 self._deliver(event["id"])
+            elif event.get("type") in RUN_EVENTS:
+                self._deliver_run({**event, "attempt": "1"})
             self._store.events.ack(GROUP, event_id)
+
+    def _deliver_run(self, event: dict[str, str]) -> None:
+        """A run's event: the run (with its hand-off when it needs a re-plan, or the approval asked
+        for). Attempts are counted in the retry entry (workers cannot write runs)."""
+        run = self._runs.get(event["id"])
+        if run is None or run.webhook is None:
+            return
+        attempt, settings = int(event["attempt"]), self._settings
+        payload: dict[str, Any] = {"type": event["type"], "run": run.public().model_dump(mode="json")}
+        if event["type"] == "run.needs_replan" and run.status.revisable:
+            payload["handoff"] = handoff.build(run, self._store.get).model_dump(mode="json")
+        if event.get("approval"):
+            approval = self._runs.approval(event["approval"])
+            payload["approval"] = approval.model_dump(mode="json", exclude={"tenant"}) if approval else None
+        with logs.bound(run.trace_id, None):
+            if not host_allowed(run.webhook.url, settings.allow_hosts):
+                log.warning("run webhook host no longer allowed by the operator; not sent")
+                return
+            body = json.dumps(payload).encode()
+            headers = {"Execbox-Event": event["type"], "Execbox-Run-Id": run.id}
+            status, error = _post(run.webhook.url, run.webhook.secret, body, headers, attempt, run.trace_id,
+                                  settings.timeout_s)  # fmt: skip
+            if error is None:
+                log.info(
+                    "run webhook delivered", extra={"event": event["type"], "attempt": attempt, "status_code": status}
+                )
+            elif attempt < settings.max_attempts:
+                delay = settings.backoff_s * 2 ** (attempt - 1)
+                retry = json.dumps({**event, "attempt": str(attempt + 1)}, sort_keys=True)
+                self._retries.schedule(retry, time.time() + delay + random.uniform(0, delay / 2))
+            else:
+                log.warning("run webhook not delivered after %d attempts: %s", attempt, error)
 
     def _deliver(self, execution_id: str) -> None:
         record = self._store.get(execution_id)
@@ -107,16 +150,23 @@ class WebhookConsumer:
 def _attempt(record: ExecutionRecord, attempt: int, timeout_s: float) -> tuple[int | None, str | None]:
     assert record.webhook is not None
     body = record.public().model_dump_json().encode()
+    headers = {"Execbox-Execution-Id": record.id}
+    return _post(record.webhook.url, record.webhook.secret, body, headers, attempt, record.trace_id, timeout_s)
+
+
+def _post(
+    url: str, secret: str, body: bytes, extra: dict[str, str], attempt: int, trace_id: str, timeout_s: float
+) -> tuple[int | None, str | None]:
     headers = {
         "Content-Type": "application/json",
-        "Execbox-Signature": sign(record.webhook.secret, body, int(time.time())),
-        "Execbox-Execution-Id": record.id,
+        "Execbox-Signature": sign(secret, body, int(time.time())),
         "Execbox-Delivery-Attempt": str(attempt),
-        "traceparent": f"00-{record.trace_id}-{secrets.token_hex(8)}-01",
+        "traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01",
+        **extra,
     }
     try:
         with httpx.Client(timeout=timeout_s, follow_redirects=False) as http:
-            response = http.post(record.webhook.url, content=body, headers=headers)
+            response = http.post(url, content=body, headers=headers)
     except httpx.HTTPError as exc:
         return None, f"{type(exc).__name__}: {exc}"[:300]
     if 200 <= response.status_code < 300:
