@@ -372,3 +372,28 @@ def test_run_events_reach_the_runs_webhook_signed(api: httpx.Client) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+TRACES = Path(__file__).parent / "traces"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in TRACES.glob("*.json")))
+def test_a_saved_trace_replays_with_the_same_transitions(api: httpx.Client, name: str) -> None:
+    """Each trace holds a plan, what the agent did along the way and the transitions a real run
+    recorded; replaying it must record the same ones (EXECBOX_RECORD_TRACES=1 saves them anew)."""
+    path = TRACES / f"{name}.json"
+    trace = json.loads(path.read_text())
+    run = wait_run(api, api.post("/v1/runs", json={"plan": trace["plan"]}).json()["id"])
+    for action in trace["actions"]:
+        assert run["status"] == action["when"], run
+        if "revise" in action:
+            assert api.post(f"/v1/runs/{run['id']}/revisions", json=action["revise"]).status_code == 200
+        else:
+            step = next(s for s in run["steps"].values() if s["status"] == "awaiting_approval")
+            api.post(f"/v1/approvals/{step['approval_id']}/decision", json=action["decide"])
+        run = wait_run(api, run["id"])
+    transitions = [[e["type"], e["step"], e["status"]] for e in run["events"]]
+    if os.environ.get("EXECBOX_RECORD_TRACES") == "1":
+        path.write_text(json.dumps({**trace, "transitions": transitions}, indent=1) + "\n")
+    assert run["status"] == trace["final"]
+    assert transitions == trace["transitions"]

@@ -306,3 +306,18 @@ def test_runs_are_the_tenants_own(plans: Harness, api: Api) -> None:
     assert plans.http.get("/v1/runs", headers=other).json() == []
     cancelled = plans.http.post(f"/v1/runs/{run['id']}/cancel", headers=plans.headers).json()
     assert cancelled["status"] == "cancelled" and cancelled["steps"]["a"]["status"] == "cancelled"
+
+
+def test_reported_model_usage_counts_against_the_budget(plans: Harness) -> None:
+    run = plans.start(plan({"id": "a", "run": cell()}, budgets={"max_tokens": 1000, "max_cost_usd": 5}))
+    usage = {"model": "planner-v1", "role": "planner", "input_tokens": 600, "output_tokens": 100, "cost_usd": 0.5}
+
+    first = plans.http.post(f"/v1/runs/{run['id']}/usage", json=usage, headers=plans.headers).json()
+    second = plans.http.post(f"/v1/runs/{run['id']}/usage", json=usage, headers=plans.headers).json()
+
+    assert first["status"] == "running" and first["usage"]["tokens"] == 700
+    assert (second["status"], second["stop_reason"]) == ("failed", "budget_exceeded:tokens")
+    assert second["usage"] == {**second["usage"], "tokens": 1400, "model_calls": 2, "cost_usd": 1.0}
+    listed = plans.http.get("/v1/runs?status=failed", headers=plans.headers).json()
+    assert [r["id"] for r in listed] == [run["id"]]
+    assert plans.http.get("/v1/runs?status=running", headers=plans.headers).json() == []

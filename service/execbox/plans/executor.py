@@ -102,7 +102,7 @@ class Executor:
                     pass  # it ended meanwhile
             if not state.status.settled and state.status is not StepStatus.UNKNOWN_OUTCOME:
                 self._fail(run, step_id, "cancelled", detail, StepStatus.CANCELLED)
-        self._run_status(run, status, reason, detail)
+        self.set_run_status(run, status, reason, detail)
 
     # -- settling an attempt -------------------------------------------------------------------
 
@@ -277,9 +277,9 @@ class Executor:
                 outputs = run.steps[goal.step].outputs or {}
                 errors = sorted(e.message for e in Draft202012Validator(goal.outputs_schema).iter_errors(outputs))
                 if errors:
-                    self._run_status(run, RunStatus.GOAL_FAILED, "goal_failed", "; ".join(errors))
+                    self.set_run_status(run, RunStatus.GOAL_FAILED, "goal_failed", "; ".join(errors))
                     return
-            self._run_status(run, RunStatus.SUCCEEDED, "completed", "every step succeeded")
+            self.set_run_status(run, RunStatus.SUCCEEDED, "completed", "every step succeeded")
             return
         startable = [
             i for i in self._live(run)
@@ -287,13 +287,13 @@ class Executor:
             and all(run.steps[d].status is StepStatus.SUCCEEDED for d in dependencies(run.spec(i)))
         ]  # fmt: skip
         if StepStatus.RUNNING in statuses or startable:
-            self._run_status(run, RunStatus.RUNNING, None, "steps are running or ready")
+            self.set_run_status(run, RunStatus.RUNNING, None, "steps are running or ready")
         elif StepStatus.AWAITING_APPROVAL in statuses:
-            self._run_status(run, RunStatus.AWAITING_APPROVAL, None, "waiting for an approval")
+            self.set_run_status(run, RunStatus.AWAITING_APPROVAL, None, "waiting for an approval")
         else:
-            self._run_status(run, RunStatus.NEEDS_REPLAN, "step_failed", "no step can make progress")
+            self.set_run_status(run, RunStatus.NEEDS_REPLAN, "step_failed", "no step can make progress")
 
-    def _run_status(self, run: RunRecord, status: RunStatus, reason: str | None, detail: str) -> None:
+    def set_run_status(self, run: RunRecord, status: RunStatus, reason: str | None, detail: str) -> None:
         if run.status is not status:
             run.status, run.stop_reason = status, reason
             self.record(run, "run.status_changed", None, status.value, detail)

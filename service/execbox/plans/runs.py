@@ -225,7 +225,7 @@ class Runs:
             run.steps[step.id] = StepState(revision=run.revision)
         self.executor.record(run, "revision.applied", None, str(run.revision),
                              f"added {len(body.add)}, removed {len(body.remove)}: {body.reason}")  # fmt: skip
-        run.status, run.stop_reason = RunStatus.RUNNING, None
+        self.executor.set_run_status(run, RunStatus.RUNNING, None, f"revision {run.revision} applied")
 
 
 __all__ = ["Runs", "UsageReport"]
