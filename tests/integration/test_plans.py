@@ -397,3 +397,17 @@ def test_a_saved_trace_replays_with_the_same_transitions(api: httpx.Client, name
         path.write_text(json.dumps({**trace, "transitions": transitions}, indent=1) + "\n")
     assert run["status"] == trace["final"]
     assert transitions == trace["transitions"]
+
+
+def test_the_wall_budget_stops_a_run_and_cancels_its_running_step(api: httpx.Client) -> None:
+    slow = {"id": "slow", "run": {"code": "import time\ntime.sleep(25)\n"}, "policy": {"timeout_s": 30}}
+    plan = {"format": "plan/v1", "budgets": {"max_wall_s": 2}, "steps": [slow]}
+    run = wait_run(api, api.post("/v1/runs", json={"plan": plan}).json()["id"])
+
+    assert (run["status"], run["stop_reason"]) == ("failed", "budget_exceeded:wall"), run
+    assert run["steps"]["slow"]["status"] == "cancelled"
+    execution = api.get(f"/v1/executions/{run['steps']['slow']['attempts'][0]}?wait=30").json()
+    assert execution["status"] == "cancelled", "the step's sandbox is stopped, not left to run out its time"
+    metrics = api.get("/metrics").text
+    assert 'execbox_runs_total{reason="budget_exceeded:wall",status="failed"}' in metrics
+    assert 'execbox_run_steps_total{status="cancelled"}' in metrics
