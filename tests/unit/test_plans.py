@@ -63,9 +63,10 @@ class Harness:
 
     def finish(self, run_id: str, step: str, outputs: dict[str, Any] | None = None,
                category: ErrorCategory | None = None, started: bool = True) -> None:  # fmt: skip
-        """End the step's current execution (succeeded with outputs, or failed with category), then
-        advance the run as the consumer would."""
-        execution_id = self.run(run_id)["steps"][step]["attempts"][-1]
+        """End the step's current execution (its running check's, or its latest attempt's:
+        succeeded with outputs, or failed with category), then advance the run as the consumer would."""
+        state = self.run(run_id)["steps"][step]
+        execution_id = state["checks"][-1] if state["phase"] else state["attempts"][-1]
 
         def start(record: ExecutionRecord) -> ExecutionStatus:
             record.started_at = time.time() if started else None
@@ -279,7 +280,11 @@ def test_budgets_stop_runs_with_a_reason(plans: Harness) -> None:
         "budget_exceeded:steps",
     )
 
-    wall = plans.start(plan({"id": "a", "run": cell()}, budgets={"max_wall_s": 0.001}))
+    wall = plans.start(plan({"id": "a", "run": cell()}, budgets={"max_wall_s": 60}))
+    aged = plans.executor.store.get(wall["id"])
+    assert aged is not None and aged.steps["a"].status.value == "running"
+    aged.created_at -= 120  # as if a minute had passed twice over
+    plans.executor.store.put(aged, 0)
     plans.executor.advance(wall["id"])
     walled = plans.run(wall["id"])
     assert (walled["status"], walled["stop_reason"]) == ("failed", "budget_exceeded:wall")
@@ -321,3 +326,58 @@ def test_reported_model_usage_counts_against_the_budget(plans: Harness) -> None:
     listed = plans.http.get("/v1/runs?status=failed", headers=plans.headers).json()
     assert [r["id"] for r in listed] == [run["id"]]
     assert plans.http.get("/v1/runs?status=running", headers=plans.headers).json() == []
+
+
+def test_preconditions_run_before_the_step_and_one_that_fails_stops_it(plans: Harness) -> None:
+    still_open = {
+        "name": "still_open",
+        "run": cell("import execbox\nexecbox.emit('status', 'open')"),
+        "args": {"id": {"$ref": "/inputs/order"}},
+        "expect": {"properties": {"status": {"const": "open"}}},
+    }
+    step = {"id": "close", "run": cell(), "effect": "write", "idempotency": {"strategy": "key"},
+            "preconditions": [still_open]}  # fmt: skip
+    run = plans.start(plan(step, inputs={"order": 7}))
+    state = plans.run(run["id"])["steps"]["close"]
+    assert (state["phase"], len(state["checks"]), state["attempts"]) == ("precondition:0", 1, [])
+    check = plans.store.get(state["checks"][0])
+    assert check is not None and check.inputs == {"id": 7} and check.labels["execbox.step"] == "close"
+
+    plans.finish(run["id"], "close", {"status": "open"})
+    assert len(plans.run(run["id"])["steps"]["close"]["attempts"]) == 1, "it held: the step itself runs"
+    plans.finish(run["id"], "close", {"closed": True})
+    assert plans.run(run["id"])["status"] == "succeeded"
+
+    second = plans.start(plan(step, inputs={"order": 8}))
+    plans.finish(second["id"], "close", {"status": "closed"})
+    stopped = plans.run(second["id"])
+    assert stopped["status"] == "needs_replan" and stopped["steps"]["close"]["attempts"] == []
+    assert stopped["steps"]["close"]["error"]["category"] == "precondition.failed"
+    assert stopped["steps"]["close"]["side_effects"] == "none"
+
+
+def test_a_status_read_decides_whether_a_lost_write_is_retried(plans: Harness) -> None:
+    status = {
+        "name": "order_status",
+        "run": cell("import execbox\nexecbox.emit('status', 'x')"),
+        "expect": {"properties": {"status": {"const": "cancelled"}}, "required": ["status"]},
+    }
+    step = {"id": "cancel", "run": cell(), "effect": "write", "retry": {"max_attempts": 3, "interval_s": 0},
+            "idempotency": {"strategy": "status_read", "status_check": status}}  # fmt: skip
+    applied = plans.start(plan(step))
+    plans.finish(applied["id"], "cancel", category=ErrorCategory.SANDBOX_ERROR)
+    assert plans.run(applied["id"])["steps"]["cancel"]["phase"] == "status_read"
+    plans.finish(applied["id"], "cancel", {"status": "cancelled"})
+    done = plans.run(applied["id"])
+    assert done["status"] == "succeeded" and len(done["steps"]["cancel"]["attempts"]) == 1, "not sent again"
+
+    lost = plans.start(plan(step))
+    plans.finish(lost["id"], "cancel", category=ErrorCategory.SANDBOX_ERROR)
+    plans.finish(lost["id"], "cancel", {"status": "pending"})  # not applied: safe to send again
+    plans.executor.advance(lost["id"])
+    assert len(plans.run(lost["id"])["steps"]["cancel"]["attempts"]) == 2
+    missing = plans.http.post("/v1/plans/validate", json=plan({**step, "idempotency": {"strategy": "status_read"}}),
+                              headers=plans.headers)  # fmt: skip
+    assert (
+        missing.status_code == 422 and missing.json()["errors"][0]["field"] == "plan.steps.0.idempotency.status_check"
+    )

@@ -11,9 +11,9 @@ what it cannot decide stops the run for a re-plan or a reconcile.
 
 from __future__ import annotations
 
-import secrets
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from jsonschema import Draft202012Validator
 
@@ -21,13 +21,14 @@ from execbox.core.errors import CapacityError, InfrastructureError, ServiceError
 from execbox.core.metrics import PlanMetrics
 from execbox.core.status import ExecutionStatus
 from execbox.executions.record import ExecutionRecord
-from execbox.executions.schemas import ExecutionCreate, Expect
 from execbox.executions.submit import Submissions
 from execbox.files.blobs import ArtifactStore
-from execbox.plans.refs import RefError, artifact_path, refs_in, resolve
+from execbox.plans import approvals
+from execbox.plans.dispatch import Dispatcher, MissingArtifact
+from execbox.plans.refs import RefError, resolve
 from execbox.plans.schemas import (
-    ApprovalPublic,
     ApprovalStatus,
+    Check,
     CodeCell,
     RunEvent,
     RunRecord,
@@ -36,11 +37,9 @@ from execbox.plans.schemas import (
     StepState,
     StepStatus,
 )
-from execbox.plans.store import RunStore, new_id
+from execbox.plans.store import RunStore
 from execbox.plans.validation import dependencies, order
 
-ROUTE = "plan step"
-"""The idempotency scope of step dispatches."""
 TRANSIENT = {"sandbox.error", "expired"}
 """Categories a retry-safe step repeats by default: the infrastructure failed, not the plan."""
 FAILED_UPSTREAM = (StepStatus.FAILED, StepStatus.UPSTREAM_FAILED, StepStatus.CANCELLED)
@@ -53,6 +52,9 @@ class Executor:
     submissions: Submissions
     artifacts: ArtifactStore
     metrics: PlanMetrics | None = None
+
+    def __post_init__(self) -> None:
+        self.dispatcher = Dispatcher(self.submissions, self.artifacts)
 
     @property
     def queue(self) -> str:
@@ -76,9 +78,11 @@ class Executor:
         now = time.time()
         for step_id, state in run.steps.items():
             if state.status is StepStatus.RUNNING:
-                execution = self.submissions.store.get(state.attempts[-1])
+                execution = self.submissions.store.get(current(state))
                 if execution is None:
                     self._fail(run, step_id, "sandbox.error", "the step's execution record expired (past retention)")
+                elif execution.status.terminal and state.phase:
+                    self._settle_check(run, step_id, state, execution, now)
                 elif execution.status.terminal:
                     self._settle(run, step_id, state, execution, now)
             elif state.status is StepStatus.AWAITING_APPROVAL and state.approval_id:
@@ -97,7 +101,7 @@ class Executor:
         for step_id, state in run.steps.items():
             if state.status is StepStatus.RUNNING:
                 try:
-                    self.submissions.cancel(run.tenant, state.attempts[-1])
+                    self.submissions.cancel(run.tenant, current(state))
                 except ServiceError:
                     pass  # it ended meanwhile
             if not state.status.settled and state.status is not StepStatus.UNKNOWN_OUTCOME:
@@ -129,11 +133,13 @@ class Executor:
         strategy = spec.idempotency.strategy if spec.idempotency else "none"
         safe = spec.effect == "read" or strategy == "key"
         started = execution.started_at is not None
+        unknown = spec.effect == "write" and not safe and started and category in ("sandbox.error", "limit.timeout")
         if transient and safe and len(state.attempts) < max_attempts:
-            interval = spec.retry.interval_s if spec.retry else 1.0
-            state.due_at, state.error = now + interval * 2 ** (len(state.attempts) - 1), failure
-            self.set_step(run, step_id, StepStatus.PENDING, f"{category}: retrying (attempt {len(state.attempts) + 1})")
-        elif spec.effect == "write" and not safe and started and category in ("sandbox.error", "limit.timeout"):
+            self._retry(run, step_id, state, failure, now)
+        elif unknown and strategy == "status_read" and spec.idempotency and spec.idempotency.status_check:
+            state.error = failure  # whether to retry is the status check's to say
+            self._start_check(run, step_id, state, spec.idempotency.status_check, "status_read")
+        elif unknown:
             state.side_effects = "unknown"
             why = f"{category} after its code started; its effect may or may not have happened"
             self.set_step(run, step_id, StepStatus.UNKNOWN_OUTCOME, why, failure)
@@ -141,14 +147,52 @@ class Executor:
             state.side_effects = "possible" if spec.effect == "write" and started else "none"
             self.set_step(run, step_id, StepStatus.FAILED, f"{category}: {failure.message}", failure)
 
+    def _retry(self, run: RunRecord, step_id: str, state: StepState, failure: StepError, now: float) -> None:
+        spec = run.spec(step_id)
+        interval = spec.retry.interval_s if spec.retry else 1.0
+        state.due_at, state.error, state.passed = now + interval * 2 ** (len(state.attempts) - 1), failure, 0
+        why = f"{failure.category}: retrying (attempt {len(state.attempts) + 1})"
+        self.set_step(run, step_id, StepStatus.PENDING, why)
+
+    def _settle_check(
+        self, run: RunRecord, step_id: str, state: StepState, execution: ExecutionRecord, now: float
+    ) -> None:
+        """A precondition or status check ended: it holds (its outputs satisfy `expect`), it does
+        not, or it could not tell (its execution failed)."""
+        spec = run.spec(step_id)
+        phase, state.phase = state.phase or "", None
+        check = spec.idempotency.status_check if phase == "status_read" and spec.idempotency else None
+        check = check or spec.preconditions[int(phase.split(":")[1])]
+        holds: bool | None = None
+        if execution.status is ExecutionStatus.SUCCEEDED:
+            holds = not any(Draft202012Validator(check.expect).iter_errors(execution.outputs))
+        if phase == "status_read":
+            max_attempts = spec.retry.max_attempts if spec.retry else 3
+            if holds:
+                state.outputs, state.side_effects = execution.outputs, "none"
+                self.set_step(run, step_id, StepStatus.SUCCEEDED, f"{check.name}: the effect happened (applied)")
+            elif holds is False and len(state.attempts) < max_attempts:
+                self._retry(run, step_id, state, state.error or StepError(category="sandbox.error", message=""), now)
+            elif holds is False:
+                state.side_effects = "none"
+                self._fail(run, step_id, "attempts.exhausted", f"{check.name}: not applied, and no attempt left")
+            else:
+                state.side_effects = "unknown"
+                why = f"{check.name} could not tell whether the effect happened ({execution.status.value})"
+                self.set_step(run, step_id, StepStatus.UNKNOWN_OUTCOME, why)
+        elif holds:
+            state.passed += 1
+            self.set_step(run, step_id, StepStatus.PENDING, f"precondition {check.name} holds")
+        else:
+            state.side_effects = "none"
+            outcome = "does not hold" if holds is False else f"could not be checked ({execution.status.value})"
+            self._fail(run, step_id, "precondition.failed", f"precondition {check.name} {outcome}")
+
     def _check_approval(self, run: RunRecord, step_id: str, state: StepState, now: float) -> None:
         assert state.approval_id is not None
-        approval = self.store.approval(state.approval_id)
+        approval = approvals.current(self.store, state.approval_id, now)
         if approval is None:
             return
-        if approval.status is ApprovalStatus.PENDING and now >= approval.expires_at:
-            approval.status, approval.decided_at = ApprovalStatus.EXPIRED, now
-            self.store.put_approval(approval)
         if approval.status is ApprovalStatus.APPROVED:
             state.due_at = None
             self.set_step(run, step_id, StepStatus.PENDING, f"approved by {approval.decided_by or 'someone'}")
@@ -204,64 +248,68 @@ class Executor:
                 self.stop(run, RunStatus.FAILED, "budget_exceeded:steps",
                           f"dispatching {step_id} would pass max_steps {run.budgets.max_steps}")  # fmt: skip
                 return False
-            if self._submit(run, step_id, state, now):
+            if self._start(run, step_id, state, now):
                 running += 1
         return True
 
-    def _submit(self, run: RunRecord, step_id: str, state: StepState, now: float) -> bool:
+    def _start(self, run: RunRecord, step_id: str, state: StepState, now: float) -> bool:
+        """Dispatch the step's next precondition, or (all of them held) the attempt itself."""
         spec = run.spec(step_id)
-        assert isinstance(spec.run, CodeCell)
         attempt = len(state.attempts) + 1
-        extra: list[tuple[str, bytes]] = []
-        for ref in refs_in(spec.args):
-            if ref.kind == "artifact":
-                producer = run.steps[ref.pointer[1]].attempts[-1]
-                try:
-                    extra.append((artifact_path(ref), b"".join(self.artifacts.read(producer, ref.pointer[3]))))
-                except FileNotFoundError:
-                    self._fail(
-                        run, step_id, "input.invalid", f"step {ref.pointer[1]} has no artifact {ref.pointer[3]!r}"
-                    )
-                    return False
+        if state.passed < len(spec.preconditions):
+            return self._start_check(
+                run, step_id, state, spec.preconditions[state.passed], f"precondition:{state.passed}"
+            )
+        assert isinstance(spec.run, CodeCell)
         schema = spec.postconditions.outputs_schema if spec.postconditions else None
-        body = ExecutionCreate(
-            language=spec.run.language, code=spec.run.code, inputs=state.args, policy=spec.policy, files=spec.files,
-            labels={"execbox.run": run.id, "execbox.step": step_id},
-            expect=Expect(outputs_schema=schema) if schema is not None else None,
-        )  # fmt: skip
-        context = {
-            "run_id": run.id,
-            "step_id": step_id,
-            "attempt": str(attempt),
-            "idempotency_key": f"{run.id}:{step_id}",
-        }
+        launched = self._launch(run, step_id, state, now, spec.run, spec.args, state.args or {}, attempt, schema)
+        if launched is None:
+            return False
+        state.attempts.append(launched)
+        state.phase = None
+        self.set_step(run, step_id, StepStatus.RUNNING, f"attempt {attempt}: execution {launched}")
+        return True
+
+    def _start_check(self, run: RunRecord, step_id: str, state: StepState, check: Check, phase: str) -> bool:
         try:
-            submitted = self.submissions.submit(
-                run.tenant, body, extra, f"00-{run.trace_id}-{secrets.token_hex(8)}-01",
-                idempotency_key=f"{run.id}:{step_id}:{attempt}", route=ROUTE, context=context,
-            )  # fmt: skip
+            args = resolve(check.args, self._state(run))
+        except RefError as exc:
+            self._fail(run, step_id, "input.invalid", f"{check.name}: {exc.message}")
+            return False
+        attempt, suffix = len(state.attempts) + 1, f":{phase}:{len(state.checks)}"
+        launched = self._launch(run, step_id, state, time.time(), check.run, check.args, args, attempt, None, suffix)
+        if launched is None:
+            return False
+        state.checks.append(launched)
+        state.phase = phase
+        self.set_step(run, step_id, StepStatus.RUNNING, f"{phase} ({check.name}): execution {launched}")
+        return True
+
+    def _launch(
+        self, run: RunRecord, step_id: str, state: StepState, now: float, cell: CodeCell, raw_args: dict[str, Any],
+        args: dict[str, Any], attempt: int, schema: dict[str, Any] | None, suffix: str = "",
+    ) -> str | None:  # fmt: skip
+        spec = run.spec(step_id)
+        try:
+            execution_id = self.dispatcher.submit(
+                run, step_id, cell, raw_args, args, attempt, spec.policy, spec.files, schema, suffix
+            )
+        except MissingArtifact as exc:
+            self._fail(run, step_id, "input.invalid", str(exc))
+            return None
         except (CapacityError, InfrastructureError) as exc:
             state.due_at = now + BUSY_RETRY_S  # quotas or Redis: the same attempt, a moment later
             self.record(run, "step.deferred", step_id, None, exc.message)
-            return False
+            return None
         except ServiceError as exc:
             self._fail(run, step_id, exc.code, exc.message)
-            return False
-        state.attempts.append(submitted.record.id)
+            return None
         state.due_at = None
         run.usage.steps_dispatched += 1
-        self.set_step(run, step_id, StepStatus.RUNNING, f"attempt {attempt}: execution {submitted.record.id}")
-        return True
+        return execution_id
 
     def _request_approval(self, run: RunRecord, step_id: str, state: StepState, now: float) -> None:
-        spec = run.spec(step_id)
-        assert spec.approval is not None and isinstance(spec.run, CodeCell)
-        approval = ApprovalPublic(
-            id=new_id("apr_"), run_id=run.id, step_id=step_id, status=ApprovalStatus.PENDING,
-            summary=spec.approval.summary, args=state.args or {}, code=spec.run.code, requested_at=now,
-            expires_at=now + spec.approval.expires_in_s, tenant=run.tenant,
-        )  # fmt: skip
-        self.store.put_approval(approval)
+        approval = approvals.request(self.store, run, step_id, state, now)
         state.approval_id, state.due_at = approval.id, approval.expires_at
         run.notify("approval.requested", approval=approval.id)
         self.set_step(run, step_id, StepStatus.AWAITING_APPROVAL, f"approval {approval.id} requested")
@@ -339,3 +387,8 @@ class Executor:
         waiting = (StepStatus.PENDING, StepStatus.AWAITING_APPROVAL)
         due += [s.due_at for s in run.steps.values() if s.due_at is not None and s.status in waiting]
         return min(due)
+
+
+def current(state: StepState) -> str:
+    """The execution the step waits for: its running check, or its latest attempt."""
+    return state.checks[-1] if state.phase else state.attempts[-1]

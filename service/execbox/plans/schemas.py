@@ -43,6 +43,18 @@ class ScriptRef(BaseModel):
     script: str = Field(max_length=200, description="`name@version` of a registered script (not available yet).")
 
 
+class Check(BaseModel):
+    """A read-only code cell whose declared outputs must satisfy `expect` (a precondition, or a
+    write step's status check)."""
+
+    model_config = _STRICT
+
+    name: str = Field("check", max_length=64, description="Shown in errors and in the run's events.")
+    run: CodeCell = Field(description="The check's code (read only: it must not change anything).")
+    args: dict[str, Any] = Field(default_factory=dict, description="Arguments, with references as for a step.")
+    expect: dict[str, Any] = Field(description="JSON Schema its outputs must satisfy for the check to hold.")
+
+
 class Idempotency(BaseModel):
     """How a write step may be repeated after an attempt whose outcome is unknown."""
 
@@ -50,10 +62,11 @@ class Idempotency(BaseModel):
 
     strategy: Literal["key", "status_read", "compensation", "none"] = Field(
         description="`key`: the step forwards `execbox.idempotency_key()` (stable across attempts) to the "
-        "service it writes to, so a retry is safe; `none`: never retried once its code may have run "
-        "(an unknown outcome is settled by reconcile). `status_read` and `compensation` are accepted "
-        "and treated as `none` for now."
+        "service it writes to, so a retry is safe; `status_read`: `status_check` tells whether the effect "
+        "happened (its `expect` holds: applied) before any retry; `none`: never retried once its code may "
+        "have run (an unknown outcome is settled by reconcile). `compensation` is treated as `none` for now."
     )
+    status_check: Check | None = Field(None, description="For `status_read`: the check whose `expect` means applied.")
 
 
 class Approval(BaseModel):
@@ -98,6 +111,11 @@ class StepSpec(BaseModel):
         description="Input files, as for an execution (e.g. an uploaded file by id).",
     )
     depends_on: list[str] = Field(default_factory=list, max_length=64, description="Ordering-only dependencies.")
+    preconditions: list[Check] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Checked right before each attempt; one that fails: precondition.failed, and the step never runs.",
+    )
     postconditions: Postconditions | None = Field(None, description="Checked on the outputs (output.invalid).")
     effect: Literal["read", "write"] = Field("read", description="`write` steps must declare `idempotency`.")
     idempotency: Idempotency | None = Field(None, description="Required for `write` steps.")
@@ -212,6 +230,13 @@ class StepState(BaseModel):
         None, description="Its resolved arguments, once dispatched or awaiting approval."
     )
     reconciled: str | None = Field(None, description="How an unknown outcome was settled, and why.")
+    checks: list[str] = Field(
+        default_factory=list, description="Execution ids of its checks (preconditions, status reads)."
+    )
+    phase: str | None = Field(
+        None, description="While running: `precondition:<n>`, `status_read` or null (the step itself)."
+    )
+    passed: int = Field(0, description="Preconditions that held before the current attempt.")
 
 
 class RunEvent(BaseModel):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import graphlib
 from collections.abc import Collection, Iterable, Mapping
+from typing import Any
 
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
@@ -17,12 +18,23 @@ from execbox.plans.refs import Ref, RefError, refs_in
 from execbox.plans.schemas import CodeCell, PlanDocument, StepSpec
 
 
+def arg_sources(step: StepSpec) -> list[tuple[str, dict[str, Any]]]:
+    """Every argument object of a step with its path: its own, its preconditions', its status check's."""
+    sources = [("args", step.args)] + [(f"preconditions/{i}/args", c.args) for i, c in enumerate(step.preconditions)]
+    if step.idempotency is not None and step.idempotency.status_check is not None:
+        sources.append(("idempotency/status_check/args", step.idempotency.status_check.args))
+    return sources
+
+
 def step_refs(step: StepSpec) -> list[Ref]:
-    """The references in a step's arguments (malformed ones are the validation's to report)."""
-    try:
-        return list(refs_in(step.args, "args"))
-    except RefError:
-        return []
+    """The references in all of a step's arguments (malformed ones are the validation's to report)."""
+    found: list[Ref] = []
+    for path, args in arg_sources(step):
+        try:
+            found += refs_in(args, path)
+        except RefError:
+            pass
+    return found
 
 
 def dependencies(step: StepSpec) -> set[str]:
@@ -98,10 +110,17 @@ def _step_problems(
     if step.effect == "write" and step.idempotency is None:
         found.append(FieldProblem(f"{at}.idempotency", "a write step must declare how it may be repeated: "
                                   "strategy key, status_read, compensation or none"))  # fmt: skip
-    try:
-        refs = list(refs_in(step.args, "args"))
-    except RefError as exc:
-        return [*found, FieldProblem(f"{at}.{exc.path.replace('/', '.')}", exc.message)]
+    if step.idempotency is not None and (step.idempotency.strategy == "status_read") != bool(
+        step.idempotency.status_check
+    ):
+        found.append(FieldProblem(f"{at}.idempotency.status_check", "give a status_check with strategy "
+                                  "status_read (and only then)"))  # fmt: skip
+    refs: list[Ref] = []
+    for path, args in arg_sources(step):
+        try:
+            refs += refs_in(args, path)
+        except RefError as exc:
+            found.append(FieldProblem(f"{at}.{exc.path.replace('/', '.')}", exc.message))
     for ref in refs:
         where = f"{at}.{ref.path.replace('/', '.')}"
         if ref.pointer[0] == "inputs":

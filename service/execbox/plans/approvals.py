@@ -1,0 +1,29 @@
+"""Approval gates: an approval is requested when a gated step could start, and decided by a
+client; one left unanswered past `expires_at` counts as expired when the run is next advanced."""
+
+from __future__ import annotations
+
+from execbox.plans.schemas import ApprovalPublic, ApprovalStatus, CodeCell, RunRecord, StepState
+from execbox.plans.store import RunStore, new_id
+
+
+def request(store: RunStore, run: RunRecord, step_id: str, state: StepState, now: float) -> ApprovalPublic:
+    """A pending approval for the step, showing its resolved arguments and code."""
+    spec = run.spec(step_id)
+    assert spec.approval is not None and isinstance(spec.run, CodeCell)
+    approval = ApprovalPublic(
+        id=new_id("apr_"), run_id=run.id, step_id=step_id, status=ApprovalStatus.PENDING,
+        summary=spec.approval.summary, args=state.args or {}, code=spec.run.code, requested_at=now,
+        expires_at=now + spec.approval.expires_in_s, tenant=run.tenant,
+    )  # fmt: skip
+    store.put_approval(approval)
+    return approval
+
+
+def current(store: RunStore, approval_id: str, now: float) -> ApprovalPublic | None:
+    """The approval as it stands now: a pending one past its expiry is recorded as expired."""
+    approval = store.approval(approval_id)
+    if approval is not None and approval.status is ApprovalStatus.PENDING and now >= approval.expires_at:
+        approval.status, approval.decided_at = ApprovalStatus.EXPIRED, now
+        store.put_approval(approval)
+    return approval

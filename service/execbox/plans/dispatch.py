@@ -1,0 +1,74 @@
+"""Turning one step attempt (or one of its checks) into an execution, exactly once.
+
+Each dispatch goes through `executions.submit` under the Idempotency-Key `<run>:<step>:<attempt>`
+(a check adds its own suffix), so a process that dies after submitting and before saving the run
+gets the same execution back when the run is advanced again, never a second one. Artifacts the
+arguments refer to are read from the artifact store and travel as input files.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from execbox.catalog.schemas import PolicyRequest
+from execbox.executions.schemas import ExecutionCreate, Expect, InputFile
+from execbox.executions.submit import Submissions
+from execbox.files.blobs import ArtifactStore
+from execbox.plans.refs import artifact_path, refs_in
+from execbox.plans.schemas import CodeCell, RunRecord
+
+ROUTE = "plan step"
+"""The idempotency scope of step dispatches."""
+
+
+class MissingArtifact(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class Dispatcher:
+    submissions: Submissions
+    artifacts: ArtifactStore
+
+    def submit(
+        self,
+        run: RunRecord,
+        step_id: str,
+        cell: CodeCell,
+        raw_args: dict[str, Any],
+        args: dict[str, Any],
+        attempt: int,
+        policy: PolicyRequest,
+        files: list[InputFile],
+        outputs_schema: dict[str, Any] | None = None,
+        suffix: str = "",
+    ) -> str:
+        """The execution id of this attempt (or check); raises ServiceError when refused and
+        MissingArtifact when a referenced artifact is gone."""
+        extra: list[tuple[str, bytes]] = []
+        for ref in refs_in(raw_args):
+            if ref.kind == "artifact":
+                producer = run.steps[ref.pointer[1]].attempts[-1]
+                try:
+                    extra.append((artifact_path(ref), b"".join(self.artifacts.read(producer, ref.pointer[3]))))
+                except FileNotFoundError as exc:
+                    raise MissingArtifact(f"step {ref.pointer[1]} has no artifact {ref.pointer[3]!r}") from exc
+        body = ExecutionCreate(
+            language=cell.language, code=cell.code, inputs=args, policy=policy, files=files,
+            labels={"execbox.run": run.id, "execbox.step": step_id},
+            expect=Expect(outputs_schema=outputs_schema) if outputs_schema is not None else None,
+        )  # fmt: skip
+        # The same key for every attempt: what the code forwards to the service it writes to.
+        context = {
+            "run_id": run.id,
+            "step_id": step_id,
+            "attempt": str(attempt),
+            "idempotency_key": f"{run.id}:{step_id}",
+        }
+        submitted = self.submissions.submit(
+            run.tenant, body, extra, f"00-{run.trace_id}-{secrets.token_hex(8)}-01",
+            idempotency_key=f"{run.id}:{step_id}:{attempt}{suffix}", route=ROUTE, context=context,
+        )  # fmt: skip
+        return submitted.record.id
