@@ -411,3 +411,24 @@ def test_the_wall_budget_stops_a_run_and_cancels_its_running_step(api: httpx.Cli
     metrics = api.get("/metrics").text
     assert 'execbox_runs_total{reason="budget_exceeded:wall",status="failed"}' in metrics
     assert 'execbox_run_steps_total{status="cancelled"}' in metrics
+
+
+def test_a_precondition_that_does_not_hold_keeps_the_write_from_running(api: httpx.Client) -> None:
+    status = "import execbox\nexecbox.emit('status', {7: 'open', 8: 'shipped'}[execbox.inputs['order']])\n"
+    check = {"name": "still_open", "run": {"code": status}, "args": {"order": {"$ref": "/inputs/order"}},
+             "expect": {"properties": {"status": {"const": "open"}}, "required": ["status"]}}  # fmt: skip
+    write = {"id": "cancel", "run": {"code": "import execbox\nexecbox.emit('cancelled', execbox.inputs['order'])\n"},
+             "args": {"order": {"$ref": "/inputs/order"}}, "effect": "write", "idempotency": {"strategy": "key"},
+             "preconditions": [check]}  # fmt: skip
+
+    def run_for(order: int) -> dict[str, Any]:
+        plan = {"format": "plan/v1", "inputs": {"order": order}, "steps": [write]}
+        return wait_run(api, api.post("/v1/runs", json={"plan": plan}).json()["id"])
+
+    open_order, shipped = run_for(7), run_for(8)
+
+    assert open_order["status"] == "succeeded" and open_order["steps"]["cancel"]["outputs"] == {"cancelled": 7}
+    assert len(open_order["steps"]["cancel"]["checks"]) == 1 and len(open_order["steps"]["cancel"]["attempts"]) == 1
+    step = shipped["steps"]["cancel"]
+    assert shipped["status"] == "needs_replan" and step["attempts"] == [] and step["side_effects"] == "none"
+    assert step["error"]["category"] == "precondition.failed" and "still_open" in step["error"]["message"]

@@ -43,7 +43,10 @@ IdempotencyHeader = Annotated[
 ]
 _P = PROBLEM_DOC
 _RUN_RESPONSES: dict[int | str, dict[str, object]] = {
+    400: {"description": "The body is not JSON.", **_P},
     404: {"description": "No such run.", **_P},
+    413: {"description": "The body is too large.", **_P},
+    503: {"description": "Redis unavailable, or another request holds the run; retry.", **_P},
     409: {"description": "The run moved on (revision, status).", **_P},
     422: {"description": "Invalid plan or request: every problem is listed.", **_P},
     **UNAUTHORIZED_DOC,
