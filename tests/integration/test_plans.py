@@ -432,3 +432,50 @@ def test_a_precondition_that_does_not_hold_keeps_the_write_from_running(api: htt
     step = shipped["steps"]["cancel"]
     assert shipped["status"] == "needs_replan" and step["attempts"] == [] and step["side_effects"] == "none"
     assert step["error"]["category"] == "precondition.failed" and "still_open" in step["error"]["message"]
+
+
+def test_step_and_replan_budgets_stop_a_run_with_their_reasons(api: httpx.Client) -> None:
+    def fails(step_id: str) -> dict[str, Any]:
+        return {"id": step_id, "run": {"code": "raise SystemExit(2)"}}
+
+    def revise(run: dict[str, Any], step_id: str) -> httpx.Response:
+        return api.post(
+            f"/v1/runs/{run['id']}/revisions", json={"base_revision": run["revision"], "add": [fails(step_id)]}
+        )
+
+    # A step that expires in the queue every time (its deadline passes before any worker can take
+    # it) is retried as a platform failure, until the run's max_steps stops it.
+    expiring = {"id": "late", "run": {"code": "print(1)"}, "policy": {"queue_timeout_s": 0.001},
+                "retry": {"max_attempts": 5, "interval_s": 0}}  # fmt: skip
+    plan = {"format": "plan/v1", "budgets": {"max_steps": 2}, "steps": [expiring]}
+    stopped = wait_run(api, api.post("/v1/runs", json={"plan": plan}).json()["id"])
+    assert (stopped["status"], stopped["stop_reason"]) == ("failed", "budget_exceeded:steps"), stopped
+    assert len(stopped["steps"]["late"]["attempts"]) == 2 and stopped["usage"]["steps_dispatched"] == 2
+    full = wait_run(api, api.post("/v1/runs", json={"plan": {"format": "plan/v1", "budgets": {"max_steps": 1},
+                                                             "steps": [fails("a")]}}).json()["id"])  # fmt: skip
+    no_room = revise(full, "b")
+    assert no_room.status_code == 422 and no_room.json()["errors"][0]["field"] == "revision.budgets.max_steps"
+
+    replans = wait_run(api, api.post("/v1/runs", json={"plan": {"format": "plan/v1", "budgets": {"max_replans": 1},
+                                                                "steps": [fails("a")]}}).json()["id"])  # fmt: skip
+    assert revise(replans, "b").status_code == 200
+    second = revise(wait_run(api, replans["id"]), "c")
+    assert second.status_code == 409 and "re-plan" in second.json()["detail"]
+    final = api.get(f"/v1/runs/{replans['id']}").json()
+    assert (final["status"], final["stop_reason"], final["usage"]["replans"]) == ("failed", "replans_exhausted", 1)
+
+
+def test_a_bad_plan_is_refused_whole_and_leaves_nothing(api: httpx.Client) -> None:
+    before = api.get("/v1/runs").json()
+    bad = {"format": "plan/v1", "steps": [
+        {"id": "a", "run": {"code": "print(1)"}, "depends_on": ["b"]},
+        {"id": "b", "run": {"code": "print(1)"}, "args": {"x": {"$ref": "/steps/a/outputs/y"}}},
+        {"id": "w", "run": {"code": "print(1)"}, "effect": "write", "args": {"v": {"$ref": "/steps/zz/outputs/v"}}},
+    ]}  # fmt: skip
+
+    refused = api.post("/v1/runs", json={"plan": bad})
+
+    assert refused.status_code == 422 and refused.json()["code"] == "plan.invalid"
+    fields = sorted(e["field"] for e in refused.json()["errors"])
+    assert fields == ["plan.steps", "plan.steps.2.args.v", "plan.steps.2.idempotency"], refused.json()
+    assert api.get("/v1/runs").json() == before

@@ -19,6 +19,7 @@ from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError
 from execbox.executions.store import ExecutionStore
 from execbox.plans.executor import Executor
+from execbox.tenancy.apikeys import ApiKeys
 from tests.unit.conftest import InProcess
 
 pytestmark = pytest.mark.redis
@@ -381,3 +382,19 @@ def test_a_status_read_decides_whether_a_lost_write_is_retried(plans: Harness) -
     assert (
         missing.status_code == 422 and missing.json()["errors"][0]["field"] == "plan.steps.0.idempotency.status_check"
     )
+
+
+def test_an_approval_may_name_the_keys_that_decide_it(plans: Harness, settings: Settings) -> None:
+    approver_key, approver = ApiKeys(plans.client, settings.redis.key_prefix).create("alpha")
+    gated = {"id": "pay", "run": cell(), "approval": {"summary": "pay", "by": [approver.key_id]}}
+    run = plans.start(plan(gated))
+    approval_id = run["steps"]["pay"]["approval_id"]
+
+    refused = plans.http.post(f"/v1/approvals/{approval_id}/decision", json={"decision": "approve"},
+                              headers=plans.headers)  # fmt: skip
+    decided = plans.http.post(f"/v1/approvals/{approval_id}/decision", json={"decision": "approve",
+                              "decided_by": "alice"}, headers={"Authorization": f"Bearer {approver_key}"})  # fmt: skip
+
+    assert refused.status_code == 403 and refused.json()["code"] == "approval.forbidden"
+    assert decided.status_code == 200 and decided.json()["decided_by"] == f"alice (key {approver.key_id})"
+    assert plans.statuses(run["id"]) == {"pay": "running"}

@@ -71,7 +71,9 @@ async def _tenant(
     redis_key = services.keys.lookup_key(authorization)
     with redis_errors():
         raw = await services.waiters.redis.get(redis_key)
-    return services.keys.tenant_from(raw)
+    info = services.keys.key_from(raw)
+    request.state.api_key_id = info.key_id  # who is calling, within the tenant (approvals name keys)
+    return info.tenant
 
 
 TenantDep = Annotated[str, Depends(_tenant)]

@@ -20,7 +20,8 @@ category (execbox.core.status.ErrorCategory); only the faults below raise.
     │   ├── KeyNotFound             admin.key_not_found (404)
     │   ├── InvalidPlan             plan.invalid (422, every problem listed)
     │   ├── RunNotFound             run.not_found (404)
-    │   └── ApprovalNotFound        approval.not_found (404)
+    │   ├── ApprovalNotFound        approval.not_found (404)
+    │   └── ApprovalForbidden       approval.forbidden (403: another API key must decide)
     ├── ConflictError               execution.finished (409)
     │   └── RunConflict             run.conflict (409: revision moved, approval decided, step not settleable)
     ├── CapacityError               429/503 with Retry-After, retryable
@@ -205,6 +206,14 @@ class ApprovalNotFound(RequestError):
 class ConflictError(ServiceError):
     code = "execution.finished"
     http_status = 409
+
+
+class ApprovalForbidden(RequestError):
+    code = "approval.forbidden"
+    http_status = 403
+
+    def __init__(self, approval_id: str) -> None:
+        super().__init__(f"approval {approval_id} names the API keys that may decide it; this key is not one")
 
 
 class RunConflict(ConflictError):

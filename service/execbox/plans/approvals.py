@@ -14,7 +14,7 @@ def request(store: RunStore, run: RunRecord, step_id: str, state: StepState, now
     approval = ApprovalPublic(
         id=new_id("apr_"), run_id=run.id, step_id=step_id, status=ApprovalStatus.PENDING,
         summary=spec.approval.summary, args=state.args or {}, code=spec.run.code, requested_at=now,
-        expires_at=now + spec.approval.expires_in_s, tenant=run.tenant,
+        expires_at=now + spec.approval.expires_in_s, tenant=run.tenant, by=spec.approval.by,
     )  # fmt: skip
     store.put_approval(approval)
     return approval

@@ -13,7 +13,7 @@ from jsonschema import Draft202012Validator
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.catalog.webhook_hosts import host_allowed
-from execbox.core.errors import ApprovalNotFound, FieldProblem, InvalidPlan, RunConflict, RunNotFound
+from execbox.core.errors import ApprovalForbidden, ApprovalNotFound, FieldProblem, InvalidPlan, RunConflict, RunNotFound
 from execbox.core.tracing import from_traceparent
 from execbox.plans import handoff
 from execbox.plans.executor import Executor
@@ -126,8 +126,11 @@ class Runs:
                 self.executor.set_step(run, step_id, StepStatus.FAILED, f"reconciled as not applied: {body.reason}")
         return run
 
-    def decide(self, tenant: str, approval_id: str, body: Decision) -> ApprovalPublic:
+    def decide(self, tenant: str, approval_id: str, body: Decision, key_id: str) -> ApprovalPublic:
+        """Record a decision made with API key `key_id` (the approval may name the keys allowed)."""
         approval = self.approval(tenant, approval_id)
+        if approval.by and key_id not in approval.by:
+            raise ApprovalForbidden(approval_id)
         wanted = ApprovalStatus.APPROVED if body.decision == "approve" else ApprovalStatus.REJECTED
         with self._change(tenant, approval.run_id):
             approval = self.approval(tenant, approval_id)
@@ -136,7 +139,8 @@ class Runs:
             if approval.status is not ApprovalStatus.PENDING:
                 raise RunConflict(f"approval {approval_id} is already {approval.status.value}")
             approval.status, approval.decided_at = wanted, time.time()
-            approval.decided_by, approval.reason = body.decided_by or None, body.reason or None
+            approval.decided_by = f"{body.decided_by or 'unnamed'} (key {key_id})"
+            approval.reason = body.reason or None
             self.executor.store.put_approval(approval)
             if self.executor.metrics is not None:
                 self.executor.metrics.approval_wait.observe(max(approval.decided_at - approval.requested_at, 0.0))
@@ -206,7 +210,8 @@ class Runs:
         merged = run.plan.model_copy(update={"steps": [*run.plan.steps, *body.add], "goal": body.goal or run.plan.goal})
         frozen = {i: s.status.value for i, s in run.steps.items()}
         found += problems(merged, self.languages, self.policies, self._allowed(tenant), prefix="revision",
-                          frozen=frozen, new_ids={s.id for s in body.add})  # fmt: skip
+                          frozen=frozen, new_ids={s.id for s in body.add},
+                          dispatched=run.usage.steps_dispatched)  # fmt: skip
         if found:
             raise InvalidPlan(tuple(found))
         run.revision += 1

@@ -75,6 +75,12 @@ class Approval(BaseModel):
     required: bool = Field(True, description="The step waits for a decision before it runs.")
     summary: str = Field("", max_length=1000, description="What the approver is asked to allow.")
     expires_in_s: int = Field(86400, ge=1, le=30 * 86400, description="Unanswered this long: expired (rejected).")
+    by: list[str] = Field(
+        default_factory=list,
+        max_length=32,
+        description="API key ids (`execbox keys list`) that may decide; "
+        "empty: any key of the tenant. Others get 403 `approval.forbidden`.",
+    )
 
 
 class Retry(BaseModel):
@@ -334,7 +340,8 @@ class ApprovalPublic(BaseModel):
     requested_at: float = Field(description="Unix time.")
     expires_at: float = Field(description="Unix time it expires unanswered.")
     decided_at: float | None = Field(None, description="Unix time of the decision.")
-    decided_by: str | None = Field(None, description="Who decided.")
+    decided_by: str | None = Field(None, description="Who decided (as they said), and with which API key.")
+    by: list[str] = Field(default_factory=list, description="API key ids that may decide (empty: any of the tenant's).")
     reason: str | None = Field(None, description="The decision's reason.")
     tenant: str = Field(description="Owner.")
 

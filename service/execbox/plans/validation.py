@@ -55,9 +55,11 @@ def problems(
     prefix: str = "plan",
     frozen: Mapping[str, str] | None = None,
     new_ids: Collection[str] | None = None,
+    dispatched: int = 0,
 ) -> list[FieldProblem]:
     """Every problem of the plan. For a revision, `frozen` maps the steps of earlier revisions to
-    their status (added steps may refer only to succeeded ones) and `new_ids` names the added steps."""
+    their status (added steps may refer only to succeeded ones), `new_ids` names the added steps
+    and `dispatched` counts the attempts the run has used of max_steps."""
     found: list[FieldProblem] = []
     ids = [s.id for s in plan.steps]
     known = set(ids)
@@ -70,8 +72,9 @@ def problems(
         if frozen is not None and new_ids is not None and step.id not in new_ids:
             continue  # an earlier revision's step: checked when it was added
         found += _step_problems(step, at, plan, known, languages, policies, allowed_policies, frozen)
-    if len(plan.steps) > plan.budgets.max_steps:
-        fits = f"{len(plan.steps)} steps cannot fit in max_steps {plan.budgets.max_steps}"
+    needed = dispatched + (len(new_ids) if new_ids is not None else len(plan.steps))
+    if needed > plan.budgets.max_steps:
+        fits = f"{needed} steps ({dispatched} already dispatched) cannot fit in max_steps {plan.budgets.max_steps}"
         found.append(FieldProblem(f"{prefix}.budgets.max_steps", fits))
     if plan.goal is not None and plan.goal.step not in known:
         found.append(FieldProblem(f"{prefix}.goal.step", f"no step {plan.goal.step!r}"))

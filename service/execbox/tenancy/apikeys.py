@@ -101,9 +101,14 @@ class ApiKeys:
 
     @staticmethod
     def tenant_from(raw: bytes | str | None) -> str:
+        return ApiKeys.key_from(raw).tenant
+
+    @staticmethod
+    def key_from(raw: bytes | str | None) -> KeyInfo:
+        """The stored key's info; InvalidKey when it is unknown or revoked."""
         if raw is None:
             raise InvalidKey("unknown API key")
         info = json.loads(raw)
         if info.get("revoked"):
             raise InvalidKey("this API key was revoked")
-        return str(info["tenant"])
+        return KeyInfo(str(info["key_id"]), str(info["tenant"]), float(info.get("created_at", 0)))

@@ -32,6 +32,7 @@ from execbox.plans.schemas import (
     RunRecord,
     RunStatus,
 )
+from execbox.tenancy.apikeys import DEFAULT_TENANT
 
 router = APIRouter(tags=["plans"])
 RunId = Annotated[str, Path(pattern=RUN_ID_PATTERN, description="Run id (`run_...`).")]
@@ -44,6 +45,7 @@ IdempotencyHeader = Annotated[
 _P = PROBLEM_DOC
 _RUN_RESPONSES: dict[int | str, dict[str, object]] = {
     400: {"description": "The body is not JSON.", **_P},
+    403: {"description": "This API key may not decide the approval.", **_P},
     404: {"description": "No such run.", **_P},
     413: {"description": "The body is too large.", **_P},
     503: {"description": "Redis unavailable, or another request holds the run; retry.", **_P},
@@ -194,8 +196,11 @@ def get_approval(approval_id: ApprovalId, services: ServicesDep, tenant: TenantD
 
 @router.post("/v1/approvals/{approval_id}/decision", response_model=ApprovalPublic, responses=_RUN_RESPONSES,
              summary="Approve or reject a step")  # fmt: skip
-def decide(approval_id: ApprovalId, body: Decision, services: ServicesDep, tenant: TenantDep) -> ApprovalPublic:
-    return services.runs.decide(tenant, approval_id, body)
+def decide(
+    approval_id: ApprovalId, body: Decision, request: Request, services: ServicesDep, tenant: TenantDep
+) -> ApprovalPublic:
+    key_id = getattr(request.state, "api_key_id", DEFAULT_TENANT)  # auth off: everyone is `default`
+    return services.runs.decide(tenant, approval_id, body, key_id)
 
 
 def _digest(body: Any) -> str:
