@@ -14,7 +14,7 @@ import logging
 import threading
 
 from execbox.core.errors import ServiceError
-from execbox.core.events import TERMINAL
+from execbox.core.events import TERMINAL, consume
 from execbox.executions.events import DURABLE_GROUPS
 from execbox.plans.executor import Executor
 
@@ -38,14 +38,7 @@ class PlanConsumer:
         return thread
 
     def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            try:
-                self._events.ensure_group(self._group)
-                while not stop.is_set():
-                    self.step()
-            except ServiceError as exc:
-                log.warning("plan consumer: %s", exc.message)
-                stop.wait(1.0)  # Redis is away: nothing to block on
+        consume(self._events, self._group, self.step, stop)
 
     def step(self, block_s: float = 0.5) -> None:
         """One round: runs that fell due, then execution events (blocking briefly for new ones)."""

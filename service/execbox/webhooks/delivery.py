@@ -28,8 +28,7 @@ import httpx
 
 from execbox.catalog.webhook_hosts import host_allowed
 from execbox.core import logs
-from execbox.core.errors import ServiceError
-from execbox.core.events import TERMINAL, DueSet
+from execbox.core.events import TERMINAL, DueSet, consume
 from execbox.core.settings import WebhookSettings
 from execbox.executions.events import DURABLE_GROUPS
 from execbox.executions.record import ExecutionRecord
@@ -63,14 +62,7 @@ class WebhookConsumer:
         return thread
 
     def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            try:
-                self._store.events.ensure_group(GROUP)
-                while not stop.is_set():
-                    self.step()
-            except ServiceError as exc:
-                log.warning("webhook consumer: %s", exc.message)
-                stop.wait(1.0)  # Redis is away: nothing to block on
+        consume(self._store.events, GROUP, self.step, stop)
 
     def step(self) -> None:
         """One round: due retries, then stream entries (blocking briefly for new ones)."""
