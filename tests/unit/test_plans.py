@@ -398,3 +398,17 @@ def test_an_approval_may_name_the_keys_that_decide_it(plans: Harness, settings: 
     assert refused.status_code == 403 and refused.json()["code"] == "approval.forbidden"
     assert decided.status_code == 200 and decided.json()["decided_by"] == f"alice (key {approver.key_id})"
     assert plans.statuses(run["id"]) == {"pay": "running"}
+
+
+def test_a_write_whose_execution_never_started_is_retried_even_without_a_key(plans: Harness) -> None:
+    blind = {"id": "blind", "run": cell(), "effect": "write", "idempotency": {"strategy": "none"},
+             "retry": {"max_attempts": 3, "interval_s": 0}}  # fmt: skip
+    run = plans.start(plan(blind))
+
+    plans.finish(run["id"], "blind", category=ErrorCategory.SANDBOX_ERROR, started=False)
+    plans.executor.advance(run["id"])
+    plans.finish(run["id"], "blind", category=ErrorCategory.SANDBOX_ERROR, started=True)
+
+    state = plans.run(run["id"])["steps"]["blind"]
+    assert len(state["attempts"]) == 2, "nothing could have happened before its code started: retried"
+    assert state["status"] == "unknown_outcome", "once its code may have run: never retried blindly"

@@ -131,8 +131,8 @@ class Executor:
         transient = category in retry_on or (category == "expired" and "sandbox.error" in retry_on)
         max_attempts = spec.retry.max_attempts if spec.retry else 3
         strategy = spec.idempotency.strategy if spec.idempotency else "none"
-        safe = spec.effect == "read" or strategy == "key"
         started = execution.started_at is not None
+        safe = spec.effect == "read" or strategy == "key" or not started  # never started: nothing happened
         unknown = spec.effect == "write" and not safe and started and category in ("sandbox.error", "limit.timeout")
         if transient and safe and len(state.attempts) < max_attempts:
             self._retry(run, step_id, state, failure, now)
