@@ -412,3 +412,13 @@ def test_a_write_whose_execution_never_started_is_retried_even_without_a_key(pla
     state = plans.run(run["id"])["steps"]["blind"]
     assert len(state["attempts"]) == 2, "nothing could have happened before its code started: retried"
     assert state["status"] == "unknown_outcome", "once its code may have run: never retried blindly"
+
+
+def test_postconditions_travel_with_the_steps_execution(plans: Harness) -> None:
+    post = {"outputs_schema": {"required": ["rows"]}, "exit_code": 3}
+    run = plans.start(plan({"id": "a", "run": cell(), "postconditions": post}))
+
+    execution = plans.store.get(plans.executions_of(run["id"], "a")[0])
+
+    assert execution is not None and execution.expect is not None
+    assert (execution.expect.outputs_schema, execution.expect.exit_code) == ({"required": ["rows"]}, 3)

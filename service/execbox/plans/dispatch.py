@@ -17,7 +17,7 @@ from execbox.executions.schemas import ExecutionCreate, Expect, InputFile
 from execbox.executions.submit import Submissions
 from execbox.files.blobs import ArtifactStore
 from execbox.plans.refs import artifact_path, refs_in
-from execbox.plans.schemas import CodeCell, RunRecord
+from execbox.plans.schemas import CodeCell, Postconditions, RunRecord
 
 ROUTE = "plan step"
 """The idempotency scope of step dispatches."""
@@ -42,7 +42,7 @@ class Dispatcher:
         attempt: int,
         policy: PolicyRequest,
         files: list[InputFile],
-        outputs_schema: dict[str, Any] | None = None,
+        post: Postconditions | None = None,
         suffix: str = "",
     ) -> str:
         """The execution id of this attempt (or check); raises ServiceError when refused and
@@ -58,7 +58,7 @@ class Dispatcher:
         body = ExecutionCreate(
             language=cell.language, code=cell.code, inputs=args, policy=policy, files=files,
             labels={"execbox.run": run.id, "execbox.step": step_id},
-            expect=Expect(outputs_schema=outputs_schema) if outputs_schema is not None else None,
+            expect=Expect(outputs_schema=post.outputs_schema, exit_code=post.exit_code) if post else None,
         )  # fmt: skip
         # The same key for every attempt: what the code forwards to the service it writes to.
         context = {

@@ -30,6 +30,7 @@ from execbox.plans.schemas import (
     ApprovalStatus,
     Check,
     CodeCell,
+    Postconditions,
     RunEvent,
     RunRecord,
     RunStatus,
@@ -261,8 +262,8 @@ class Executor:
                 run, step_id, state, spec.preconditions[state.passed], f"precondition:{state.passed}"
             )
         assert isinstance(spec.run, CodeCell)
-        schema = spec.postconditions.outputs_schema if spec.postconditions else None
-        launched = self._launch(run, step_id, state, now, spec.run, spec.args, state.args or {}, attempt, schema)
+        launched = self._launch(run, step_id, state, now, spec.run, spec.args, state.args or {}, attempt,
+                                spec.postconditions)  # fmt: skip
         if launched is None:
             return False
         state.attempts.append(launched)
@@ -287,12 +288,12 @@ class Executor:
 
     def _launch(
         self, run: RunRecord, step_id: str, state: StepState, now: float, cell: CodeCell, raw_args: dict[str, Any],
-        args: dict[str, Any], attempt: int, schema: dict[str, Any] | None, suffix: str = "",
+        args: dict[str, Any], attempt: int, post: Postconditions | None, suffix: str = "",
     ) -> str | None:  # fmt: skip
         spec = run.spec(step_id)
         try:
             execution_id = self.dispatcher.submit(
-                run, step_id, cell, raw_args, args, attempt, spec.policy, spec.files, schema, suffix
+                run, step_id, cell, raw_args, args, attempt, spec.policy, spec.files, post, suffix
             )
         except MissingArtifact as exc:
             self._fail(run, step_id, "input.invalid", str(exc))

@@ -98,6 +98,9 @@ class Postconditions(BaseModel):
     model_config = _STRICT
 
     outputs_schema: dict[str, Any] | None = Field(None, description="JSON Schema the step's outputs must satisfy.")
+    exit_code: int | None = Field(
+        None, ge=0, le=255, description="The exit code the step must end with (0 unless given)."
+    )
 
 
 class StepSpec(BaseModel):
