@@ -422,3 +422,30 @@ def test_postconditions_travel_with_the_steps_execution(plans: Harness) -> None:
 
     assert execution is not None and execution.expect is not None
     assert (execution.expect.outputs_schema, execution.expect.exit_code) == ({"required": ["rows"]}, 3)
+
+
+def test_parallel_steps_respect_max_parallel(plans: Harness) -> None:
+    run = plans.start(plan(*({"id": f"s{i}", "run": cell()} for i in range(3)), budgets={"max_parallel": 2}))
+    assert sorted(plans.statuses(run["id"]).values()) == ["pending", "running", "running"]
+    first_running = next(s for s, status in plans.statuses(run["id"]).items() if status == "running")
+
+    plans.finish(run["id"], first_running)
+
+    assert sorted(plans.statuses(run["id"]).values()) == ["running", "running", "succeeded"]
+
+
+def test_a_run_whose_goal_does_not_hold_hands_off_and_can_be_revised(plans: Harness) -> None:
+    goal = {"step": "answer", "outputs_schema": {"properties": {"rows": {"minimum": 1}}, "required": ["rows"]}}
+    run = plans.start(plan({"id": "answer", "run": cell()}, goal=goal))
+    plans.finish(run["id"], "answer", {"rows": 0})
+
+    stopped = plans.run(run["id"])
+    assert (stopped["status"], stopped["stop_reason"]) == ("goal_failed", "goal_failed")
+    handoff = plans.http.get(f"/v1/runs/{run['id']}/handoff", headers=plans.headers).json()
+    assert handoff["status"] == "goal_failed" and [s["step_id"] for s in handoff["completed"]] == ["answer"]
+    revised = plans.http.post(f"/v1/runs/{run['id']}/revisions", headers=plans.headers, json={
+        "base_revision": 1, "add": [{"id": "answer2", "run": cell()}],
+        "goal": {"step": "answer2", "outputs_schema": goal["outputs_schema"]}})  # fmt: skip
+    assert revised.status_code == 200 and revised.json()["usage"]["replans"] == 1
+    plans.finish(run["id"], "answer2", {"rows": 2})
+    assert plans.run(run["id"])["status"] == "succeeded"
