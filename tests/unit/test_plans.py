@@ -116,7 +116,7 @@ def test_a_bad_plan_gets_every_problem_at_once_and_stores_nothing(plans: Harness
     assert "used twice" in fields["plan.steps.4.id"]
     assert "no input 'missing'" in fields["plan.steps.5.args.v"]
     assert "plan.steps.6.policy.memory_mb" in fields
-    assert "scripts are not available" in fields["plan.steps.7.run"]
+    assert "no script reports.weekly@1.0.0" in fields["plan.steps.7.run.script"]
     assert created.status_code == 422 and created.json()["errors"] == answer.json()["errors"]
     assert not list(plans.client.scan_iter(match=plans.keys.run("*"))), "a refused plan stores nothing"
 

@@ -18,7 +18,7 @@ from rq import Queue
 from execbox import __version__
 from execbox.api import problems
 from execbox.api.deps import Services
-from execbox.api.routes import admin, executions, files, health, languages, runs
+from execbox.api.routes import admin, executions, files, health, languages, runs, scripts
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.core import logs
@@ -41,6 +41,8 @@ from execbox.plans.consumer import PlanConsumer
 from execbox.plans.executor import Executor
 from execbox.plans.runs import Runs
 from execbox.plans.store import RunStore
+from execbox.scripts.library import Library
+from execbox.scripts.store import ScriptStore
 from execbox.tenancy.apikeys import ApiKeys
 from execbox.tenancy.quotas import Quotas, Slots
 
@@ -94,7 +96,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         on_accept=lambda language: metrics.accepted.labels(language).inc(),
     )  # fmt: skip
     artifacts = LocalArtifactStore(settings.artifacts_dir)
-    executor = Executor(RunStore(client, keys, settings.retention_s), submissions, artifacts, metrics.plans)
+    library = Library(ScriptStore(client, keys), submissions, language_set, policies)
+    executor = Executor(RunStore(client, keys, settings.retention_s), submissions, artifacts, metrics.plans, library)
     allowed = lambda tenant: quotas.quota(tenant).policies  # noqa: E731
     plan_runs = Runs(executor, language_set, policies, allowed, settings.webhooks.allow_hosts)
     app.state.services = Services(
@@ -115,12 +118,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         quotas=quotas,
         waiters=waiters,
         runs=plan_runs,
+        scripts=library,
     )
     problems.install(app, settings.api.max_body_bytes)
     app.add_middleware(HttpMetrics, metrics=metrics, routes=app.routes)
     app.include_router(executions.router)
     app.include_router(files.router)
     app.include_router(runs.router)
+    app.include_router(scripts.router)
     app.include_router(admin.router)
     app.include_router(languages.router)
     app.include_router(health.router)

@@ -20,6 +20,7 @@ category (execbox.core.status.ErrorCategory); only the faults below raise.
     │   ├── KeyNotFound             admin.key_not_found (404)
     │   ├── InvalidPlan             plan.invalid (422, every problem listed)
     │   ├── RunNotFound             run.not_found (404)
+    │   ├── ScriptNotFound          script.not_found (404)
     │   ├── ApprovalNotFound        approval.not_found (404)
     │   └── ApprovalForbidden       approval.forbidden (403: another API key must decide)
     ├── ConflictError               execution.finished (409)
@@ -206,6 +207,14 @@ class ApprovalNotFound(RequestError):
 class ConflictError(ServiceError):
     code = "execution.finished"
     http_status = 409
+
+
+class ScriptNotFound(RequestError):
+    code = "script.not_found"
+    http_status = 404
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"no script {what}; GET /v1/scripts lists this tenant's scripts")
 
 
 class ApprovalForbidden(RequestError):

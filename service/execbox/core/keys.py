@@ -151,6 +151,18 @@ SCHEMA: tuple[KeySpec, ...] = (
     KeySpec("runs:active", "zset id -> next due time", "none", ("api",), (), "runs with a retry, expiry or budget due"),
     KeySpec("approval:{id}", "string (JSON approval)", "retention_s", ("api",), ("worker",), "a step's approval"),
     KeySpec("approvals:{tenant}", "zset id -> requested_at", "none", ("api",), (), "a tenant's approvals"),
+    KeySpec(
+        "script:{tenant}:{name}",
+        "hash version -> JSON ScriptVersion",
+        "none",
+        ("api",),
+        (),
+        "a script's versions (immutable but for status and evidence)",
+    ),
+    KeySpec(
+        "scriptuse:{tenant}:{name}", "hash version -> count", "none", ("api",), (), "executions started per version"
+    ),
+    KeySpec("scripts:{tenant}", "set of names", "none", ("api",), (), "a tenant's scripts, for search"),
 )
 
 
@@ -240,6 +252,16 @@ class Keys:
 
     def uid(self, uid: int) -> str:
         return self._k("uid", str(uid))
+
+    # scripts
+    def script(self, tenant: str, name: str) -> str:
+        return self._k("script", tenant, name)
+
+    def script_use(self, tenant: str, name: str) -> str:
+        return self._k("scriptuse", tenant, name)
+
+    def scripts(self, tenant: str) -> str:
+        return self._k("scripts", tenant)
 
     # plans
     def run(self, run_id: str) -> str:

@@ -65,7 +65,10 @@ def roles(prefix: str) -> dict[str, Role]:
                 f"~{p}:runs:*",
                 f"~{p}:approval:*",
                 f"~{p}:approvals:*",
-            ),  # fmt: skip
+                f"~{p}:script:*",
+                f"~{p}:scriptuse:*",
+                f"~{p}:scripts:*",
+            ),
             (f"{p}:done:*", f"{p}:idem:*"),
             f"{_DATA} {_PUBSUB}",
         ),

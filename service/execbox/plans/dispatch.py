@@ -36,7 +36,7 @@ class Dispatcher:
         self,
         run: RunRecord,
         step_id: str,
-        cell: CodeCell,
+        cell: CodeCell | ExecutionCreate,
         raw_args: dict[str, Any],
         args: dict[str, Any],
         attempt: int,
@@ -45,8 +45,8 @@ class Dispatcher:
         post: Postconditions | None = None,
         suffix: str = "",
     ) -> str:
-        """The execution id of this attempt (or check); raises ServiceError when refused and
-        MissingArtifact when a referenced artifact is gone."""
+        """The execution id of this attempt (or check): of a code cell, or of a prepared request (a
+        script's); raises ServiceError when refused and MissingArtifact when an artifact is gone."""
         extra: list[tuple[str, bytes]] = []
         for ref in refs_in(raw_args):
             if ref.kind == "artifact":
@@ -55,11 +55,14 @@ class Dispatcher:
                     extra.append((artifact_path(ref), b"".join(self.artifacts.read(producer, ref.pointer[3]))))
                 except FileNotFoundError as exc:
                     raise MissingArtifact(f"step {ref.pointer[1]} has no artifact {ref.pointer[3]!r}") from exc
-        body = ExecutionCreate(
-            language=cell.language, code=cell.code, inputs=args, policy=policy, files=files,
-            labels={"execbox.run": run.id, "execbox.step": step_id},
-            expect=Expect(outputs_schema=post.outputs_schema, exit_code=post.exit_code) if post else None,
-        )  # fmt: skip
+        labels = {"execbox.run": run.id, "execbox.step": step_id}
+        if isinstance(cell, ExecutionCreate):
+            body = cell.model_copy(update={"labels": {**cell.labels, **labels}})
+        else:
+            body = ExecutionCreate(
+                language=cell.language, code=cell.code, inputs=args, policy=policy, files=files, labels=labels,
+                expect=Expect(outputs_schema=post.outputs_schema, exit_code=post.exit_code) if post else None,
+            )  # fmt: skip
         # The same key for every attempt: what the code forwards to the service it writes to.
         context = {
             "run_id": run.id,

@@ -17,10 +17,12 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
+from execbox.catalog.schemas import PolicyRequest
 from execbox.core.errors import CapacityError, InfrastructureError, ServiceError
 from execbox.core.metrics import PlanMetrics
 from execbox.core.status import ExecutionStatus
 from execbox.executions.record import ExecutionRecord
+from execbox.executions.schemas import ExecutionCreate
 from execbox.executions.submit import Submissions
 from execbox.files.blobs import ArtifactStore
 from execbox.plans import approvals
@@ -34,12 +36,14 @@ from execbox.plans.schemas import (
     RunEvent,
     RunRecord,
     RunStatus,
+    ScriptRef,
     StepError,
     StepState,
     StepStatus,
 )
 from execbox.plans.store import RunStore
 from execbox.plans.validation import dependencies, order
+from execbox.scripts.library import Library, input_problems
 
 TRANSIENT = {"sandbox.error", "expired"}
 """Categories a retry-safe step repeats by default: the infrastructure failed, not the plan."""
@@ -53,6 +57,8 @@ class Executor:
     submissions: Submissions
     artifacts: ArtifactStore
     metrics: PlanMetrics | None = None
+    scripts: Library | None = None
+    """The script library `script:` steps run from."""
 
     def __post_init__(self) -> None:
         self.dispatcher = Dispatcher(self.submissions, self.artifacts)
@@ -261,8 +267,12 @@ class Executor:
             return self._start_check(
                 run, step_id, state, spec.preconditions[state.passed], f"precondition:{state.passed}"
             )
-        assert isinstance(spec.run, CodeCell)
-        launched = self._launch(run, step_id, state, now, spec.run, spec.args, state.args or {}, attempt,
+        cell: CodeCell | ExecutionCreate | None = spec.run if isinstance(spec.run, CodeCell) else None
+        if cell is None:
+            cell = self._script_request(run, step_id, state)
+            if cell is None:
+                return False
+        launched = self._launch(run, step_id, state, now, cell, spec.args, state.args or {}, attempt,
                                 spec.postconditions)  # fmt: skip
         if launched is None:
             return False
@@ -270,6 +280,26 @@ class Executor:
         state.phase = None
         self.set_step(run, step_id, StepStatus.RUNNING, f"attempt {attempt}: execution {launched}")
         return True
+
+    def _script_request(self, run: RunRecord, step_id: str, state: StepState) -> ExecutionCreate | None:
+        """The execution of a `script:` step: the version it names (or the newest proven one,
+        recorded in the step's events), its arguments checked against the script's input schema."""
+        spec = run.spec(step_id)
+        assert isinstance(spec.run, ScriptRef) and self.scripts is not None
+        name, _, version = spec.run.script.partition("@")
+        try:
+            script = self.scripts.resolve(run.tenant, name, version)
+        except ServiceError as exc:
+            self._fail(run, step_id, exc.code, exc.message)
+            return None
+        problems = input_problems(script.input_schema, state.args or {}, "args")
+        if problems:
+            self._fail(run, step_id, "input.invalid", "; ".join(f"{p.field}: {p.message}" for p in problems))
+            return None
+        state.script = f"{name}@{script.version}"
+        policy = spec.policy if spec.policy != PolicyRequest() else script.default_policy
+        body = self.scripts.request(script, state.args or {}, spec.files)
+        return body.model_copy(update={"policy": policy})
 
     def _start_check(self, run: RunRecord, step_id: str, state: StepState, check: Check, phase: str) -> bool:
         try:
@@ -287,7 +317,8 @@ class Executor:
         return True
 
     def _launch(
-        self, run: RunRecord, step_id: str, state: StepState, now: float, cell: CodeCell, raw_args: dict[str, Any],
+        self, run: RunRecord, step_id: str, state: StepState, now: float, cell: CodeCell | ExecutionCreate,
+        raw_args: dict[str, Any],
         args: dict[str, Any], attempt: int, post: Postconditions | None, suffix: str = "",
     ) -> str | None:  # fmt: skip
         spec = run.spec(step_id)

@@ -13,7 +13,15 @@ from jsonschema import Draft202012Validator
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.catalog.webhook_hosts import host_allowed
-from execbox.core.errors import ApprovalForbidden, ApprovalNotFound, FieldProblem, InvalidPlan, RunConflict, RunNotFound
+from execbox.core.errors import (
+    ApprovalForbidden,
+    ApprovalNotFound,
+    FieldProblem,
+    InvalidPlan,
+    RunConflict,
+    RunNotFound,
+    ServiceError,
+)
 from execbox.core.tracing import from_traceparent
 from execbox.plans import handoff
 from execbox.plans.executor import Executor
@@ -53,7 +61,19 @@ class Runs:
     webhook_hosts: list[str]
 
     def validate(self, tenant: str, plan: PlanDocument) -> list[FieldProblem]:
-        return problems(plan, self.languages, self.policies, self._allowed(tenant))
+        return problems(plan, self.languages, self.policies, self._allowed(tenant),
+                        script_problem=lambda ref: self._script_problem(tenant, ref))  # fmt: skip
+
+    def _script_problem(self, tenant: str, ref: str) -> str | None:
+        library = self.executor.scripts
+        if library is None:
+            return "this service has no script library"
+        name, _, version = ref.partition("@")
+        try:
+            library.resolve(tenant, name, version)
+        except ServiceError as exc:
+            return exc.message
+        return None
 
     def create(self, tenant: str, body: RunCreate, traceparent: str | None) -> RunRecord:
         found = self.validate(tenant, body.plan)
@@ -210,8 +230,8 @@ class Runs:
         merged = run.plan.model_copy(update={"steps": [*run.plan.steps, *body.add], "goal": body.goal or run.plan.goal})
         frozen = {i: s.status.value for i, s in run.steps.items()}
         found += problems(merged, self.languages, self.policies, self._allowed(tenant), prefix="revision",
-                          frozen=frozen, new_ids={s.id for s in body.add},
-                          dispatched=run.usage.steps_dispatched)  # fmt: skip
+                          frozen=frozen, new_ids={s.id for s in body.add}, dispatched=run.usage.steps_dispatched,
+                          script_problem=lambda ref: self._script_problem(tenant, ref))  # fmt: skip
         if found:
             raise InvalidPlan(tuple(found))
         run.revision += 1

@@ -40,7 +40,12 @@ class CodeCell(BaseModel):
 class ScriptRef(BaseModel):
     model_config = _STRICT
 
-    script: str = Field(max_length=200, description="`name@version` of a registered script (not available yet).")
+    script: str = Field(
+        max_length=200,
+        pattern=r"^[a-z][a-z0-9_.-]{0,99}@(proven|\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?)$",
+        description="`name@version` of a registered script, or `name@proven` (the newest proven version "
+        "when the step starts; the step records which).",
+    )
 
 
 class Check(BaseModel):
@@ -239,6 +244,7 @@ class StepState(BaseModel):
         None, description="Its resolved arguments, once dispatched or awaiting approval."
     )
     reconciled: str | None = Field(None, description="How an unknown outcome was settled, and why.")
+    script: str | None = Field(None, description="For a `script:` step: the `name@version` that ran.")
     checks: list[str] = Field(
         default_factory=list, description="Execution ids of its checks (preconditions, status reads)."
     )

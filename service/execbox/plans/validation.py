@@ -8,7 +8,7 @@ never starts on a plan that could only fail for reasons known in advance.
 from __future__ import annotations
 
 import graphlib
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from execbox.catalog.languages import Languages
@@ -56,6 +56,7 @@ def problems(
     frozen: Mapping[str, str] | None = None,
     new_ids: Collection[str] | None = None,
     dispatched: int = 0,
+    script_problem: Callable[[str], str | None] = lambda ref: "no script library",
 ) -> list[FieldProblem]:
     """Every problem of the plan. For a revision, `frozen` maps the steps of earlier revisions to
     their status (added steps may refer only to succeeded ones), `new_ids` names the added steps
@@ -71,7 +72,7 @@ def problems(
         seen.add(step.id)
         if frozen is not None and new_ids is not None and step.id not in new_ids:
             continue  # an earlier revision's step: checked when it was added
-        found += _step_problems(step, at, plan, known, languages, policies, allowed_policies, frozen)
+        found += _step_problems(step, at, plan, known, languages, policies, allowed_policies, frozen, script_problem)
     needed = dispatched + (len(new_ids) if new_ids is not None else len(plan.steps))
     if needed > plan.budgets.max_steps:
         fits = f"{needed} steps ({dispatched} already dispatched) cannot fit in max_steps {plan.budgets.max_steps}"
@@ -95,10 +96,13 @@ def _step_problems(
     policies: PolicySet,
     allowed_policies: Collection[str],
     frozen: Mapping[str, str] | None,
+    script_problem: Callable[[str], str | None],
 ) -> list[FieldProblem]:
     found: list[FieldProblem] = []
     if not isinstance(step.run, CodeCell):
-        found.append(FieldProblem(f"{at}.run", "registered scripts are not available yet; give `code` and `language`"))
+        problem = script_problem(step.run.script)
+        if problem:
+            found.append(FieldProblem(f"{at}.run.script", problem))
     else:
         try:
             languages.get(step.run.language)

@@ -1,0 +1,172 @@
+"""The script library: register immutable versions, find them, promote them on evidence, and
+invoke them as ordinary executions (inputs checked against the input schema, declared outputs
+against the output schema, the version recorded on the execution as the label `execbox.script`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from execbox.catalog.languages import Languages
+from execbox.catalog.policies import PolicySet
+from execbox.core.errors import FieldProblem, InvalidRequest, RunConflict, ScriptNotFound
+from execbox.core.status import ExecutionStatus
+from execbox.executions.record import ExecutionRecord
+from execbox.executions.schemas import ExecutionCreate, Expect, InputFile
+from execbox.executions.submit import Submission, Submissions
+from execbox.scripts.schemas import (
+    VERSION_PATTERN,
+    Promote,
+    ScriptCreate,
+    ScriptDetail,
+    ScriptSummary,
+    ScriptVersion,
+    VersionStatus,
+    VersionView,
+)
+from execbox.scripts.store import ScriptStore
+
+SCRIPT_LABEL = "execbox.script"
+
+
+def version_key(version: str) -> tuple[Any, ...]:
+    """Semantic-version order: numbers numerically, a pre-release before its release."""
+    core, _, pre = version.partition("-")
+    return (*(int(p) for p in core.split(".")), pre == "", pre)
+
+
+def input_problems(schema: dict[str, Any], inputs: Any, prefix: str = "inputs") -> list[FieldProblem]:
+    """Every violation of the input schema, each with its path."""
+    found = []
+    for error in sorted(Draft202012Validator(schema).iter_errors(inputs), key=lambda e: list(e.absolute_path)):
+        path = ".".join(str(p) for p in (prefix, *error.absolute_path))
+        found.append(FieldProblem(path, error.message))
+    return found
+
+
+@dataclass(frozen=True)
+class Library:
+    store: ScriptStore
+    submissions: Submissions
+    languages: Languages
+    policies: PolicySet
+
+    def register(self, tenant: str, body: ScriptCreate, allowed: Collection[str]) -> tuple[ScriptVersion, bool]:
+        """(the version, created): the same registration again is a replay; other content under the
+        same version is a 409 (versions are immutable)."""
+        self.languages.get(body.language)
+        policy = self.policies.resolve(body.default_policy, len(body.code.encode()))
+        if policy.name not in allowed:
+            problem = FieldProblem("default_policy.name", f"one of {', '.join(sorted(allowed))}")
+            raise InvalidRequest(f"this tenant may not use policy {policy.name!r}", (problem,))
+        digest = hashlib.sha256(json.dumps(body.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+        wanted = ScriptVersion(**body.model_dump(), sha256=digest, created_at=time.time(), tenant=tenant)
+        stored = self.store.add(wanted)
+        if stored.sha256 != digest:
+            raise RunConflict(f"{body.name}@{body.version} is registered with other content; versions are "
+                              "immutable: register a new version")  # fmt: skip
+        return stored, stored.created_at == wanted.created_at
+
+    def search(self, tenant: str, q: str = "", tag: str = "") -> list[ScriptSummary]:
+        found = []
+        for name in self.store.names(tenant):
+            versions = sorted(self.store.versions(tenant, name), key=lambda v: version_key(v.version))
+            latest = versions[-1]
+            text = f"{name} {latest.description} {' '.join(latest.tags)}".lower()
+            if (q and q.lower() not in text) or (tag and tag not in latest.tags):
+                continue
+            proven = [v for v in versions if v.status is VersionStatus.PROVEN]
+            found.append(ScriptSummary(
+                name=name, description=latest.description, tags=latest.tags, latest=latest.version,
+                proven=proven[-1].version if proven else None, input_schema=latest.input_schema,
+                output_schema=latest.output_schema,
+            ))  # fmt: skip
+        return found
+
+    def detail(self, tenant: str, name: str) -> ScriptDetail:
+        versions = sorted(self.store.versions(tenant, name), key=lambda v: version_key(v.version))
+        if not versions:
+            raise ScriptNotFound(name)
+        uses = self.store.uses(tenant, name)
+        return ScriptDetail(name=name, versions=[
+            VersionView(version=v.version, status=v.status, sha256=v.sha256, created_at=v.created_at,
+                        evidence=v.evidence, uses=uses.get(v.version, 0)) for v in versions])  # fmt: skip
+
+    def resolve(self, tenant: str, name: str, version: str) -> ScriptVersion:
+        """An exact version, or `proven`: the newest proven one."""
+        versions = self.store.versions(tenant, name)
+        if version == "proven":
+            proven = [v for v in versions if v.status is VersionStatus.PROVEN]
+            if not proven:
+                raise ScriptNotFound(f"{name}@proven (no version of {name} is proven yet)")
+            return max(proven, key=lambda v: version_key(v.version))
+        found = next((v for v in versions if v.version == version), None)
+        if found is None:
+            raise ScriptNotFound(f"{name}@{version}")
+        return found
+
+    def promote(self, tenant: str, name: str, version: str, body: Promote) -> ScriptVersion:
+        script = self.resolve(tenant, name, version)
+        if body.status == "proven":
+            label = f"{name}@{version}"
+            problems = []
+            for index, execution_id in enumerate(body.evidence):
+                record = self.submissions.store.get(execution_id)
+                if record is None or record.tenant != tenant or record.labels.get(SCRIPT_LABEL) != label:
+                    problems.append(FieldProblem(f"evidence.{index}", f"not an execution of {label}"))
+                elif record.status is not ExecutionStatus.SUCCEEDED:
+                    problems.append(FieldProblem(f"evidence.{index}", f"{execution_id} {record.status.value}"))
+            if not body.evidence:
+                problems.append(FieldProblem("evidence", "proven needs at least one succeeded execution of it"))
+            if problems:
+                raise InvalidRequest(f"{label} cannot be proven on this evidence", tuple(problems))
+            script.evidence = sorted({*script.evidence, *body.evidence})
+        script.status = VersionStatus(body.status)
+        self.store.put(script)
+        return script
+
+    def invoke(
+        self,
+        tenant: str,
+        name: str,
+        version: str,
+        inputs: dict[str, Any],
+        files: list[InputFile],
+        labels: dict[str, str] | None = None,
+        traceparent: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Submission:
+        """An execution of the version: inputs checked first (422 listing every violation)."""
+        script = self.resolve(tenant, name, version)
+        problems = input_problems(script.input_schema, inputs)
+        if problems:
+            raise InvalidRequest(f"the inputs do not match {name}@{script.version}'s input schema", tuple(problems))
+        submitted = self.submissions.submit(tenant, self.request(script, inputs, files, labels), (), traceparent,
+                                            idempotency_key=idempotency_key, route=f"invoke {name}")  # fmt: skip
+        self.store.count_use(tenant, name, script.version)
+        return submitted
+
+    @staticmethod
+    def request(
+        script: ScriptVersion, inputs: Any, files: list[InputFile], labels: dict[str, str] | None = None
+    ) -> ExecutionCreate:
+        """The execution of a script version (its outputs checked against its output schema)."""
+        return ExecutionCreate(
+            language=script.language, code=script.code, inputs=inputs, files=files, policy=script.default_policy,
+            labels={**(labels or {}), SCRIPT_LABEL: f"{script.name}@{script.version}"},
+            expect=Expect(outputs_schema=script.output_schema) if script.output_schema else None,
+        )  # fmt: skip
+
+
+def ran_version(record: ExecutionRecord) -> str | None:
+    """`name@version` of the script an execution ran, if it ran one."""
+    return record.labels.get(SCRIPT_LABEL)
+
+
+__all__ = ["VERSION_PATTERN", "Library", "input_problems", "ran_version", "version_key"]
