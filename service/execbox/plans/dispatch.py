@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from execbox.catalog.schemas import PolicyRequest
+from execbox.core.errors import ServiceError
 from execbox.executions.schemas import ExecutionCreate, Expect, InputFile
 from execbox.executions.submit import Submissions
 from execbox.files.blobs import ArtifactStore
 from execbox.plans.refs import artifact_path, refs_in
-from execbox.plans.schemas import CodeCell, Postconditions, RunRecord
+from execbox.plans.schemas import CodeCell, Postconditions, RunRecord, ScriptRef
+from execbox.scripts.library import Library, input_problems
 
 ROUTE = "plan step"
 """The idempotency scope of step dispatches."""
@@ -25,6 +27,32 @@ ROUTE = "plan step"
 
 class MissingArtifact(LookupError):
     pass
+
+
+class StepRefused(Exception):
+    """The step cannot start: its error category and message."""
+
+    def __init__(self, category: str, message: str) -> None:
+        super().__init__(message)
+        self.category, self.message = category, message
+
+
+def script_request(library: Library, run: RunRecord, step_id: str, args: dict[str, Any]) -> tuple[ExecutionCreate, str]:
+    """The execution of a `script:` step and the `name@version` it runs: the version it names, or
+    the newest proven one now; its arguments checked against the script's input schema."""
+    spec = run.spec(step_id)
+    assert isinstance(spec.run, ScriptRef)
+    name, _, version = spec.run.script.partition("@")
+    try:
+        script = library.resolve(run.tenant, name, version)
+    except ServiceError as exc:
+        raise StepRefused(exc.code, exc.message) from exc
+    problems = input_problems(script.input_schema, args, "args")
+    if problems:
+        raise StepRefused("input.invalid", "; ".join(f"{p.field}: {p.message}" for p in problems))
+    policy = spec.policy if spec.policy != PolicyRequest() else script.default_policy
+    body = library.request(script, args, spec.files).model_copy(update={"policy": policy})
+    return body, f"{name}@{script.version}"
 
 
 @dataclass(frozen=True)

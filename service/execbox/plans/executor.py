@@ -7,6 +7,10 @@ requests approvals, dispatches the steps that are ready (each attempt through
 `executions.submit` under an Idempotency-Key of its own, so even a crash between dispatch and
 save dispatches it once) and derives the run's status. It never calls a model and never guesses:
 what it cannot decide stops the run for a re-plan or a reconcile.
+
+Longer than 400 lines because the reconciler's rules (settling attempts and checks, propagating
+failures, dispatching, deriving the run's status) are one state machine best read in one place;
+what stands alone lives beside it (dispatch, approvals, refs, validation, handoff).
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from execbox.catalog.schemas import PolicyRequest
 from execbox.core.errors import CapacityError, InfrastructureError, ServiceError
 from execbox.core.metrics import PlanMetrics
 from execbox.core.status import ExecutionStatus
@@ -26,7 +29,7 @@ from execbox.executions.schemas import ExecutionCreate
 from execbox.executions.submit import Submissions
 from execbox.files.blobs import ArtifactStore
 from execbox.plans import approvals
-from execbox.plans.dispatch import Dispatcher, MissingArtifact
+from execbox.plans.dispatch import Dispatcher, MissingArtifact, StepRefused, script_request
 from execbox.plans.refs import RefError, resolve
 from execbox.plans.schemas import (
     ApprovalStatus,
@@ -36,14 +39,13 @@ from execbox.plans.schemas import (
     RunEvent,
     RunRecord,
     RunStatus,
-    ScriptRef,
     StepError,
     StepState,
     StepStatus,
 )
 from execbox.plans.store import RunStore
 from execbox.plans.validation import dependencies, order
-from execbox.scripts.library import Library, input_problems
+from execbox.scripts.library import Library
 
 TRANSIENT = {"sandbox.error", "expired"}
 """Categories a retry-safe step repeats by default: the infrastructure failed, not the plan."""
@@ -282,24 +284,13 @@ class Executor:
         return True
 
     def _script_request(self, run: RunRecord, step_id: str, state: StepState) -> ExecutionCreate | None:
-        """The execution of a `script:` step: the version it names (or the newest proven one,
-        recorded in the step's events), its arguments checked against the script's input schema."""
-        spec = run.spec(step_id)
-        assert isinstance(spec.run, ScriptRef) and self.scripts is not None
-        name, _, version = spec.run.script.partition("@")
+        assert self.scripts is not None
         try:
-            script = self.scripts.resolve(run.tenant, name, version)
-        except ServiceError as exc:
-            self._fail(run, step_id, exc.code, exc.message)
+            body, state.script = script_request(self.scripts, run, step_id, state.args or {})
+        except StepRefused as exc:
+            self._fail(run, step_id, exc.category, exc.message)
             return None
-        problems = input_problems(script.input_schema, state.args or {}, "args")
-        if problems:
-            self._fail(run, step_id, "input.invalid", "; ".join(f"{p.field}: {p.message}" for p in problems))
-            return None
-        state.script = f"{name}@{script.version}"
-        policy = spec.policy if spec.policy != PolicyRequest() else script.default_policy
-        body = self.scripts.request(script, state.args or {}, spec.files)
-        return body.model_copy(update={"policy": policy})
+        return body
 
     def _start_check(self, run: RunRecord, step_id: str, state: StepState, check: Check, phase: str) -> bool:
         try:
