@@ -1,0 +1,95 @@
+"""The script library on the real stack: registered code run in real sandboxes, its schemas
+enforced, its ear (execbox.check) raising on the surprise it foresees."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+import httpx
+import pytest
+
+pytestmark = [pytest.mark.docker, pytest.mark.redis]
+
+REPORT = """
+import json, os, execbox
+errors, unreadable = {}, []
+for path in sorted(execbox.inputs["logs"]):
+    lines = open(path).read().splitlines()
+    parsed = [l for l in lines if l[:4] in ("INFO", "WARN", "ERRO")]
+    if lines and not parsed:  # a log it should understand yields nothing: a new format
+        unreadable.append({"file": path, "first_line": lines[0][:80]})
+    errors[path] = sum(1 for l in parsed if l.startswith("ERRO"))
+execbox.check(not unreadable, "logs in a format this report does not read", unreadable=unreadable)
+with open(os.path.join(execbox.output_dir, "report.md"), "w") as f:
+    f.write("# Errors\\n" + "".join(f"- {p}: {n}\\n" for p, n in errors.items()))
+execbox.emit("errors", sum(errors.values()))
+"""
+
+
+def register(api: httpx.Client, name: str, version: str = "1.0.0", **extra: Any) -> dict[str, Any]:
+    strings = {"type": "array", "items": {"type": "string"}}
+    inputs = {"type": "object", "required": ["logs"], "properties": {"logs": strings}}
+    body = {"name": name, "version": version, "code": REPORT, "description": "weekly instrument error report",
+            "tags": ["reports"], "input_schema": inputs,
+            "output_schema": {"type": "object", "required": ["errors"], "properties": {"errors": {"type": "integer"}}},
+            **extra}  # fmt: skip
+    answer = api.post("/v1/scripts", json=body)
+    assert answer.status_code == 201, answer.text
+    result: dict[str, Any] = answer.json()
+    return result
+
+
+def logs(api: httpx.Client, contents: dict[str, str]) -> list[dict[str, str]]:
+    uploaded = [api.post("/v1/files", files={"file": (p, text.encode())}).json()["id"] for p, text in contents.items()]
+    return [{"path": p, "file_id": f} for p, f in zip(contents, uploaded, strict=True)]
+
+
+def test_a_registered_report_runs_and_raises_on_a_log_it_cannot_read(api: httpx.Client) -> None:
+    name = f"reports.errors_{secrets.token_hex(3)}"
+    register(api, name)
+    plain = {"a.log": "INFO start\nERRO disk\nERRO fan\n", "b.log": "WARN hot\n"}
+    quiet = api.post(f"/v1/scripts/{name}/invoke?wait=60", json={"version": "1.0.0", "inputs": {"logs": list(plain)},
+                                                                  "files": logs(api, plain)}).json()  # fmt: skip
+    assert quiet["status"] == "succeeded" and quiet["outputs"] == {"errors": 2}
+    assert [a["name"] for a in quiet["artifacts"]] == ["report.md"]
+
+    changed = {**plain, "b.log": json.dumps({"level": "warn", "msg": "hot"}) + "\n"}
+    surprise = api.post(f"/v1/scripts/{name}/invoke?wait=60", json={
+        "version": "1.0.0", "inputs": {"logs": list(changed)}, "files": logs(api, changed)}).json()  # fmt: skip
+    assert surprise["status"] == "failed" and surprise["error"]["category"] == "check.failed"
+    assert surprise["error"]["details"]["details"]["unreadable"][0]["file"] == "b.log"
+
+    promoted = api.post(f"/v1/scripts/{name}/versions/1.0.0/promote",
+                        json={"status": "proven", "evidence": [quiet["id"]]})  # fmt: skip
+    refused = api.post(f"/v1/scripts/{name}/versions/1.0.0/promote",
+                       json={"status": "proven", "evidence": [surprise["id"]]})  # fmt: skip
+    assert promoted.status_code == 200 and refused.status_code == 422, "a failed run is no evidence"
+    versions = api.get(f"/v1/scripts/{name}").json()["versions"]
+    assert versions[0]["uses"] == 2 and versions[0]["status"] == "proven"
+
+
+def test_outputs_that_break_the_schema_are_output_invalid(api: httpx.Client) -> None:
+    name = f"reports.bad_{secrets.token_hex(3)}"
+    register(api, name, code="import execbox\nexecbox.emit('errors', 'many')\n")
+
+    ran = api.post(f"/v1/scripts/{name}/invoke?wait=60", json={"version": "1.0.0", "inputs": {"logs": []}}).json()
+
+    assert ran["status"] == "failed" and ran["error"]["category"] == "output.invalid"
+
+
+def test_a_plan_step_runs_the_proven_script_in_a_real_sandbox(api: httpx.Client) -> None:
+    name = f"reports.plan_{secrets.token_hex(3)}"
+    register(api, name)
+    first = api.post(f"/v1/scripts/{name}/invoke?wait=60", json={"version": "1.0.0", "inputs": {"logs": []}}).json()
+    api.post(f"/v1/scripts/{name}/versions/1.0.0/promote", json={"status": "proven", "evidence": [first["id"]]})
+    register(api, name, version="1.1.0")  # a draft: not used by @proven
+    files = logs(api, {"c.log": "ERRO one\n"})
+    plan = {"format": "plan/v1", "steps": [{"id": "report", "run": {"script": f"{name}@proven"},
+                                            "args": {"logs": ["c.log"]}, "files": files}]}  # fmt: skip
+    run = api.post("/v1/runs", json={"plan": plan}).json()
+    run = api.get(f"/v1/runs/{run['id']}?wait=60").json()
+
+    assert run["status"] == "succeeded", run
+    assert run["steps"]["report"]["script"] == f"{name}@1.0.0" and run["steps"]["report"]["outputs"] == {"errors": 1}
