@@ -18,7 +18,7 @@ from rq import Queue
 from execbox import __version__
 from execbox.api import problems
 from execbox.api.deps import Services
-from execbox.api.routes import admin, executions, files, health, languages, runs, scripts
+from execbox.api.routes import admin, executions, files, health, languages, runs, schedules, scripts
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.core import logs
@@ -41,6 +41,8 @@ from execbox.plans.consumer import PlanConsumer
 from execbox.plans.executor import Executor
 from execbox.plans.runs import Runs
 from execbox.plans.store import RunStore
+from execbox.schedules.scheduler import Scheduler
+from execbox.schedules.store import ScheduleStore
 from execbox.scripts.library import Library
 from execbox.scripts.store import ScriptStore
 from execbox.tenancy.apikeys import ApiKeys
@@ -60,12 +62,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await waiters.start()
         consumer = PlanConsumer(app.state.services.runs.executor, _process_name(), settings.plans.claim_idle_s)
-        thread = consumer.start(stop)
+        threads = [consumer.start(stop), app.state.services.schedules.start(stop)]
         try:
             yield
         finally:
             stop.set()
-            await asyncio.to_thread(thread.join, 10.0)
+            for thread in threads:
+                await asyncio.to_thread(thread.join, 10.0)
             await waiters.close()
             client.close()
 
@@ -119,6 +122,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         waiters=waiters,
         runs=plan_runs,
         scripts=library,
+        schedules=Scheduler(ScheduleStore(client, keys), library, store, metrics.schedules),
     )
     problems.install(app, settings.api.max_body_bytes)
     app.add_middleware(HttpMetrics, metrics=metrics, routes=app.routes)
@@ -126,6 +130,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(files.router)
     app.include_router(runs.router)
     app.include_router(scripts.router)
+    app.include_router(schedules.router)
     app.include_router(admin.router)
     app.include_router(languages.router)
     app.include_router(health.router)

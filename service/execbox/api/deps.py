@@ -23,6 +23,7 @@ from execbox.files.blobs import ArtifactStore
 from execbox.files.store import FileStore
 from execbox.fleet.registry import WorkerRegistry
 from execbox.plans.runs import Runs
+from execbox.schedules.scheduler import Scheduler
 from execbox.scripts.library import Library
 from execbox.tenancy.apikeys import DEFAULT_TENANT, ApiKeys
 from execbox.tenancy.quotas import Quotas
@@ -48,6 +49,7 @@ class Services:
     waiters: Waiters
     runs: Runs
     scripts: Library
+    schedules: Scheduler
 
 
 def _services(request: Request) -> Services:

@@ -21,6 +21,7 @@ category (execbox.core.status.ErrorCategory); only the faults below raise.
     │   ├── InvalidPlan             plan.invalid (422, every problem listed)
     │   ├── RunNotFound             run.not_found (404)
     │   ├── ScriptNotFound          script.not_found (404)
+    │   ├── ScheduleNotFound        schedule.not_found (404)
     │   ├── ApprovalNotFound        approval.not_found (404)
     │   └── ApprovalForbidden       approval.forbidden (403: another API key must decide)
     ├── ConflictError               execution.finished (409)
@@ -215,6 +216,14 @@ class ScriptNotFound(RequestError):
 
     def __init__(self, what: str) -> None:
         super().__init__(f"no script {what}; GET /v1/scripts lists this tenant's scripts")
+
+
+class ScheduleNotFound(RequestError):
+    code = "schedule.not_found"
+    http_status = 404
+
+    def __init__(self, schedule_id: str) -> None:
+        super().__init__(f"no schedule {schedule_id}")
 
 
 class ApprovalForbidden(RequestError):

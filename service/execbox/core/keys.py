@@ -163,6 +163,11 @@ SCHEMA: tuple[KeySpec, ...] = (
         "scriptuse:{tenant}:{name}", "hash version -> count", "none", ("api",), (), "executions started per version"
     ),
     KeySpec("scripts:{tenant}", "set of names", "none", ("api",), (), "a tenant's scripts, for search"),
+    KeySpec("schedule:{id}", "string (JSON Schedule)", "none", ("api",), (), "a schedule"),
+    KeySpec("schedules:{tenant}", "zset id -> created_at", "none", ("api",), (), "a tenant's schedules"),
+    KeySpec("schedules:due", "zset id -> next look", "none", ("api",), (), "when each schedule needs its scheduler"),
+    KeySpec("firings:{id}", "list of JSON firings", "last 1000", ("api",), (), "a schedule's firings"),
+    KeySpec("slot:{id}:{slot}", "string", "7 days", ("api",), (), "the claim that fires a slot once"),
 )
 
 
@@ -262,6 +267,23 @@ class Keys:
 
     def scripts(self, tenant: str) -> str:
         return self._k("scripts", tenant)
+
+    # schedules
+    def schedule(self, schedule_id: str) -> str:
+        return self._k("schedule", schedule_id)
+
+    def schedules(self, tenant: str) -> str:
+        return self._k("schedules", tenant)
+
+    @property
+    def schedules_due(self) -> str:
+        return self._k("schedules", "due")
+
+    def firings(self, schedule_id: str) -> str:
+        return self._k("firings", schedule_id)
+
+    def slot(self, schedule_id: str, slot: str) -> str:
+        return self._k("slot", schedule_id, slot)
 
     # plans
     def run(self, run_id: str) -> str:

@@ -69,18 +69,35 @@ def plan_metrics(registry: CollectorRegistry) -> PlanMetrics:
 
 
 @dataclass(frozen=True)
+class ScheduleMetrics:
+    firings: Counter
+    lag: Histogram
+
+
+def schedule_metrics(registry: CollectorRegistry) -> ScheduleMetrics:
+    return ScheduleMetrics(
+        firings=Counter("execbox_schedule_firings_total", "Schedule slots handled, by outcome (fired, queued, "
+                        "skipped_overlap, skipped_misfire, not_started)", ["status"], registry=registry),
+        lag=Histogram("execbox_schedule_lag_seconds", "From a slot's time to its execution's acceptance",
+                      buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300), registry=registry),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
 class ApiMetrics:
     requests: Counter
     request_seconds: Histogram
     accepted: Counter
     outcomes: OutcomeMetrics
     plans: PlanMetrics
+    schedules: ScheduleMetrics
 
 
 def api_metrics(registry: CollectorRegistry) -> ApiMetrics:
     return ApiMetrics(
         outcomes=outcome_metrics(registry),
         plans=plan_metrics(registry),
+        schedules=schedule_metrics(registry),
         requests=Counter("execbox_api_requests_total", "HTTP requests by route template, method and status code",
                          ["route", "method", "code"], registry=registry),
         request_seconds=Histogram("execbox_api_request_duration_seconds", "HTTP request latency by route template",

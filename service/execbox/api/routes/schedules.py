@@ -1,0 +1,83 @@
+"""HTTP for schedules: create, list, read, pause, resume, delete, and the firing list. Only
+translation: the work is execbox.schedules.scheduler's."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Response
+
+from execbox.api.deps import ServicesDep, TenantDep
+from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
+from execbox.core.errors import FieldProblem, InvalidRequest, ScheduleNotFound
+from execbox.schedules import calendar
+from execbox.schedules.schemas import SCHEDULE_ID_PATTERN, Firing, Schedule, ScheduleCreate
+from execbox.scripts.library import input_problems
+
+router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
+ScheduleId = Annotated[str, Path(pattern=SCHEDULE_ID_PATTERN, description="Schedule id (`sch_...`).")]
+_RESPONSES: dict[int | str, dict[str, object]] = {
+    400: {"description": "The body is not JSON.", **PROBLEM_DOC},
+    404: {"description": "No such schedule, or no such script.", **PROBLEM_DOC},
+    413: {"description": "The body is too large.", **PROBLEM_DOC},
+    422: {"description": "Invalid cron, time zone, script or inputs.", **PROBLEM_DOC},
+    503: {"description": "Redis unavailable; retry.", **PROBLEM_DOC},
+    **UNAUTHORIZED_DOC,
+}
+
+
+def _owned(services: ServicesDep, tenant: str, schedule_id: str) -> Schedule:
+    schedule = services.schedules.store.get(schedule_id)
+    if schedule is None or schedule.tenant != tenant:
+        raise ScheduleNotFound(schedule_id)
+    return schedule
+
+
+@router.post("", status_code=201, response_model=Schedule, responses=_RESPONSES, summary="Fire a script on a calendar")
+def create(body: ScheduleCreate, response: Response, services: ServicesDep, tenant: TenantDep) -> Schedule:
+    try:
+        calendar.check(body.cron, body.timezone)
+    except calendar.CalendarError as exc:
+        field = "timezone" if "zone" in str(exc) else "cron"
+        raise InvalidRequest(str(exc), (FieldProblem(field, str(exc)),)) from exc
+    name, _, version = body.script.partition("@")
+    script = services.scripts.resolve(tenant, name, version)  # 404 for an unknown script
+    problems = input_problems(script.input_schema, body.inputs)
+    if problems:
+        raise InvalidRequest(f"the inputs do not match {script.name}@{script.version}", tuple(problems))
+    schedule = services.schedules.create(tenant, body)
+    response.headers["Location"] = f"/v1/schedules/{schedule.id}"
+    return schedule
+
+
+@router.get("", response_model=list[Schedule], responses=_RESPONSES, summary="The tenant's schedules")
+def list_schedules(services: ServicesDep, tenant: TenantDep) -> list[Schedule]:
+    return services.schedules.store.of_tenant(tenant)
+
+
+@router.get("/{schedule_id}", response_model=Schedule, responses=_RESPONSES, summary="Get a schedule")
+def get(schedule_id: ScheduleId, services: ServicesDep, tenant: TenantDep) -> Schedule:
+    return _owned(services, tenant, schedule_id)
+
+
+@router.post("/{schedule_id}/pause", response_model=Schedule, responses=_RESPONSES, summary="Pause a schedule")
+def pause(schedule_id: ScheduleId, services: ServicesDep, tenant: TenantDep) -> Schedule:
+    return services.schedules.set_paused(_owned(services, tenant, schedule_id), True)
+
+
+@router.post("/{schedule_id}/resume", response_model=Schedule, responses=_RESPONSES,
+             summary="Resume a schedule (slots passed while paused are not fired)")  # fmt: skip
+def resume(schedule_id: ScheduleId, services: ServicesDep, tenant: TenantDep) -> Schedule:
+    return services.schedules.set_paused(_owned(services, tenant, schedule_id), False)
+
+
+@router.delete("/{schedule_id}", status_code=204, responses=_RESPONSES, summary="Delete a schedule")
+def delete(schedule_id: ScheduleId, services: ServicesDep, tenant: TenantDep) -> Response:
+    services.schedules.store.delete(_owned(services, tenant, schedule_id))
+    return Response(status_code=204)
+
+
+@router.get("/{schedule_id}/firings", response_model=list[Firing], responses=_RESPONSES,
+            summary="Every slot handled: fired (with its execution), queued or skipped, and why")  # fmt: skip
+def firings(schedule_id: ScheduleId, services: ServicesDep, tenant: TenantDep) -> list[Firing]:
+    return services.schedules.store.firings(_owned(services, tenant, schedule_id).id)

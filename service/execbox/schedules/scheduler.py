@@ -1,0 +1,141 @@
+"""Firing schedules: every slot once, whatever runs how many schedulers and restarts them.
+
+`tick(now)` looks at the schedules that are due (`schedules:due`), computes the slots since the
+last one handled, and handles each: a slot is claimed in Redis first (SET NX per schedule and
+slot), so one scheduler alone fires it, records it in the firing list and starts its execution
+through the script library (under the Idempotency-Key `<schedule>:<slot>`). Slots more than
+`misfire_grace_s` late (a downtime) are skipped, or the latest of them fired once; a slot whose
+previous firing still runs is skipped, or kept as the one queued slot. The scheduler runs as a
+thread in every API process (and as `execbox scheduler` on its own).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from execbox.core.errors import ServiceError
+from execbox.core.metrics import ScheduleMetrics
+from execbox.executions.store import ExecutionStore
+from execbox.schedules import calendar
+from execbox.schedules.schemas import Firing, Schedule, ScheduleCreate
+from execbox.schedules.schemas import FiringStatus as Status
+from execbox.schedules.store import ScheduleStore
+from execbox.scripts.library import Library
+
+log = logging.getLogger(__name__)
+TICK_S = 0.5
+
+
+@dataclass
+class Scheduler:
+    store: ScheduleStore
+    library: Library
+    executions: ExecutionStore
+    metrics: ScheduleMetrics | None = None
+    clock: Callable[[], float] = time.time
+
+    def create(self, tenant: str, body: ScheduleCreate) -> Schedule:
+        now = self.clock()
+        schedule = Schedule(**body.model_dump(), id="sch_" + secrets.token_hex(13)[:26], tenant=tenant,
+                            created_at=now, last_slot=now)  # fmt: skip
+        self.store.put(schedule, self._next(schedule))
+        return schedule
+
+    def set_paused(self, schedule: Schedule, paused: bool) -> Schedule:
+        """Pause, or resume: slots that passed while paused are not fired afterwards."""
+        schedule.paused = paused
+        if not paused:
+            schedule.last_slot = max(schedule.last_slot, self.clock())
+        self.store.put(schedule, None if paused else self._next(schedule))
+        return schedule
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.tick()
+            except ServiceError as exc:
+                log.warning("scheduler: %s", exc.message)
+            except Exception:  # one broken schedule must not stop the others
+                log.exception("scheduler tick failed")
+            stop.wait(TICK_S)
+
+    def start(self, stop: threading.Event) -> threading.Thread:
+        thread = threading.Thread(target=self.run, args=(stop,), name="scheduler", daemon=True)
+        thread.start()
+        return thread
+
+    def tick(self) -> None:
+        now = self.clock()
+        for schedule_id in self.store.due(now):
+            schedule = self.store.get(schedule_id)
+            if schedule is None or schedule.paused:
+                continue
+            self._handle(schedule, now)
+
+    def _handle(self, schedule: Schedule, now: float) -> None:
+        if schedule.queued_slot is not None and not self._busy(schedule):
+            queued, schedule.queued_slot = schedule.queued_slot, None
+            self._fire(schedule, queued, now, claim_suffix=":queued")
+        slots = calendar.due(schedule.cron, schedule.timezone, schedule.last_slot, now)
+        late = [s for s in slots if now - s > schedule.misfire_grace_s]
+        for slot in slots:
+            if not self.store.claim(schedule.id, slot):
+                continue  # another scheduler has it
+            if slot in late and not (schedule.misfire == "fire_latest" and slot == slots[-1]):
+                grace = schedule.misfire_grace_s
+                self._record(schedule, slot, now, "skipped_misfire", f"{now - slot:.0f} s late (grace {grace:g} s)")
+            elif self._busy(schedule):
+                if schedule.overlap == "queue_one" and schedule.queued_slot is None:
+                    schedule.queued_slot = slot
+                    self._record(schedule, slot, now, "queued", "the previous firing still runs")
+                else:
+                    self._record(schedule, slot, now, "skipped_overlap", f"{schedule.last_execution} still runs")
+            else:
+                self._fire(schedule, slot, now)
+        if slots:
+            schedule.last_slot = max(schedule.last_slot, slots[-1])
+        self.store.put(schedule, self._next(schedule))
+
+    def _fire(self, schedule: Schedule, slot: float, now: float, claim_suffix: str = "") -> None:
+        if claim_suffix and not self.store.claim(schedule.id, slot, claim_suffix):
+            return
+        name, _, version = schedule.script.partition("@")
+        labels = {**schedule.labels, "execbox.schedule": schedule.id, "execbox.slot": f"{slot:.0f}"}
+        try:
+            submitted = self.library.invoke(schedule.tenant, name, version, schedule.inputs, schedule.files, labels,
+                                            idempotency_key=f"{schedule.id}:{slot:.3f}")  # fmt: skip
+        except ServiceError as exc:
+            self._record(schedule, slot, now, "not_started", exc.message)
+            return
+        schedule.last_execution = submitted.record.id
+        lag = max(submitted.record.created_at - slot, 0.0)
+        self._record(schedule, slot, now, "fired", "", submitted.record.id, lag)
+        if self.metrics is not None:
+            self.metrics.lag.observe(lag)
+
+    def _busy(self, schedule: Schedule) -> bool:
+        """The latest firing's execution has not ended."""
+        if schedule.last_execution is None:
+            return False
+        record = self.executions.get(schedule.last_execution)
+        return record is not None and not record.status.terminal
+
+    def _record(
+        self, schedule: Schedule, slot: float, now: float, status: Status, detail: str,
+        execution_id: str | None = None, lag: float | None = None,
+    ) -> None:  # fmt: skip
+        firing = Firing(slot=slot, at=now, status=status, detail=detail, execution_id=execution_id, lag_s=lag)
+        self.store.add_firing(schedule.id, firing)
+        if self.metrics is not None:
+            self.metrics.firings.labels(status).inc()
+
+    def _next(self, schedule: Schedule) -> float:
+        """When to look again: the next slot, or at every tick while a slot waits behind a running firing."""
+        if schedule.queued_slot is not None:
+            return self.clock()
+        return next(calendar.slots(schedule.cron, schedule.timezone, max(schedule.last_slot, self.clock())))

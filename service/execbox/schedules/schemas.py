@@ -1,0 +1,64 @@
+"""A schedule on the wire: which script, when (cron in a time zone), and what to do when a firing
+overlaps the previous one or falls in a downtime."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from execbox.executions.schemas import InputFile
+
+SCHEDULE_ID_PATTERN = r"^sch_[a-z0-9]{26}$"
+SCRIPT_REF_PATTERN = r"^[a-z][a-z0-9_.-]{0,99}@(proven|\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?)$"
+
+
+class ScheduleCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    script: str = Field(
+        pattern=SCRIPT_REF_PATTERN, description="`name@version`, or `name@proven` (resolved at each firing)."
+    )
+    inputs: dict[str, Any] = Field(
+        default_factory=dict, description="Inputs of every firing (checked against the script)."
+    )
+    files: list[InputFile] = Field(
+        default_factory=list, description="Input files of every firing (uploaded files by id)."
+    )
+    cron: str = Field(max_length=200, description="5 fields, or 6 with seconds last; see docs/api.md for DST.")
+    timezone: str = Field("UTC", max_length=64, description="IANA time zone the cron is read in.")
+    overlap: Literal["skip", "queue_one"] = Field(
+        "skip", description="While the previous firing still runs: skip the slot, or keep one to fire when it ends."
+    )
+    misfire: Literal["skip", "fire_latest"] = Field(
+        "skip",
+        description="Slots missed by more than misfire_grace_s (a downtime): skip them, or fire the latest once.",
+    )
+    misfire_grace_s: float = Field(60.0, gt=0, le=86400, description="How late a slot may still fire.")
+    labels: dict[str, str] = Field(default_factory=dict, max_length=8, description="Labels for its executions.")
+
+
+class Schedule(ScheduleCreate):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str = Field(description="`sch_` and 26 characters.")
+    tenant: str = Field(description="Owner.")
+    paused: bool = Field(False, description="A paused schedule fires nothing; slots passed while paused are skipped.")
+    created_at: float = Field(description="Unix time.")
+    last_slot: float = Field(description="The latest slot handled (fired, queued or skipped).")
+    queued_slot: float | None = Field(None, description="A slot kept for when the running firing ends (queue_one).")
+    last_execution: str | None = Field(None, description="The execution of the latest firing.")
+
+
+FiringStatus = Literal["fired", "queued", "skipped_overlap", "skipped_misfire", "not_started"]
+
+
+class Firing(BaseModel):
+    slot: float = Field(description="The slot's Unix time.")
+    at: float = Field(description="When it was handled.")
+    status: FiringStatus = Field(
+        description="fired (an execution started), queued (kept behind a running firing), skipped, or not started."
+    )
+    execution_id: str | None = Field(None, description="Its execution, when it fired.")
+    lag_s: float | None = Field(None, description="From the slot to the execution's acceptance.")
+    detail: str = Field("", description="Why, for a skip or a refusal.")
