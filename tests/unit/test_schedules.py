@@ -11,11 +11,14 @@ import pytest
 import redis
 
 from execbox.core.settings import Settings
-from execbox.core.status import ExecutionStatus
+from execbox.core.status import ErrorCategory, ExecutionStatus
+from execbox.executions.record import ExecutionRecord
+from execbox.executions.schemas import ExecutionError
 from execbox.executions.store import ExecutionStore
 from execbox.schedules import calendar
 from execbox.schedules.scheduler import Scheduler
 from execbox.schedules.schemas import ScheduleCreate
+from tests.conftest import wait_until
 from tests.unit.conftest import InProcess
 
 pytestmark = pytest.mark.redis
@@ -140,3 +143,41 @@ def test_a_paused_schedule_fires_nothing_and_resumes_from_now(
     clock.now = T0 + 6
     scheduler.tick()
     assert [f.slot - T0 for f in scheduler.store.firings(schedule.id)] == [6.0]
+
+
+def test_a_failed_script_execution_is_a_surprise_and_a_quiet_one_is_not(
+    api: Api, client: redis.Redis, settings: Settings
+) -> None:
+    scheduler, schedule, clock = setup(api, client, settings, webhook={"url": "http://localhost/h",
+                                                                       "secret": "s" * 20})  # fmt: skip
+    http, as_ = api
+    clock.now = T0 + 1
+    scheduler.tick()
+    finish(client, settings, scheduler.store.firings(schedule.id)[0].execution_id or "")  # a quiet firing
+    clock.now = T0 + 2
+    scheduler.tick()
+    loud_id = scheduler.store.firings(schedule.id)[1].execution_id or ""
+    store = ExecutionStore(client, settings)
+    store.transition(loud_id, {ExecutionStatus.QUEUED}, "test", lambda r: ExecutionStatus.RUNNING)
+
+    def check_failed(record: ExecutionRecord) -> ExecutionStatus:
+        record.stderr = "Traceback ...\nCheckFailed: logs in a new format\n"
+        record.error = ExecutionError(category=ErrorCategory.CHECK_FAILED, message="check failed: logs in a new format",
+                                      retryable=False, details={"details": {"file": "b.log"}})  # fmt: skip
+        return ExecutionStatus.FAILED
+
+    store.transition(loud_id, {ExecutionStatus.RUNNING}, "test", check_failed)
+
+    def events() -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = http.get("/v1/events?type=script.failed", headers=as_["alpha"]).json()
+        return found
+
+    found: Any = wait_until(events, 10, "the surprise to be recorded")
+    (event,) = found
+    assert event["execution_id"] == loud_id and event["script"] == "tick@1.0.0" and event["schedule"] == schedule.id
+    assert event["slot"] == T0 + 2 and event["error"]["details"] == {"details": {"file": "b.log"}}
+    assert "CheckFailed" in event["stderr_tail"] and event["links"]["schedule"] == f"/v1/schedules/{schedule.id}"
+    assert http.get(f"/v1/events?since={event['id']}", headers=as_["alpha"]).json() == []
+    assert http.get("/v1/events", headers=as_["beta"]).json() == [], "another tenant sees none"
+    outbox: Any = client.xrange(f"{settings.redis.key_prefix}:events")
+    assert [f[b"id"].decode() for _, f in outbox if f[b"type"] == b"script.failed"] == [loud_id], "one webhook, not two"

@@ -43,6 +43,7 @@ from execbox.plans.runs import Runs
 from execbox.plans.store import RunStore
 from execbox.schedules.scheduler import Scheduler
 from execbox.schedules.store import ScheduleStore
+from execbox.schedules.surprises import Surprises
 from execbox.scripts.library import Library
 from execbox.scripts.store import ScriptStore
 from execbox.tenancy.apikeys import ApiKeys
@@ -62,7 +63,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await waiters.start()
         consumer = PlanConsumer(app.state.services.runs.executor, _process_name(), settings.plans.claim_idle_s)
-        threads = [consumer.start(stop), app.state.services.schedules.start(stop)]
+        services = app.state.services
+        threads = [
+            consumer.start(stop),
+            services.schedules.start(stop),
+            services.surprises.start(stop, _process_name()),
+        ]
         try:
             yield
         finally:
@@ -100,6 +106,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )  # fmt: skip
     artifacts = LocalArtifactStore(settings.artifacts_dir)
     library = Library(ScriptStore(client, keys), submissions, language_set, policies)
+    schedule_store = ScheduleStore(client, keys)
     executor = Executor(RunStore(client, keys, settings.retention_s), submissions, artifacts, metrics.plans, library)
     allowed = lambda tenant: quotas.quota(tenant).policies  # noqa: E731
     plan_runs = Runs(executor, language_set, policies, allowed, settings.webhooks.allow_hosts)
@@ -122,7 +129,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         waiters=waiters,
         runs=plan_runs,
         scripts=library,
-        schedules=Scheduler(ScheduleStore(client, keys), library, store, metrics.schedules),
+        schedules=Scheduler(schedule_store, library, store, metrics.schedules),
+        surprises=Surprises(client, keys, store, schedule_store, settings.retention_s, settings.queue.name),
     )
     problems.install(app, settings.api.max_body_bytes)
     app.add_middleware(HttpMetrics, metrics=metrics, routes=app.routes)
@@ -131,6 +139,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(runs.router)
     app.include_router(scripts.router)
     app.include_router(schedules.router)
+    app.include_router(schedules.events_router)
     app.include_router(admin.router)
     app.include_router(languages.router)
     app.include_router(health.router)

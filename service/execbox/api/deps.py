@@ -24,6 +24,7 @@ from execbox.files.store import FileStore
 from execbox.fleet.registry import WorkerRegistry
 from execbox.plans.runs import Runs
 from execbox.schedules.scheduler import Scheduler
+from execbox.schedules.surprises import Surprises
 from execbox.scripts.library import Library
 from execbox.tenancy.apikeys import DEFAULT_TENANT, ApiKeys
 from execbox.tenancy.quotas import Quotas
@@ -50,6 +51,7 @@ class Services:
     runs: Runs
     scripts: Library
     schedules: Scheduler
+    surprises: Surprises
 
 
 def _services(request: Request) -> Services:

@@ -168,6 +168,22 @@ SCHEMA: tuple[KeySpec, ...] = (
     KeySpec("schedules:due", "zset id -> next look", "none", ("api",), (), "when each schedule needs its scheduler"),
     KeySpec("firings:{id}", "list of JSON firings", "last 1000", ("api",), (), "a schedule's firings"),
     KeySpec("slot:{id}:{slot}", "string", "7 days", ("api",), (), "the claim that fires a slot once"),
+    KeySpec(
+        "surprises:{tenant}",
+        "stream of JSON events",
+        "~10,000 entries",
+        ("api",),
+        (),
+        "failed script executions (GET /v1/events)",
+    ),
+    KeySpec(
+        "surprise:{id}",
+        "string (JSON event + webhook)",
+        "retention_s",
+        ("api",),
+        ("worker",),
+        "a failed scheduled execution's event, for its schedule's webhook",
+    ),
 )
 
 
@@ -284,6 +300,12 @@ class Keys:
 
     def slot(self, schedule_id: str, slot: str) -> str:
         return self._k("slot", schedule_id, slot)
+
+    def surprises(self, tenant: str) -> str:
+        return self._k("surprises", tenant)
+
+    def surprise(self, execution_id: str) -> str:
+        return self._k("surprise", execution_id)
 
     # plans
     def run(self, run_id: str) -> str:

@@ -72,12 +72,14 @@ def roles(prefix: str) -> dict[str, Role]:
                 f"~{p}:schedules:*",
                 f"~{p}:firings:*",
                 f"~{p}:slot:*",
+                f"~{p}:surprises:*",
+                f"~{p}:surprise:*",
             ),
             (f"{p}:done:*", f"{p}:idem:*"),
             f"{_DATA} {_PUBSUB}",
         ),
         # Runs executions: records, leases, egress rules, network slots and sandbox uids; reads input files,
-        # and runs and approvals (to deliver their webhooks).
+        # and runs, approvals and failed scheduled executions (to deliver their webhooks).
         "worker": Role(
             "worker",
             (
@@ -89,7 +91,8 @@ def roles(prefix: str) -> dict[str, Role]:
                 f"~{p}:due:*",
                 f"%R~{p}:run:*",
                 f"%R~{p}:approval:*",
-            ),  # fmt: skip
+                f"%R~{p}:surprise:*",
+            ),
             (f"{p}:done:*", "rq:pubsub:*"),
             f"{_DATA} {_PUBSUB}",
         ),

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from execbox.executions.schemas import InputFile
+from execbox.executions.schemas import InputFile, Webhook
 
 SCHEDULE_ID_PATTERN = r"^sch_[a-z0-9]{26}$"
 SCRIPT_REF_PATTERN = r"^[a-z][a-z0-9_.-]{0,99}@(proven|\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?)$"
@@ -36,6 +36,10 @@ class ScheduleCreate(BaseModel):
     )
     misfire_grace_s: float = Field(60.0, gt=0, le=86400, description="How late a slot may still fire.")
     labels: dict[str, str] = Field(default_factory=dict, max_length=8, description="Labels for its executions.")
+    webhook: Webhook | None = Field(
+        None,
+        description="POSTed (signed, retried) when a firing fails: a `script.failed` event; quiet ones send none.",
+    )
 
 
 class Schedule(ScheduleCreate):

@@ -32,14 +32,16 @@ from execbox.core.events import TERMINAL, DueSet, consume
 from execbox.core.settings import WebhookSettings
 from execbox.executions.events import DURABLE_GROUPS
 from execbox.executions.record import ExecutionRecord
-from execbox.executions.schemas import WebhookDelivery
+from execbox.executions.schemas import Webhook, WebhookDelivery
 from execbox.executions.store import ExecutionStore
 from execbox.plans import handoff
 from execbox.plans.store import RunStore
+from execbox.schedules.surprises import stored_surprise
 
 log = logging.getLogger(__name__)
 GROUP = DURABLE_GROUPS[0]
 RUN_EVENTS = ("run.needs_replan", "run.finished", "approval.requested")
+SCRIPT_FAILED = "script.failed"
 
 
 def sign(secret: str, body: bytes, timestamp: int) -> str:
@@ -68,7 +70,7 @@ class WebhookConsumer:
         """One round: due retries, then stream entries (blocking briefly for new ones)."""
         for member in self._retries.take_due():
             if member.startswith("{"):
-                self._deliver_run(json.loads(member))
+                self._deliver_event(json.loads(member))
             else:
                 self._deliver(member)
         for event_id, event in self._store.events.read(
@@ -76,41 +78,55 @@ class WebhookConsumer:
         ):
             if event.get("type") == TERMINAL:
                 self._deliver(event["id"])
-            elif event.get("type") in RUN_EVENTS:
-                self._deliver_run({**event, "attempt": "1"})
+            elif event.get("type") in (*RUN_EVENTS, SCRIPT_FAILED):
+                self._deliver_event({**event, "attempt": "1"})
             self._store.events.ack(GROUP, event_id)
 
-    def _deliver_run(self, event: dict[str, str]) -> None:
-        """A run's event: the run (with its hand-off when it needs a re-plan, or the approval asked
-        for). Attempts are counted in the retry entry (workers cannot write runs)."""
+    def _deliver_event(self, event: dict[str, str]) -> None:
+        """A run's event (the run, with its hand-off when it needs a re-plan, or the approval asked
+        for) or a failed scheduled script's (`script.failed`). Attempts are counted in the retry
+        entry (workers cannot write runs or events)."""
+        found = self._payload(event)
+        if found is None:
+            return
+        payload, webhook, trace_id, headers = found
+        attempt, settings = int(event["attempt"]), self._settings
+        with logs.bound(trace_id, None):
+            if not host_allowed(webhook.url, settings.allow_hosts):
+                log.warning("webhook host no longer allowed by the operator; %s not sent", event["type"])
+                return
+            body = json.dumps(payload).encode()
+            headers = {"Execbox-Event": event["type"], **headers}
+            status, error = _post(webhook.url, webhook.secret, body, headers, attempt, trace_id, settings.timeout_s)
+            if error is None:
+                log.info("event delivered", extra={"event": event["type"], "attempt": attempt, "status_code": status})
+            elif attempt < settings.max_attempts:
+                delay = settings.backoff_s * 2 ** (attempt - 1)
+                retry = json.dumps({**event, "attempt": str(attempt + 1)}, sort_keys=True)
+                self._retries.schedule(retry, time.time() + delay + random.uniform(0, delay / 2))
+            else:
+                log.warning("%s not delivered after %d attempts: %s", event["type"], attempt, error)
+
+    def _payload(self, event: dict[str, str]) -> tuple[dict[str, Any], Webhook, str, dict[str, str]] | None:
+        """(body, webhook, trace id, headers) of an event, or None when there is nothing to send."""
+        if event["type"] == SCRIPT_FAILED:
+            stored = stored_surprise(self._store.redis, self._store.keys, event["id"])
+            if stored is None:
+                return None
+            surprise, webhook = stored
+            record = self._store.get(event["id"])
+            trace_id = record.trace_id if record else "0" * 32
+            return {"type": SCRIPT_FAILED, "event": surprise}, webhook, trace_id, {"Execbox-Execution-Id": event["id"]}
         run = self._runs.get(event["id"])
         if run is None or run.webhook is None:
-            return
-        attempt, settings = int(event["attempt"]), self._settings
+            return None
         payload: dict[str, Any] = {"type": event["type"], "run": run.public().model_dump(mode="json")}
         if event["type"] == "run.needs_replan" and run.status.revisable:
             payload["handoff"] = handoff.build(run, self._store.get).model_dump(mode="json")
         if event.get("approval"):
             approval = self._runs.approval(event["approval"])
             payload["approval"] = approval.model_dump(mode="json", exclude={"tenant"}) if approval else None
-        with logs.bound(run.trace_id, None):
-            if not host_allowed(run.webhook.url, settings.allow_hosts):
-                log.warning("run webhook host no longer allowed by the operator; not sent")
-                return
-            body = json.dumps(payload).encode()
-            headers = {"Execbox-Event": event["type"], "Execbox-Run-Id": run.id}
-            status, error = _post(run.webhook.url, run.webhook.secret, body, headers, attempt, run.trace_id,
-                                  settings.timeout_s)  # fmt: skip
-            if error is None:
-                log.info(
-                    "run webhook delivered", extra={"event": event["type"], "attempt": attempt, "status_code": status}
-                )
-            elif attempt < settings.max_attempts:
-                delay = settings.backoff_s * 2 ** (attempt - 1)
-                retry = json.dumps({**event, "attempt": str(attempt + 1)}, sort_keys=True)
-                self._retries.schedule(retry, time.time() + delay + random.uniform(0, delay / 2))
-            else:
-                log.warning("run webhook not delivered after %d attempts: %s", attempt, error)
+        return payload, run.webhook, run.trace_id, {"Execbox-Run-Id": run.id}
 
     def _deliver(self, execution_id: str) -> None:
         record = self._store.get(execution_id)

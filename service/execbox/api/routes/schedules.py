@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Response
+from fastapi import APIRouter, Path, Query, Response
 
 from execbox.api.deps import ServicesDep, TenantDep
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
+from execbox.catalog.webhook_hosts import host_allowed
 from execbox.core.errors import FieldProblem, InvalidRequest, ScheduleNotFound
 from execbox.schedules import calendar
 from execbox.schedules.schemas import SCHEDULE_ID_PATTERN, Firing, Schedule, ScheduleCreate
+from execbox.schedules.surprises import Surprise
 from execbox.scripts.library import input_problems
 
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
@@ -40,6 +42,9 @@ def create(body: ScheduleCreate, response: Response, services: ServicesDep, tena
     except calendar.CalendarError as exc:
         field = "timezone" if "zone" in str(exc) else "cron"
         raise InvalidRequest(str(exc), (FieldProblem(field, str(exc)),)) from exc
+    if body.webhook is not None and not host_allowed(body.webhook.url, services.settings.webhooks.allow_hosts):
+        problem = FieldProblem("webhook.url", "host not allowed for callbacks (EXECBOX_WEBHOOKS__ALLOW_HOSTS)")
+        raise InvalidRequest(problem.message, (problem,))
     name, _, version = body.script.partition("@")
     script = services.scripts.resolve(tenant, name, version)  # 404 for an unknown script
     problems = input_problems(script.input_schema, body.inputs)
@@ -81,3 +86,17 @@ def delete(schedule_id: ScheduleId, services: ServicesDep, tenant: TenantDep) ->
             summary="Every slot handled: fired (with its execution), queued or skipped, and why")  # fmt: skip
 def firings(schedule_id: ScheduleId, services: ServicesDep, tenant: TenantDep) -> list[Firing]:
     return services.schedules.store.firings(_owned(services, tenant, schedule_id).id)
+
+
+events_router = APIRouter(prefix="/v1/events", tags=["schedules"])
+
+
+@events_router.get("", response_model=list[Surprise], responses=_RESPONSES,
+                   summary="Surprises: failed script executions (invoked or scheduled), oldest first")  # fmt: skip
+def events(
+    services: ServicesDep,
+    tenant: TenantDep,
+    type: Annotated[str | None, Query(max_length=64, description="Only events of this type (script.failed).")] = None,
+    since: Annotated[str, Query(max_length=64, pattern=r"^(-|\d+-\d+)$", description="After this event id.")] = "-",
+) -> list[Surprise]:
+    return services.surprises.list(tenant, type, since)

@@ -1,0 +1,122 @@
+"""Surprises: when an execution of a script fails (above all `check.failed`, the script's ear),
+an event that carries what an agent needs to resume; quiet successes make none.
+
+A consumer group (`surprises.<queue>`, in the API processes) reads the execution event stream;
+for a failed script execution it appends an event to the tenant's stream `surprises:{tenant}`
+(read with GET /v1/events) and, when the schedule that fired it has a webhook, stores the event
+with the webhook under `surprise:{execution}` and puts a `script.failed` entry on the outbox for
+the workers' webhook consumer to deliver, signed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import redis
+from pydantic import BaseModel, Field
+
+from execbox.core.errors import ServiceError
+from execbox.core.events import TERMINAL, EventStream, consume
+from execbox.core.keys import Keys
+from execbox.core.redis import redis_errors, text
+from execbox.core.status import ExecutionStatus
+from execbox.executions.record import ExecutionRecord
+from execbox.executions.schemas import ExecutionError, Webhook
+from execbox.executions.store import ExecutionStore
+from execbox.schedules.store import ScheduleStore
+from execbox.scripts.library import SCRIPT_LABEL
+
+log = logging.getLogger(__name__)
+TAIL_CHARS = 2000
+KEPT = 10_000
+"""Events kept per tenant."""
+FAILED = (ExecutionStatus.FAILED, ExecutionStatus.EXPIRED)
+
+
+class Surprise(BaseModel):
+    id: str = Field("", description="The event's id in the tenant's stream (use it as `since`).")
+    type: str = Field("script.failed", description="script.failed")
+    at: float = Field(description="Unix time of the failure.")
+    script: str = Field(description="name@version that ran.")
+    schedule: str | None = Field(None, description="The schedule that fired it, if one did.")
+    slot: float | None = Field(None, description="The slot's Unix time, for a scheduled run.")
+    execution_id: str = Field(description="The execution (GET /v1/executions/{id}).")
+    error: ExecutionError = Field(description="The categorized error; for check.failed its message and details.")
+    stdout_tail: str = Field("", description="The end of its stdout.")
+    stderr_tail: str = Field("", description="The end of its stderr.")
+    artifacts: list[str] = Field(default_factory=list, description="Download URLs of what it wrote before failing.")
+    inputs: Any = Field(None, description="The inputs it ran with.")
+    links: dict[str, str] = Field(default_factory=dict, description="The execution, its run record, the schedule.")
+
+
+def surprise_of(record: ExecutionRecord) -> Surprise | None:
+    if record.status not in FAILED or record.error is None or not record.labels.get(SCRIPT_LABEL):
+        return None
+    schedule, slot = record.labels.get("execbox.schedule"), record.labels.get("execbox.slot")
+    links = {"execution": f"/v1/executions/{record.id}", "record": f"/v1/executions/{record.id}/record"}
+    if schedule:
+        links["schedule"] = f"/v1/schedules/{schedule}"
+    return Surprise(at=record.finished_at or time.time(), script=record.labels[SCRIPT_LABEL], schedule=schedule,
+                    slot=float(slot) if slot else None, execution_id=record.id, error=record.error,
+                    stdout_tail=record.stdout[-TAIL_CHARS:], stderr_tail=record.stderr[-TAIL_CHARS:],
+                    artifacts=[a.url for a in record.artifacts], inputs=record.inputs, links=links)  # fmt: skip
+
+
+class Surprises:
+    def __init__(self, client: redis.Redis, keys: Keys, executions: ExecutionStore, schedules: ScheduleStore,
+                 retention_s: int, queue: str) -> None:  # fmt: skip
+        self.redis, self.keys, self._retention_s = client, keys, retention_s
+        self._executions, self._schedules = executions, schedules
+        self._group = f"surprises.{queue}"
+
+    def list(self, tenant: str, kind: str | None = None, since: str = "-", limit: int = 100) -> list[Surprise]:
+        start = f"({since}" if since != "-" else "-"
+        with redis_errors():
+            entries: Any = self.redis.xrange(self.keys.surprises(tenant), start, "+", count=limit)
+        found = [Surprise.model_validate({**json.loads(fields[b"event"]), "id": text(i)}) for i, fields in entries]
+        return [s for s in found if kind in (None, s.type)]
+
+    def start(self, stop: threading.Event, name: str) -> threading.Thread:
+        args = (self._executions.events, self._group, lambda: self.step(name), stop)
+        thread = threading.Thread(target=consume, args=args, name="surprises", daemon=True)
+        thread.start()
+        return thread
+
+    def step(self, consumer: str, block_s: float = 0.5) -> None:
+        for event_id, event in self._executions.events.read(self._group, consumer, block_s=block_s, idle_s=30.0):
+            if event.get("type") == TERMINAL and event.get("status") in ("failed", "expired"):
+                try:
+                    self._record(event["id"])
+                except ServiceError as exc:
+                    log.warning("could not record the surprise of %s: %s", event["id"], exc.message)
+                    continue  # not acknowledged: another consumer takes it after the idle time
+            self._executions.events.ack(self._group, event_id)
+
+    def _record(self, execution_id: str) -> None:
+        record = self._executions.get(execution_id)
+        surprise = surprise_of(record) if record is not None else None
+        if record is None or surprise is None:
+            return
+        body = surprise.model_dump_json(exclude={"id"})
+        schedule = self._schedules.get(surprise.schedule) if surprise.schedule else None
+        with redis_errors(), self.redis.pipeline() as pipe:
+            pipe.xadd(self.keys.surprises(record.tenant), {"event": body}, maxlen=KEPT, approximate=True)
+            if schedule is not None and schedule.webhook is not None:
+                stored = json.dumps({"event": json.loads(body), "webhook": schedule.webhook.model_dump()})
+                pipe.set(self.keys.surprise(execution_id), stored, ex=self._retention_s)
+                EventStream(self.redis, self.keys.events).append(pipe, {"type": "script.failed", "id": execution_id})
+            pipe.execute()
+
+
+def stored_surprise(client: redis.Redis, keys: Keys, execution_id: str) -> tuple[dict[str, Any], Webhook] | None:
+    """The event and the webhook to deliver it to (for the workers' webhook consumer)."""
+    with redis_errors():
+        raw = client.get(keys.surprise(execution_id))
+    if raw is None:
+        return None
+    stored = json.loads(raw)
+    return stored["event"], Webhook.model_validate(stored["webhook"])
