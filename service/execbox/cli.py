@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     worker.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     worker.add_argument("--name", help="worker name (default: host.pid)")
     sub.add_parser("reap", help="run one reaper sweep and print what it did")
+    sub.add_parser("scheduler", help="fire schedules (as the API processes do) without serving HTTP")
     egress = sub.add_parser("egress", help="run the egress proxy (in its container)")
     egress.add_argument("--host", default="0.0.0.0")
     secrets = sub.add_parser("secrets", help="manage secret headers the egress proxy adds per host")
@@ -85,6 +86,16 @@ def main(argv: list[str] | None = None) -> int:
         from execbox.api import create_app
 
         uvicorn.run(create_app(settings), host=args.host, port=args.port, log_config=None, access_log=False)
+    elif args.command == "scheduler":
+        import signal
+        import threading
+
+        from execbox.api import create_app
+
+        stop = threading.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+        create_app(settings).state.services.schedules.run(stop)
     elif args.command == "worker":
         from execbox.worker.main import run_worker
 

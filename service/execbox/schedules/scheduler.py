@@ -46,6 +46,10 @@ class Scheduler:
         self.store.put(schedule, self._next(schedule))
         return schedule
 
+    def save(self, schedule: Schedule) -> Schedule:
+        self.store.put(schedule, None if schedule.paused else self._next(schedule))
+        return schedule
+
     def set_paused(self, schedule: Schedule, paused: bool) -> Schedule:
         """Pause, or resume: slots that passed while paused are not fired afterwards."""
         schedule.paused = paused

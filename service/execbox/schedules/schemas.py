@@ -42,6 +42,13 @@ class ScheduleCreate(BaseModel):
     )
 
 
+class ScheduleUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    inputs: dict[str, Any] | None = Field(None, description="New inputs for the next firings.")
+    files: list[InputFile] | None = Field(None, description="New input files for the next firings.")
+
+
 class Schedule(ScheduleCreate):
     model_config = ConfigDict(extra="ignore")
 

@@ -12,7 +12,7 @@ from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.catalog.webhook_hosts import host_allowed
 from execbox.core.errors import FieldProblem, InvalidRequest, ScheduleNotFound
 from execbox.schedules import calendar
-from execbox.schedules.schemas import SCHEDULE_ID_PATTERN, Firing, Schedule, ScheduleCreate
+from execbox.schedules.schemas import SCHEDULE_ID_PATTERN, Firing, Schedule, ScheduleCreate, ScheduleUpdate
 from execbox.schedules.surprises import Surprise
 from execbox.scripts.library import input_problems
 
@@ -63,6 +63,22 @@ def list_schedules(services: ServicesDep, tenant: TenantDep) -> list[Schedule]:
 @router.get("/{schedule_id}", response_model=Schedule, responses=_RESPONSES, summary="Get a schedule")
 def get(schedule_id: ScheduleId, services: ServicesDep, tenant: TenantDep) -> Schedule:
     return _owned(services, tenant, schedule_id)
+
+
+@router.patch("/{schedule_id}", response_model=Schedule, responses=_RESPONSES,
+              summary="Change the inputs or files of the next firings")  # fmt: skip
+def update(schedule_id: ScheduleId, body: ScheduleUpdate, services: ServicesDep, tenant: TenantDep) -> Schedule:
+    schedule = _owned(services, tenant, schedule_id)
+    if body.inputs is not None:
+        name, _, version = schedule.script.partition("@")
+        script = services.scripts.resolve(tenant, name, version)
+        problems = input_problems(script.input_schema, body.inputs)
+        if problems:
+            raise InvalidRequest(f"the inputs do not match {script.name}@{script.version}", tuple(problems))
+        schedule.inputs = body.inputs
+    if body.files is not None:
+        schedule.files = body.files
+    return services.schedules.save(schedule)
 
 
 @router.post("/{schedule_id}/pause", response_model=Schedule, responses=_RESPONSES, summary="Pause a schedule")
