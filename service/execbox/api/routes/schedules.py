@@ -113,6 +113,8 @@ def events(
     services: ServicesDep,
     tenant: TenantDep,
     type: Annotated[str | None, Query(max_length=64, description="Only events of this type (script.failed).")] = None,
-    since: Annotated[str, Query(max_length=64, pattern=r"^(-|\d+-\d+)$", description="After this event id.")] = "-",
+    since: Annotated[
+        str, Query(max_length=64, pattern=r"^(-|\d{1,19}-\d{1,19})$", description="After this event id.")
+    ] = "-",
 ) -> list[Surprise]:
     return services.surprises.list(tenant, type, since)

@@ -38,7 +38,8 @@ _RESPONSES: dict[int | str, dict[str, object]] = {
 }
 
 
-@router.post("", status_code=201, response_model=ScriptVersion, responses=_RESPONSES,
+@router.post("", status_code=201, response_model=ScriptVersion,
+             responses={200: {"description": "The same registration again.", "model": ScriptVersion}, **_RESPONSES},
              summary="Register an immutable script version (the same registration again: 200)")  # fmt: skip
 def register(body: ScriptCreate, response: Response, services: ServicesDep, tenant: TenantDep) -> ScriptVersion:
     stored, created = services.scripts.register(tenant, body, services.quotas.quota(tenant).policies)
