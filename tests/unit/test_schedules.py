@@ -181,3 +181,19 @@ def test_a_failed_script_execution_is_a_surprise_and_a_quiet_one_is_not(
     assert http.get("/v1/events", headers=as_["beta"]).json() == [], "another tenant sees none"
     outbox: Any = client.xrange(f"{settings.redis.key_prefix}:events")
     assert [f[b"id"].decode() for _, f in outbox if f[b"type"] == b"script.failed"] == [loud_id], "one webhook, not two"
+
+
+def test_a_schedule_may_ask_for_its_quiet_firings_too(api: Api, client: redis.Redis, settings: Settings) -> None:
+    scheduler, schedule, clock = setup(api, client, settings, notify="all",
+                                       webhook={"url": "http://localhost/h", "secret": "s" * 20})  # fmt: skip
+    http, as_ = api
+    clock.now = T0 + 1
+    scheduler.tick()
+    finish(client, settings, scheduler.store.firings(schedule.id)[0].execution_id or "")
+
+    def events() -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = http.get("/v1/events?type=script.succeeded", headers=as_["alpha"]).json()
+        return found
+
+    found: Any = wait_until(events, 10, "the success event")
+    assert found[0]["schedule"] == schedule.id and found[0]["error"] is None

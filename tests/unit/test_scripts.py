@@ -7,11 +7,14 @@ from typing import Any
 
 import pytest
 import redis
+from pydantic import SecretStr
 
+from execbox.api import create_app
 from execbox.core.settings import Settings
 from execbox.core.status import ExecutionStatus
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.store import ExecutionStore
+from execbox.tenancy.apikeys import ApiKeys
 from tests.unit.conftest import InProcess
 
 pytestmark = pytest.mark.redis
@@ -133,3 +136,30 @@ def test_a_plan_step_runs_the_newest_proven_version_and_records_which(
     failed = http.post("/v1/runs", json={"plan": {"format": "plan/v1", "steps": [bad_args]}},
                        headers=as_["alpha"]).json()  # fmt: skip
     assert failed["status"] == "needs_replan" and failed["steps"]["bad"]["error"]["category"] == "input.invalid"
+
+
+def test_the_operators_shared_scripts_reach_every_tenant(settings: Settings, client: redis.Redis) -> None:
+    admin = settings.model_copy(update={"auth": settings.auth.model_copy(update={"admin_token": SecretStr("t" * 24)})})
+    keys = ApiKeys(client, settings.redis.key_prefix)
+    alpha, beta = ({"Authorization": f"Bearer {keys.create(t)[0]}"} for t in ("alpha", "beta"))
+    operator = {"Authorization": "Bearer " + "t" * 24}
+    http = InProcess(create_app(admin))
+    try:
+        shared = {**REPORT, "name": "shared.errors"}
+        assert http.post("/v1/admin/scripts", json=shared, headers=alpha).status_code == 401, "tenants cannot publish"
+        assert http.post("/v1/admin/scripts", json=shared, headers=operator).status_code == 201
+        found = http.get("/v1/scripts?q=instrument", headers=beta).json()
+        assert [(s["name"], s["shared"]) for s in found] == [("shared.errors", True)]
+        ran = http.post("/v1/scripts/shared.errors/invoke", headers=beta,
+                        json={"version": "1.0.0", "inputs": {"logs": [], "week": "2026-W01"}}).json()  # fmt: skip
+        succeed(client, settings, ran["id"], {"errors": 0})
+        promoted = http.post("/v1/admin/scripts/shared.errors/versions/1.0.0/promote", headers=operator,
+                             json={"status": "proven", "evidence": [ran["id"]]})  # fmt: skip
+        assert promoted.status_code == 200, promoted.text
+        assert http.get("/v1/scripts/shared.errors", headers=alpha).json()["versions"][0]["uses"] == 1
+        own = {**REPORT, "name": "shared.errors", "version": "9.0.0", "description": "alpha's own"}
+        http.post("/v1/scripts", json=own, headers=alpha)
+        assert [v["version"] for v in http.get("/v1/scripts/shared.errors", headers=alpha).json()["versions"]] == [
+            "9.0.0"], "a tenant's own script of that name comes first"  # fmt: skip
+    finally:
+        http.close()

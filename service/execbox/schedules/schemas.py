@@ -36,6 +36,9 @@ class ScheduleCreate(BaseModel):
     )
     misfire_grace_s: float = Field(60.0, gt=0, le=86400, description="How late a slot may still fire.")
     labels: dict[str, str] = Field(default_factory=dict, max_length=8, description="Labels for its executions.")
+    notify: Literal["failures", "all"] = Field(
+        "failures", description="`all`: a succeeded firing is an event (script.succeeded) and a webhook too."
+    )
     webhook: Webhook | None = Field(
         None,
         description="POSTed (signed, retried) when a firing fails: a `script.failed` event; quiet ones send none.",

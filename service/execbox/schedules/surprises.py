@@ -45,7 +45,9 @@ class Surprise(BaseModel):
     schedule: str | None = Field(None, description="The schedule that fired it, if one did.")
     slot: float | None = Field(None, description="The slot's Unix time, for a scheduled run.")
     execution_id: str = Field(description="The execution (GET /v1/executions/{id}).")
-    error: ExecutionError = Field(description="The categorized error; for check.failed its message and details.")
+    error: ExecutionError | None = Field(
+        None, description="The categorized error; for check.failed its message and details."
+    )
     stdout_tail: str = Field("", description="The end of its stdout.")
     stderr_tail: str = Field("", description="The end of its stderr.")
     artifacts: list[str] = Field(default_factory=list, description="Download URLs of what it wrote before failing.")
@@ -53,14 +55,19 @@ class Surprise(BaseModel):
     links: dict[str, str] = Field(default_factory=dict, description="The execution, its run record, the schedule.")
 
 
-def surprise_of(record: ExecutionRecord) -> Surprise | None:
-    if record.status not in FAILED or record.error is None or not record.labels.get(SCRIPT_LABEL):
+def surprise_of(record: ExecutionRecord, successes: bool = False) -> Surprise | None:
+    """The event of a script's execution: of a failure, or (when asked) of a success too."""
+    if not record.labels.get(SCRIPT_LABEL):
+        return None
+    failed = record.status in FAILED and record.error is not None
+    if not failed and not (successes and record.status is ExecutionStatus.SUCCEEDED):
         return None
     schedule, slot = record.labels.get("execbox.schedule"), record.labels.get("execbox.slot")
     links = {"execution": f"/v1/executions/{record.id}", "record": f"/v1/executions/{record.id}/record"}
     if schedule:
         links["schedule"] = f"/v1/schedules/{schedule}"
-    return Surprise(at=record.finished_at or time.time(), script=record.labels[SCRIPT_LABEL], schedule=schedule,
+    return Surprise(type="script.failed" if failed else "script.succeeded", at=record.finished_at or time.time(),
+                    script=record.labels[SCRIPT_LABEL], schedule=schedule,
                     slot=float(slot) if slot else None, execution_id=record.id, error=record.error,
                     stdout_tail=record.stdout[-TAIL_CHARS:], stderr_tail=record.stderr[-TAIL_CHARS:],
                     artifacts=[a.url for a in record.artifacts], inputs=record.inputs, links=links)  # fmt: skip
@@ -88,7 +95,7 @@ class Surprises:
 
     def step(self, consumer: str, block_s: float = 0.5) -> None:
         for event_id, event in self._executions.events.read(self._group, consumer, block_s=block_s, idle_s=30.0):
-            if event.get("type") == TERMINAL and event.get("status") in ("failed", "expired"):
+            if event.get("type") == TERMINAL and event.get("status") in ("failed", "expired", "succeeded"):
                 try:
                     self._record(event["id"])
                 except ServiceError as exc:
@@ -98,17 +105,20 @@ class Surprises:
 
     def _record(self, execution_id: str) -> None:
         record = self._executions.get(execution_id)
-        surprise = surprise_of(record) if record is not None else None
-        if record is None or surprise is None:
+        if record is None:
+            return
+        schedule_id = record.labels.get("execbox.schedule")
+        schedule = self._schedules.get(schedule_id) if schedule_id else None
+        surprise = surprise_of(record, successes=schedule is not None and schedule.notify == "all")
+        if surprise is None:
             return
         body = surprise.model_dump_json(exclude={"id"})
-        schedule = self._schedules.get(surprise.schedule) if surprise.schedule else None
         with redis_errors(), self.redis.pipeline() as pipe:
             pipe.xadd(self.keys.surprises(record.tenant), {"event": body}, maxlen=KEPT, approximate=True)
             if schedule is not None and schedule.webhook is not None:
                 stored = json.dumps({"event": json.loads(body), "webhook": schedule.webhook.model_dump()})
                 pipe.set(self.keys.surprise(execution_id), stored, ex=self._retention_s)
-                EventStream(self.redis, self.keys.events).append(pipe, {"type": "script.failed", "id": execution_id})
+                EventStream(self.redis, self.keys.events).append(pipe, {"type": surprise.type, "id": execution_id})
             pipe.execute()
 
 

@@ -33,6 +33,8 @@ from execbox.scripts.schemas import (
 from execbox.scripts.store import ScriptStore
 
 SCRIPT_LABEL = "execbox.script"
+SHARED = "*"
+"""The owner of the operator's shared scripts: every tenant may find and invoke them."""
 
 
 def version_key(version: str) -> tuple[Any, ...]:
@@ -73,10 +75,16 @@ class Library:
                               "immutable: register a new version")  # fmt: skip
         return stored, stored.created_at == wanted.created_at
 
+    def _owner(self, tenant: str, name: str) -> str:
+        """The tenant's own script of that name, else the operator's shared one."""
+        return tenant if tenant == SHARED or self.store.versions(tenant, name) else SHARED
+
     def search(self, tenant: str, q: str = "", tag: str = "") -> list[ScriptSummary]:
         found = []
-        for name in self.store.names(tenant):
-            versions = sorted(self.store.versions(tenant, name), key=lambda v: version_key(v.version))
+        names = dict.fromkeys([*self.store.names(tenant), *self.store.names(SHARED)])
+        for name in names:
+            owner = self._owner(tenant, name)
+            versions = sorted(self.store.versions(owner, name), key=lambda v: version_key(v.version))
             latest = versions[-1]
             text = f"{name} {latest.description} {' '.join(latest.tags)}".lower()
             if (q and q.lower() not in text) or (tag and tag not in latest.tags):
@@ -85,22 +93,24 @@ class Library:
             found.append(ScriptSummary(
                 name=name, description=latest.description, tags=latest.tags, latest=latest.version,
                 proven=proven[-1].version if proven else None, input_schema=latest.input_schema,
-                output_schema=latest.output_schema,
+                output_schema=latest.output_schema, shared=owner == SHARED,
             ))  # fmt: skip
         return found
 
     def detail(self, tenant: str, name: str) -> ScriptDetail:
-        versions = sorted(self.store.versions(tenant, name), key=lambda v: version_key(v.version))
+        owner = self._owner(tenant, name)
+        versions = sorted(self.store.versions(owner, name), key=lambda v: version_key(v.version))
         if not versions:
             raise ScriptNotFound(name)
-        uses = self.store.uses(tenant, name)
+        uses = self.store.uses(owner, name)
         return ScriptDetail(name=name, versions=[
             VersionView(version=v.version, status=v.status, sha256=v.sha256, created_at=v.created_at,
                         evidence=v.evidence, uses=uses.get(v.version, 0)) for v in versions])  # fmt: skip
 
     def resolve(self, tenant: str, name: str, version: str) -> ScriptVersion:
-        """An exact version, or `proven`: the newest proven one."""
-        versions = self.store.versions(tenant, name)
+        """An exact version, or `proven`: the newest proven one (the tenant's own script of that
+        name, else the operator's shared one)."""
+        versions = self.store.versions(self._owner(tenant, name), name)
         if version == "proven":
             proven = [v for v in versions if v.status is VersionStatus.PROVEN]
             if not proven:
@@ -118,7 +128,8 @@ class Library:
             problems = []
             for index, execution_id in enumerate(body.evidence):
                 record = self.submissions.store.get(execution_id)
-                if record is None or record.tenant != tenant or record.labels.get(SCRIPT_LABEL) != label:
+                mine = record is not None and tenant in (SHARED, record.tenant)
+                if record is None or not mine or record.labels.get(SCRIPT_LABEL) != label:
                     problems.append(FieldProblem(f"evidence.{index}", f"not an execution of {label}"))
                 elif record.status is not ExecutionStatus.SUCCEEDED:
                     problems.append(FieldProblem(f"evidence.{index}", f"{execution_id} {record.status.value}"))
@@ -149,7 +160,7 @@ class Library:
             raise InvalidRequest(f"the inputs do not match {name}@{script.version}'s input schema", tuple(problems))
         submitted = self.submissions.submit(tenant, self.request(script, inputs, files, labels), (), traceparent,
                                             idempotency_key=idempotency_key, route=f"invoke {name}")  # fmt: skip
-        self.store.count_use(tenant, name, script.version)
+        self.store.count_use(script.tenant, name, script.version)
         return submitted
 
     @staticmethod

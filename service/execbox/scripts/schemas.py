@@ -75,6 +75,7 @@ class ScriptSummary(BaseModel):
     proven: str | None = Field(None, description="Newest proven version, if any.")
     input_schema: dict[str, Any]
     output_schema: dict[str, Any]
+    shared: bool = Field(False, description="The operator's, published to every tenant.")
 
 
 class VersionView(BaseModel):

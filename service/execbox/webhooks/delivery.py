@@ -41,7 +41,7 @@ from execbox.schedules.surprises import stored_surprise
 log = logging.getLogger(__name__)
 GROUP = DURABLE_GROUPS[0]
 RUN_EVENTS = ("run.needs_replan", "run.finished", "approval.requested")
-SCRIPT_FAILED = "script.failed"
+SCRIPT_EVENTS = ("script.failed", "script.succeeded")
 
 
 def sign(secret: str, body: bytes, timestamp: int) -> str:
@@ -78,7 +78,7 @@ class WebhookConsumer:
         ):
             if event.get("type") == TERMINAL:
                 self._deliver(event["id"])
-            elif event.get("type") in (*RUN_EVENTS, SCRIPT_FAILED):
+            elif event.get("type") in (*RUN_EVENTS, *SCRIPT_EVENTS):
                 self._deliver_event({**event, "attempt": "1"})
             self._store.events.ack(GROUP, event_id)
 
@@ -109,14 +109,14 @@ class WebhookConsumer:
 
     def _payload(self, event: dict[str, str]) -> tuple[dict[str, Any], Webhook, str, dict[str, str]] | None:
         """(body, webhook, trace id, headers) of an event, or None when there is nothing to send."""
-        if event["type"] == SCRIPT_FAILED:
+        if event["type"] in SCRIPT_EVENTS:
             stored = stored_surprise(self._store.redis, self._store.keys, event["id"])
             if stored is None:
                 return None
             surprise, webhook = stored
             record = self._store.get(event["id"])
             trace_id = record.trace_id if record else "0" * 32
-            return {"type": SCRIPT_FAILED, "event": surprise}, webhook, trace_id, {"Execbox-Execution-Id": event["id"]}
+            return {"type": event["type"], "event": surprise}, webhook, trace_id, {"Execbox-Execution-Id": event["id"]}
         run = self._runs.get(event["id"])
         if run is None or run.webhook is None:
             return None

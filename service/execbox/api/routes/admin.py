@@ -1,4 +1,5 @@
-"""/v1/admin/keys: issue, list and revoke API keys, with the operator's admin token."""
+"""/v1/admin: API keys (issue, list, revoke) and shared scripts (publish, promote), with the
+operator's admin token."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pydantic import BaseModel, Field
 from execbox.api.deps import ServicesDep
 from execbox.api.problems import PROBLEM_DOC
 from execbox.core.errors import AdminOff, InvalidKey, KeyNotFound
+from execbox.scripts.library import SHARED
+from execbox.scripts.schemas import NAME_PATTERN, VERSION_PATTERN, Promote, ScriptCreate, ScriptVersion
 from execbox.tenancy.apikeys import TENANT_PATTERN, bearer_token
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
@@ -69,3 +72,24 @@ def revoke_key(
     _admin(services, authorization)
     if not services.keys.revoke(key_id):
         raise KeyNotFound(key_id)
+
+
+@router.post("/scripts", status_code=201, response_model=ScriptVersion, responses=_RESPONSES,
+             summary="Publish a shared script version every tenant may find and invoke")  # fmt: skip
+def publish_script(body: ScriptCreate, services: ServicesDep, authorization: AdminHeader = None) -> ScriptVersion:
+    _admin(services, authorization)
+    stored, _ = services.scripts.register(SHARED, body, services.policies.names)
+    return stored
+
+
+@router.post("/scripts/{name}/versions/{version}/promote", response_model=ScriptVersion, responses=_RESPONSES,
+             summary="Promote a shared script version on evidence from any tenant's executions")  # fmt: skip
+def promote_shared(
+    name: Annotated[str, Path(pattern=NAME_PATTERN)],
+    version: Annotated[str, Path(pattern=VERSION_PATTERN)],
+    body: Promote,
+    services: ServicesDep,
+    authorization: AdminHeader = None,
+) -> ScriptVersion:
+    _admin(services, authorization)
+    return services.scripts.promote(SHARED, name, version, body)
