@@ -130,7 +130,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         runs=plan_runs,
         scripts=library,
         schedules=Scheduler(schedule_store, library, store, metrics.schedules),
-        surprises=Surprises(client, keys, store, schedule_store, settings.retention_s, settings.queue.name),
+        surprises=Surprises(client, keys, store, schedule_store, settings.retention_s),
     )
     problems.install(app, settings.api.max_body_bytes)
     app.add_middleware(HttpMetrics, metrics=metrics, routes=app.routes)

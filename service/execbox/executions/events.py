@@ -19,7 +19,7 @@ from execbox.core.metrics import OutcomeMetrics
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.store import ExecutionStore
 
-DURABLE_GROUPS = ("webhooks", "plans")
+DURABLE_GROUPS = ("webhooks", "plans", "surprises")
 """Consumer groups reading the outbox stream."""
 
 

@@ -42,9 +42,13 @@ class Scheduler:
     def create(self, tenant: str, body: ScheduleCreate) -> Schedule:
         now = self.clock()
         schedule = Schedule(**body.model_dump(), id="sch_" + secrets.token_hex(13)[:26], tenant=tenant,
-                            created_at=now, last_slot=now)  # fmt: skip
+                            created_at=now, last_slot=now, queue=self.queue)  # fmt: skip
         self.store.put(schedule, self._next(schedule))
         return schedule
+
+    @property
+    def queue(self) -> str:
+        return self.library.submissions.settings.queue.name
 
     def save(self, schedule: Schedule) -> Schedule:
         self.store.put(schedule, None if schedule.paused else self._next(schedule))
@@ -77,8 +81,8 @@ class Scheduler:
         now = self.clock()
         for schedule_id in self.store.due(now):
             schedule = self.store.get(schedule_id)
-            if schedule is None or schedule.paused:
-                continue
+            if schedule is None or schedule.paused or schedule.queue != self.queue:
+                continue  # another deployment's schedule (on the same Redis) is its schedulers' to fire
             self._handle(schedule, now)
 
     def _handle(self, schedule: Schedule, now: float) -> None:

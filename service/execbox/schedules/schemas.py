@@ -62,6 +62,7 @@ class Schedule(ScheduleCreate):
     last_slot: float = Field(description="The latest slot handled (fired, queued or skipped).")
     queued_slot: float | None = Field(None, description="A slot kept for when the running firing ends (queue_one).")
     last_execution: str | None = Field(None, description="The execution of the latest firing.")
+    queue: str = Field("", description="The queue its firings go to: schedulers of that queue fire it.")
 
 
 FiringStatus = Literal["fired", "queued", "skipped_overlap", "skipped_misfire", "not_started"]

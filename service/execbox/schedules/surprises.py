@@ -1,7 +1,7 @@
 """Surprises: when an execution of a script fails (above all `check.failed`, the script's ear),
 an event that carries what an agent needs to resume; quiet successes make none.
 
-A consumer group (`surprises.<queue>`, in the API processes) reads the execution event stream;
+A consumer group (`surprises`, in the API processes of every deployment on the Redis) reads the execution event stream;
 for a failed script execution it appends an event to the tenant's stream `surprises:{tenant}`
 (read with GET /v1/events) and, when the schedule that fired it has a webhook, stores the event
 with the webhook under `surprise:{execution}` and puts a `script.failed` entry on the outbox for
@@ -75,10 +75,10 @@ def surprise_of(record: ExecutionRecord, successes: bool = False) -> Surprise | 
 
 class Surprises:
     def __init__(self, client: redis.Redis, keys: Keys, executions: ExecutionStore, schedules: ScheduleStore,
-                 retention_s: int, queue: str) -> None:  # fmt: skip
+                 retention_s: int) -> None:  # fmt: skip
         self.redis, self.keys, self._retention_s = client, keys, retention_s
         self._executions, self._schedules = executions, schedules
-        self._group = f"surprises.{queue}"
+        self._group = "surprises"  # one group for every deployment on this Redis: each event recorded once
 
     def list(self, tenant: str, kind: str | None = None, since: str = "-", limit: int = 100) -> list[Surprise]:
         start = f"({since}" if since != "-" else "-"
