@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import docker
@@ -210,3 +212,34 @@ def netside(targets: Targets, stack: Stack, processes: Any, tmp_path_factory: py
     side.worker("net-1")
     side.worker("net-2")
     return side
+
+
+@dataclass
+class Hooks:
+    """A local webhook receiver (localhost is an allowed callback host in the test stack)."""
+
+    url: str
+    calls: list[tuple[dict[str, str], bytes]]
+    """Every POST: its headers and body."""
+
+
+@pytest.fixture
+def hooks() -> Iterator[Hooks]:
+    calls: list[tuple[dict[str, str], bytes]] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            calls.append((dict(self.headers), self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield Hooks(f"http://localhost:{server.server_address[1]}/hook", calls)
+    finally:
+        server.shutdown()
+        server.server_close()

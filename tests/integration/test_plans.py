@@ -11,8 +11,6 @@ import secrets
 import signal
 import sqlite3
 import subprocess
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +34,7 @@ from tests.conftest import (
     start_redis,
     wait_until,
 )
-from tests.integration.conftest import Targets
+from tests.integration.conftest import Hooks, Targets
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
@@ -296,20 +294,31 @@ def test_killing_the_api_and_a_worker_mid_run_loses_no_step_and_runs_none_twice(
     steps += [{"id": f"s{i}", "run": {"code": sleeper}, "depends_on": [f"s{i - 1}"]} for i in range(1, 6)]
     steps += [{"id": "side", "run": {"code": sleeper}}]
     api, client = api_process()
-    first, spare = worker("w1"), worker("w2")
-    run_id = client.post("/v1/runs", json={"plan": {"format": "plan/v1", "steps": steps}}).json()["id"]
-    wait_until(lambda: client.get(f"/v1/runs/{run_id}").json()["steps"]["s1"]["status"] == "running", 60, "s1 to start")
-    os.killpg(api.pid, signal.SIGKILL)  # the API dies with the run in flight
-    client.close()
-    api, client = api_process()
-    wait_until(lambda: client.get(f"/v1/runs/{run_id}").json()["steps"]["s3"]["status"] == "running", 60, "s3 to start")
-    running_s3 = client.get(f"/v1/executions/{client.get(f'/v1/runs/{run_id}').json()['steps']['s3']['attempts'][-1]}")
-    victim = {f"{prefix}-w1": first, f"{prefix}-w2": spare}[running_s3.json()["worker"]]
-    os.killpg(victim.pid, signal.SIGKILL)  # and a worker, while it runs s3
-    worker("w3")
+    clients = [client]
+    try:
+        first, spare = worker("w1"), worker("w2")
+        run_id = client.post("/v1/runs", json={"plan": {"format": "plan/v1", "steps": steps}}).json()["id"]
+        wait_until(
+            lambda: client.get(f"/v1/runs/{run_id}").json()["steps"]["s1"]["status"] == "running", 60, "s1 to start"
+        )
+        os.killpg(api.pid, signal.SIGKILL)  # the API dies with the run in flight
+        client.close()
+        api, client = api_process()
+        clients.append(client)
+        wait_until(
+            lambda: client.get(f"/v1/runs/{run_id}").json()["steps"]["s3"]["status"] == "running", 60, "s3 to start"
+        )
+        running_s3 = client.get(
+            f"/v1/executions/{client.get(f'/v1/runs/{run_id}').json()['steps']['s3']['attempts'][-1]}"
+        )
+        victim = {f"{prefix}-w1": first, f"{prefix}-w2": spare}[running_s3.json()["worker"]]
+        os.killpg(victim.pid, signal.SIGKILL)  # and a worker, while it runs s3
+        worker("w3")
 
-    final = client.get(f"/v1/runs/{run_id}?wait=60").json()
-    client.close()
+        final = client.get(f"/v1/runs/{run_id}?wait=60").json()
+    finally:
+        for open_client in clients:
+            open_client.close()
 
     assert final["status"] == "succeeded", final
     harness = redis.Redis.from_url(role_url(f"redis://127.0.0.1:{redis_port}/0", "harness", PASSWORDS["harness"]))
@@ -328,50 +337,32 @@ def test_killing_the_api_and_a_worker_mid_run_loses_no_step_and_runs_none_twice(
     assert [r["error"]["details"].get("reason") for r in lost] == ["worker_lost"]
 
 
-class _Receiver(BaseHTTPRequestHandler):
-    calls: list[tuple[dict[str, str], bytes]] = []
-
-    def do_POST(self) -> None:
-        self.calls.append((dict(self.headers), self.rfile.read(int(self.headers["Content-Length"]))))
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-def test_run_events_reach_the_runs_webhook_signed(api: httpx.Client) -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+def test_run_events_reach_the_runs_webhook_signed(api: httpx.Client, hooks: Hooks) -> None:
     secret = "run-hook-secret-0123456789"
-    hook = {"url": f"http://localhost:{server.server_address[1]}/runs", "secret": secret}
-    try:
-        failing = {"format": "plan/v1", "steps": [{"id": "boom", "run": {"code": "raise ValueError('no')"}}]}
-        failed = wait_run(api, api.post("/v1/runs", json={"plan": failing, "webhook": hook}).json()["id"])
-        api.post(f"/v1/runs/{failed['id']}/cancel")
-        gated = {"format": "plan/v1", "steps": [{"id": "g", "run": {"code": "print(1)"}, "approval": {}}]}
-        waiting = api.post("/v1/runs", json={"plan": gated, "webhook": hook}).json()
+    hook = {"url": hooks.url, "secret": secret}
+    failing = {"format": "plan/v1", "steps": [{"id": "boom", "run": {"code": "raise ValueError('no')"}}]}
+    failed = wait_run(api, api.post("/v1/runs", json={"plan": failing, "webhook": hook}).json()["id"])
+    api.post(f"/v1/runs/{failed['id']}/cancel")
+    gated = {"format": "plan/v1", "steps": [{"id": "g", "run": {"code": "print(1)"}, "approval": {}}]}
+    waiting = api.post("/v1/runs", json={"plan": gated, "webhook": hook}).json()
 
-        def events() -> list[tuple[str, str]]:
-            return sorted((h["Execbox-Event"], h["Execbox-Run-Id"]) for h, _ in _Receiver.calls)
+    def events() -> list[tuple[str, str]]:
+        return sorted((h["Execbox-Event"], h["Execbox-Run-Id"]) for h, _ in hooks.calls)
 
-        expected = sorted([("run.needs_replan", failed["id"]), ("run.finished", failed["id"]),
-                           ("approval.requested", waiting["id"])])  # fmt: skip
-        wait_until(lambda: events() == expected, 30, "the three run events to be delivered")
-        for headers, body in _Receiver.calls:
-            stamp, digest = (part.split("=", 1)[1] for part in headers["Execbox-Signature"].split(","))
-            assert hmac.compare_digest(digest, hmac.new(secret.encode(), f"{stamp}.".encode() + body,
-                                                        hashlib.sha256).hexdigest())  # fmt: skip
-        payloads = {h["Execbox-Event"]: json.loads(b) for h, b in _Receiver.calls}
-        assert payloads["run.needs_replan"]["handoff"]["failed"][0]["error"]["category"] == "code.exception"
-        assert payloads["run.finished"]["run"]["status"] == "cancelled"
-        assert payloads["approval.requested"]["approval"]["step_id"] == "g"
-        assert "secret" not in json.dumps(payloads), "the webhook's secret never travels"
-        bad = api.post("/v1/runs", json={"plan": gated, "webhook": {**hook, "url": "http://elsewhere.example/x"}})
-        assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "webhook.url"
-    finally:
-        server.shutdown()
-        server.server_close()
+    expected = sorted([("run.needs_replan", failed["id"]), ("run.finished", failed["id"]),
+                       ("approval.requested", waiting["id"])])  # fmt: skip
+    wait_until(lambda: events() == expected, 30, "the three run events to be delivered")
+    for headers, body in hooks.calls:
+        stamp, digest = (part.split("=", 1)[1] for part in headers["Execbox-Signature"].split(","))
+        assert hmac.compare_digest(digest, hmac.new(secret.encode(), f"{stamp}.".encode() + body,
+                                                    hashlib.sha256).hexdigest())  # fmt: skip
+    payloads = {h["Execbox-Event"]: json.loads(b) for h, b in hooks.calls}
+    assert payloads["run.needs_replan"]["handoff"]["failed"][0]["error"]["category"] == "code.exception"
+    assert payloads["run.finished"]["run"]["status"] == "cancelled"
+    assert payloads["approval.requested"]["approval"]["step_id"] == "g"
+    assert "secret" not in json.dumps(payloads), "the webhook's secret never travels"
+    bad = api.post("/v1/runs", json={"plan": gated, "webhook": {**hook, "url": "http://elsewhere.example/x"}})
+    assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "webhook.url"
 
 
 TRACES = Path(__file__).parent / "traces"

@@ -7,8 +7,6 @@ import json
 import os
 import secrets
 import signal
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,7 @@ from tests.conftest import (
     start_redis,
     wait_until,
 )
+from tests.integration.conftest import Hooks
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
@@ -117,63 +116,45 @@ def test_a_plan_step_runs_the_proven_script_in_a_real_sandbox(api: httpx.Client)
     assert run["steps"]["report"]["script"] == f"{name}@1.0.0" and run["steps"]["report"]["outputs"] == {"errors": 1}
 
 
-class _Hooks(BaseHTTPRequestHandler):
-    calls: list[tuple[dict[str, str], bytes]] = []
+def test_the_weekly_report_fires_quietly_until_a_log_changes_format(api: httpx.Client, hooks: Hooks) -> None:
+    name = f"reports.weekly_{secrets.token_hex(3)}"
+    register(api, name)
+    plain = {"a.log": "INFO start\nERRO disk\n", "b.log": "WARN hot\n"}
+    hook = {"url": hooks.url, "secret": "weekly-hook-secret-0123"}
+    schedule = api.post("/v1/schedules", json={
+        "script": f"{name}@1.0.0", "cron": "* * * * * */2", "timezone": "Europe/Oslo",
+        "inputs": {"logs": list(plain)}, "files": logs(api, plain), "webhook": hook}).json()  # fmt: skip
+    assert schedule["id"].startswith("sch_"), schedule
 
-    def do_POST(self) -> None:
-        self.calls.append((dict(self.headers), self.rfile.read(int(self.headers["Content-Length"]))))
-        self.send_response(204)
-        self.end_headers()
+    def finished(count: int) -> list[dict[str, Any]]:
+        fired = [f for f in api.get(f"/v1/schedules/{schedule['id']}/firings").json() if f["status"] == "fired"]
+        done = [api.get(f"/v1/executions/{f['execution_id']}").json() for f in fired]
+        done = [d for d in done if d["status"] in ("succeeded", "failed")]
+        return done if len(done) >= count else []
 
-    def log_message(self, *args: Any) -> None:
-        pass
+    quiet: Any = wait_until(lambda: finished(2), 60, "two firings of the weekly report")
+    assert [q["status"] for q in quiet[:2]] == ["succeeded", "succeeded"]
+    ours = [e for e in api.get("/v1/events").json() if e["schedule"] == schedule["id"]]
+    assert ours == [], "quiet firings make no event"
 
+    changed = {**plain, "b.log": json.dumps({"level": "warn", "msg": "hot"}) + "\n"}
+    api.patch(f"/v1/schedules/{schedule['id']}", json={"files": logs(api, changed)})
 
-def test_the_weekly_report_fires_quietly_until_a_log_changes_format(api: httpx.Client) -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hooks)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        name = f"reports.weekly_{secrets.token_hex(3)}"
-        register(api, name)
-        plain = {"a.log": "INFO start\nERRO disk\n", "b.log": "WARN hot\n"}
-        hook = {"url": f"http://localhost:{server.server_address[1]}/surprise", "secret": "weekly-hook-secret-0123"}
-        schedule = api.post("/v1/schedules", json={
-            "script": f"{name}@1.0.0", "cron": "* * * * * */2", "timezone": "Europe/Oslo",
-            "inputs": {"logs": list(plain)}, "files": logs(api, plain), "webhook": hook}).json()  # fmt: skip
-        assert schedule["id"].startswith("sch_"), schedule
+    def surprise() -> list[dict[str, Any]]:
+        return [e for e in api.get("/v1/events?type=script.failed").json() if e["schedule"] == schedule["id"]]
 
-        def finished(count: int) -> list[dict[str, Any]]:
-            fired = [f for f in api.get(f"/v1/schedules/{schedule['id']}/firings").json() if f["status"] == "fired"]
-            done = [api.get(f"/v1/executions/{f['execution_id']}").json() for f in fired]
-            done = [d for d in done if d["status"] in ("succeeded", "failed")]
-            return done if len(done) >= count else []
-
-        quiet: Any = wait_until(lambda: finished(2), 60, "two firings of the weekly report")
-        assert [q["status"] for q in quiet[:2]] == ["succeeded", "succeeded"]
-        ours = [e for e in api.get("/v1/events").json() if e["schedule"] == schedule["id"]]
-        assert ours == [], "quiet firings make no event"
-
-        changed = {**plain, "b.log": json.dumps({"level": "warn", "msg": "hot"}) + "\n"}
-        api.patch(f"/v1/schedules/{schedule['id']}", json={"files": logs(api, changed)})
-
-        def surprise() -> list[dict[str, Any]]:
-            return [e for e in api.get("/v1/events?type=script.failed").json() if e["schedule"] == schedule["id"]]
-
-        surprises: Any = wait_until(surprise, 60, "the surprise of the changed log")
-        event = surprises[0]
-        assert event["error"]["category"] == "check.failed" and event["script"] == f"{name}@1.0.0"
-        assert event["error"]["details"]["details"]["unreadable"][0]["file"] == "b.log"
-        assert event["slot"] is not None and event["inputs"] == {"logs": ["a.log", "b.log"]}
-        wait_until(lambda: any(h.get("Execbox-Event") == "script.failed" for h, _ in _Hooks.calls), 30, "the webhook")
-        body = next(json.loads(b) for h, b in _Hooks.calls if h.get("Execbox-Event") == "script.failed")
-        assert body["event"]["execution_id"] == event["execution_id"] and "b.log" in json.dumps(body)
-        assert all(h.get("Execbox-Event") == "script.failed" for h, _ in _Hooks.calls), "quiet firings sent nothing"
-        api.post(f"/v1/schedules/{schedule['id']}/pause")
-        firings = api.get(f"/v1/schedules/{schedule['id']}/firings").json()
-        assert len({f["slot"] for f in firings}) == len(firings), "no slot handled twice"
-    finally:
-        server.shutdown()
-        server.server_close()
+    surprises: Any = wait_until(surprise, 60, "the surprise of the changed log")
+    event = surprises[0]
+    assert event["error"]["category"] == "check.failed" and event["script"] == f"{name}@1.0.0"
+    assert event["error"]["details"]["details"]["unreadable"][0]["file"] == "b.log"
+    assert event["slot"] is not None and event["inputs"] == {"logs": ["a.log", "b.log"]}
+    wait_until(lambda: any(h.get("Execbox-Event") == "script.failed" for h, _ in hooks.calls), 30, "the webhook")
+    body = next(json.loads(b) for h, b in hooks.calls if h.get("Execbox-Event") == "script.failed")
+    assert body["event"]["execution_id"] == event["execution_id"] and "b.log" in json.dumps(body)
+    assert all(h.get("Execbox-Event") == "script.failed" for h, _ in hooks.calls), "quiet firings sent nothing"
+    api.post(f"/v1/schedules/{schedule['id']}/pause")
+    firings = api.get(f"/v1/schedules/{schedule['id']}/firings").json()
+    assert len({f["slot"] for f in firings}) == len(firings), "no slot handled twice"
 
 
 def test_two_scheduler_processes_and_a_restart_handle_each_of_20_slots_once(

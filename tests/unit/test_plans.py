@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis
 
+from execbox.api import create_app
 from execbox.core.keys import Keys
 from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
@@ -20,6 +21,7 @@ from execbox.executions.schemas import ExecutionError
 from execbox.executions.store import ExecutionStore
 from execbox.plans.executor import Executor
 from execbox.tenancy.apikeys import ApiKeys
+from tests.conftest import wait_until
 from tests.unit.conftest import InProcess
 
 pytestmark = pytest.mark.redis
@@ -449,3 +451,37 @@ def test_a_run_whose_goal_does_not_hold_hands_off_and_can_be_revised(plans: Harn
     assert revised.status_code == 200 and revised.json()["usage"]["replans"] == 1
     plans.finish(run["id"], "answer2", {"rows": 2})
     assert plans.run(run["id"])["status"] == "succeeded"
+
+
+def test_an_event_for_a_run_whose_lock_is_held_stays_pending_until_the_run_can_advance(
+    settings: Settings, client: redis.Redis
+) -> None:
+    """A process that dies holding a run's lock must not make the run miss the event that came
+    meanwhile: the event stays pending and is claimed again once the lock lapses."""
+    quick = settings.model_copy(update={"plans": settings.plans.model_copy(update={"claim_idle_s": 0.2})})
+    keys = ApiKeys(client, settings.redis.key_prefix)
+    headers = {"Authorization": f"Bearer {keys.create('alpha')[0]}"}
+    http = InProcess(create_app(quick))
+    try:
+        harness = Harness((http, {"alpha": headers}), quick, client)
+        run = harness.start(plan({"id": "a", "run": cell()}, {"id": "b", "run": cell(), "depends_on": ["a"]}))
+        dead = client.lock(harness.keys.run_lock(run["id"]), timeout=30)  # a holder that will never release
+        assert dead.acquire(blocking=False)
+        execution_id = harness.executions_of(run["id"], "a")[0]
+        store = harness.store
+        store.transition(execution_id, {ExecutionStatus.QUEUED}, "t", lambda r: ExecutionStatus.RUNNING)
+        store.transition(execution_id, {ExecutionStatus.RUNNING}, "t", lambda r: ExecutionStatus.SUCCEEDED)
+        group = f"plans.{quick.queue.name}"
+
+        def failed_and_claimed_again() -> bool:
+            entries: Any = client.xpending_range(harness.keys.events, group, "-", "+", 10)
+            return any(e["times_delivered"] >= 2 for e in entries) and harness.statuses(run["id"])["b"] == "pending"
+
+        # The consumer waits for the lock (LOCK_WAIT_S), gives up, leaves the event pending; it is
+        # delivered again once idle (0.2 s here).
+        wait_until(failed_and_claimed_again, 30, "the event to stay pending and be delivered again")
+        dead.release()  # as if its lease had lapsed
+
+        wait_until(lambda: harness.statuses(run["id"])["b"] == "running", 30, "the run to advance after all")
+    finally:
+        http.close()

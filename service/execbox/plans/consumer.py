@@ -47,14 +47,18 @@ class PlanConsumer:
         for event_id, event in self._events.read(self._group, self._name, block_s=block_s, idle_s=self._idle_s):
             if event.get("type") == TERMINAL:
                 record = self._executor.submissions.store.get(event["id"])
-                if record is not None and record.labels.get(RUN_LABEL):
-                    self._advance(record.labels[RUN_LABEL])
+                if record is not None and record.labels.get(RUN_LABEL) and not self._advance(record.labels[RUN_LABEL]):
+                    continue  # not acknowledged: claimed again after idle_s, so the run is not left behind
             self._events.ack(self._group, event_id)
 
-    def _advance(self, run_id: str) -> None:
+    def _advance(self, run_id: str) -> bool:
+        """False when the run could not be advanced now (its lock is held by a process that may have
+        died, or Redis failed): the caller leaves the event pending, to be claimed again."""
         try:
             self._executor.advance(run_id)
         except ServiceError as exc:
             log.warning("could not advance run %s: %s", run_id, exc.message)
+            return False
         except Exception:  # one broken run must not stop every other run
             log.exception("advancing run %s failed", run_id)
+        return True

@@ -22,9 +22,9 @@ from execbox.core.keys import Keys
 from execbox.core.redis import redis_errors, text
 from execbox.plans.schemas import ApprovalPublic, RunRecord
 
-LOCK_S = 30.0
+LOCK_S = 10.0
 """A run's lock lapses this long after its holder died (advancing a run takes milliseconds)."""
-LOCK_WAIT_S = 10.0
+LOCK_WAIT_S = 5.0
 
 
 def new_id(prefix: str) -> str:
