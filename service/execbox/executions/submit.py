@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from pydantic import BaseModel
 from rq import Queue
 
 from execbox.catalog.languages import Languages
@@ -43,8 +44,9 @@ def new_execution_id() -> str:
     return "exe_" + base64.b32encode(secrets.token_bytes(16)).decode().rstrip("=").lower()
 
 
-def request_digest(body: ExecutionCreate, extra: ExtraFiles = ()) -> str:
-    """SHA-256 of the canonical request: the JSON body, then each multipart file's path and bytes."""
+def request_digest(body: BaseModel, extra: ExtraFiles = ()) -> str:
+    """SHA-256 of a canonical request (any body model): the JSON body, then each multipart file's path
+    and bytes."""
     digest = hashlib.sha256(json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode())
     for path, data in extra:
         digest.update(b"\0" + path.encode() + b"\0" + hashlib.sha256(data).digest())

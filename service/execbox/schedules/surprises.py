@@ -20,7 +20,7 @@ import redis
 from pydantic import BaseModel, Field
 
 from execbox.core.errors import ServiceError
-from execbox.core.events import TERMINAL, EventStream, consume
+from execbox.core.events import TERMINAL, consume
 from execbox.core.keys import Keys
 from execbox.core.redis import redis_errors, text
 from execbox.core.status import ExecutionStatus
@@ -118,7 +118,7 @@ class Surprises:
             if schedule is not None and schedule.webhook is not None:
                 stored = json.dumps({"event": json.loads(body), "webhook": schedule.webhook.model_dump()})
                 pipe.set(self.keys.surprise(execution_id), stored, ex=self._retention_s)
-                EventStream(self.redis, self.keys.events).append(pipe, {"type": surprise.type, "id": execution_id})
+                self._executions.events.append(pipe, {"type": surprise.type, "id": execution_id})
             pipe.execute()
 
 

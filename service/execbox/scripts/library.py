@@ -4,8 +4,6 @@ against the output schema, the version recorded on the execution as the label `e
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -17,9 +15,8 @@ from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.core.errors import FieldProblem, InvalidRequest, RunConflict, ScriptNotFound
 from execbox.core.status import ExecutionStatus
-from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionCreate, Expect, InputFile
-from execbox.executions.submit import Submission, Submissions
+from execbox.executions.submit import Submission, Submissions, request_digest
 from execbox.scripts.schemas import (
     VERSION_PATTERN,
     Promote,
@@ -67,7 +64,7 @@ class Library:
         if policy.name not in allowed:
             problem = FieldProblem("default_policy.name", f"one of {', '.join(sorted(allowed))}")
             raise InvalidRequest(f"this tenant may not use policy {policy.name!r}", (problem,))
-        digest = hashlib.sha256(json.dumps(body.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+        digest = request_digest(body)
         wanted = ScriptVersion(**body.model_dump(), sha256=digest, created_at=time.time(), tenant=tenant)
         stored = self.store.add(wanted)
         if stored.sha256 != digest:
@@ -121,6 +118,16 @@ class Library:
             raise ScriptNotFound(f"{name}@{version}")
         return found
 
+    def checked(self, tenant: str, ref: str, inputs: Any) -> ScriptVersion:
+        """The script `name@version` (or `name@proven`) names, once `inputs` satisfy its input
+        schema; InvalidRequest listing every violation otherwise."""
+        name, _, version = ref.partition("@")
+        script = self.resolve(tenant, name, version)
+        problems = input_problems(script.input_schema, inputs)
+        if problems:
+            raise InvalidRequest(f"the inputs do not match {name}@{script.version}'s input schema", tuple(problems))
+        return script
+
     def promote(self, tenant: str, name: str, version: str, body: Promote) -> ScriptVersion:
         script = self.resolve(tenant, name, version)
         if body.status == "proven":
@@ -154,10 +161,7 @@ class Library:
         idempotency_key: str | None = None,
     ) -> Submission:
         """An execution of the version: inputs checked first (422 listing every violation)."""
-        script = self.resolve(tenant, name, version)
-        problems = input_problems(script.input_schema, inputs)
-        if problems:
-            raise InvalidRequest(f"the inputs do not match {name}@{script.version}'s input schema", tuple(problems))
+        script = self.checked(tenant, f"{name}@{version}", inputs)
         submitted = self.submissions.submit(tenant, self.request(script, inputs, files, labels), (), traceparent,
                                             idempotency_key=idempotency_key, route=f"invoke {name}")  # fmt: skip
         self.store.count_use(script.tenant, name, script.version)
@@ -175,9 +179,4 @@ class Library:
         )  # fmt: skip
 
 
-def ran_version(record: ExecutionRecord) -> str | None:
-    """`name@version` of the script an execution ran, if it ran one."""
-    return record.labels.get(SCRIPT_LABEL)
-
-
-__all__ = ["VERSION_PATTERN", "Library", "input_problems", "ran_version", "version_key"]
+__all__ = ["VERSION_PATTERN", "Library", "input_problems", "version_key"]

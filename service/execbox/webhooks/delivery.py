@@ -82,6 +82,11 @@ class WebhookConsumer:
                 self._deliver_event({**event, "attempt": "1"})
             self._store.events.ack(GROUP, event_id)
 
+    def _retry_at(self, attempt: int) -> float:
+        """When the attempt after `attempt` is due: exponential backoff plus up to 50% jitter."""
+        delay = self._settings.backoff_s * 2 ** (attempt - 1)
+        return float(time.time() + delay + random.uniform(0, delay / 2))
+
     def _deliver_event(self, event: dict[str, str]) -> None:
         """A run's event (the run, with its hand-off when it needs a re-plan, or the approval asked
         for) or a failed scheduled script's (`script.failed`). Attempts are counted in the retry
@@ -101,9 +106,8 @@ class WebhookConsumer:
             if error is None:
                 log.info("event delivered", extra={"event": event["type"], "attempt": attempt, "status_code": status})
             elif attempt < settings.max_attempts:
-                delay = settings.backoff_s * 2 ** (attempt - 1)
                 retry = json.dumps({**event, "attempt": str(attempt + 1)}, sort_keys=True)
-                self._retries.schedule(retry, time.time() + delay + random.uniform(0, delay / 2))
+                self._retries.schedule(retry, self._retry_at(attempt))
             else:
                 log.warning("%s not delivered after %d attempts: %s", event["type"], attempt, error)
 
@@ -145,8 +149,7 @@ class WebhookConsumer:
             if error is None:
                 log.info("webhook delivered", extra={"attempt": attempt, "status_code": status})
             elif attempt < settings.max_attempts:
-                delay = settings.backoff_s * 2 ** (attempt - 1)
-                self._retries.schedule(execution_id, time.time() + delay + random.uniform(0, delay / 2))
+                self._retries.schedule(execution_id, self._retry_at(attempt))
             else:
                 log.warning("webhook not delivered after %d attempts", settings.max_attempts)
 

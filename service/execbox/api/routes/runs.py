@@ -3,9 +3,7 @@ Only translation: the work is execbox.plans.runs'."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-from typing import Annotated, Any
+from typing import Annotated
 
 from anyio import to_thread
 from fastapi import APIRouter, Header, Path, Query, Request, Response
@@ -15,6 +13,7 @@ from execbox.api.deps import ServicesDep, TenantDep
 from execbox.api.params import PreferHeader, TraceHeader, WaitQuery, disconnected, wait_seconds
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.core.errors import InvalidPlan
+from execbox.executions.submit import request_digest
 from execbox.plans.runs import UsageReport
 from execbox.plans.schemas import (
     APPROVAL_ID_PATTERN,
@@ -94,7 +93,7 @@ async def create_run(
     if idempotency_key is None:
         run = await to_thread.run_sync(services.runs.create, tenant, body, traceparent)
     else:
-        digest = _digest(body)
+        digest = request_digest(body)
         made: list[RunRecord] = []
 
         def create() -> str:
@@ -201,7 +200,3 @@ def decide(
 ) -> ApprovalPublic:
     key_id = getattr(request.state, "api_key_id", DEFAULT_TENANT)  # auth off: everyone is `default`
     return services.runs.decide(tenant, approval_id, body, key_id)
-
-
-def _digest(body: Any) -> str:
-    return hashlib.sha256(json.dumps(body.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()

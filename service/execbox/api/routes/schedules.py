@@ -14,7 +14,6 @@ from execbox.core.errors import FieldProblem, InvalidRequest, ScheduleNotFound
 from execbox.schedules import calendar
 from execbox.schedules.schemas import SCHEDULE_ID_PATTERN, Firing, Schedule, ScheduleCreate, ScheduleUpdate
 from execbox.schedules.surprises import Surprise
-from execbox.scripts.library import input_problems
 
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
 ScheduleId = Annotated[str, Path(pattern=SCHEDULE_ID_PATTERN, description="Schedule id (`sch_...`).")]
@@ -45,11 +44,7 @@ def create(body: ScheduleCreate, response: Response, services: ServicesDep, tena
     if body.webhook is not None and not host_allowed(body.webhook.url, services.settings.webhooks.allow_hosts):
         problem = FieldProblem("webhook.url", "host not allowed for callbacks (EXECBOX_WEBHOOKS__ALLOW_HOSTS)")
         raise InvalidRequest(problem.message, (problem,))
-    name, _, version = body.script.partition("@")
-    script = services.scripts.resolve(tenant, name, version)  # 404 for an unknown script
-    problems = input_problems(script.input_schema, body.inputs)
-    if problems:
-        raise InvalidRequest(f"the inputs do not match {script.name}@{script.version}", tuple(problems))
+    services.scripts.checked(tenant, body.script, body.inputs)  # 404 for an unknown script, 422 for bad inputs
     schedule = services.schedules.create(tenant, body)
     response.headers["Location"] = f"/v1/schedules/{schedule.id}"
     return schedule
@@ -70,11 +65,7 @@ def get(schedule_id: ScheduleId, services: ServicesDep, tenant: TenantDep) -> Sc
 def update(schedule_id: ScheduleId, body: ScheduleUpdate, services: ServicesDep, tenant: TenantDep) -> Schedule:
     schedule = _owned(services, tenant, schedule_id)
     if body.inputs is not None:
-        name, _, version = schedule.script.partition("@")
-        script = services.scripts.resolve(tenant, name, version)
-        problems = input_problems(script.input_schema, body.inputs)
-        if problems:
-            raise InvalidRequest(f"the inputs do not match {script.name}@{script.version}", tuple(problems))
+        services.scripts.checked(tenant, schedule.script, body.inputs)
         schedule.inputs = body.inputs
     if body.files is not None:
         schedule.files = body.files
