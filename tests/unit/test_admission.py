@@ -12,7 +12,7 @@ import redis
 from execbox.core.errors import PolicyNotAllowed, QueueFull, RateLimited
 from execbox.core.keys import Keys
 from execbox.core.settings import Settings
-from execbox.executions.queue import depth, enqueue, make_queue, take_next
+from execbox.executions.queue import depth, enqueue, make_queue, restore_tickets, take_next
 from execbox.tenancy.quotas import Quotas, Slots
 from tests.unit.conftest import make_record
 
@@ -95,3 +95,29 @@ def test_dispatch_takes_tenants_in_turn_and_each_tenant_in_order(settings: Setti
     flood = [r.id for r in submitted[:4]]
     assert taken == [flood[0], submitted[4].id, submitted[5].id, flood[1], flood[2], flood[3]]
     assert client.exists(*Keys(settings.redis.key_prefix).queue(settings.queue.name)[:2]) == 0, "the ring is empty"
+
+
+def test_a_ticket_lost_by_a_stopping_worker_is_restored_and_its_entry_runs(
+    settings: Settings, client: redis.Redis
+) -> None:
+    """RQ moves a job to its intermediate list before the worker marks itself busy; a worker
+    stopped in that instant leaves the ticket there and its entry without one (CI's stack test
+    once found an execution still queued after a worker's graceful stop)."""
+    queue = make_queue(client, settings)
+    records = [make_record(settings, tenant) for tenant in ("a", "a", "b")]
+    for record in records:
+        enqueue(queue, record, f"00-{record.trace_id}-{'1' * 16}-01", settings, backstop_s=60)
+    client.lmove(queue.key, queue.intermediate_queue_key)  # what the stopped worker's dequeue did
+    assert depth(queue) == 2
+
+    assert restore_tickets(queue, settings, backstop_s=60) == 1
+    assert restore_tickets(queue, settings, backstop_s=60) == 0, "nothing more is missing"
+    assert depth(queue) == 3
+    taken = []
+    for _ in range(depth(queue)):  # each ticket takes one entry, as run_next does
+        client.lpop(queue.key)
+        entry = take_next(client, settings)
+        assert entry is not None
+        taken.append(entry.execution_id)
+    assert sorted(taken) == sorted(r.id for r in records)
+    assert restore_tickets(queue, settings, backstop_s=60) == 0, "no entry waits, so no ticket is added"

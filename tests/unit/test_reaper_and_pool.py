@@ -38,7 +38,7 @@ def context(settings: Settings, client: redis.Redis, engine: FakeEngine, tmp_pat
         egress=EgressStore(client, keys, settings.retention_s), fleet=WorkerRegistry(client, keys),
         slots=Slots(client, keys), runtime=engine, languages=Languages.load(settings.images_dir),
         artifacts=LocalArtifactStore(tmp_path / "artifacts"), name="worker-under-test",
-        metrics=worker_metrics(registry), registry=registry, spans=setup_tracing(None, "test"),
+        metrics=worker_metrics(registry), registry=registry, spans=setup_tracing(None, "test"), backstop_s=60,
     )  # fmt: skip
 
 

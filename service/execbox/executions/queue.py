@@ -8,6 +8,13 @@ next one by at most one execution per busy worker, not by the thousand. Within a
 first-in, first-out. There is a ticket for every entry; a ticket that finds a cancelled or
 expired entry skips it and takes the next, so no runnable entry is ever left without one.
 
+A ticket can still be lost outside this module: RQ moves a job to its intermediate list before the
+worker marks itself busy, and a worker stopped (or killed) in that instant leaves the job there
+(RQ later fails it as stuck) while the entry it stood for waits with no ticket. `restore_tickets`,
+run by every worker's reaper, puts back one ticket for each entry beyond the tickets waiting. A
+spare ticket costs one empty take ("nothing to run"); a missing one leaves an execution queued
+until it expires.
+
 The record in the store stays the single source of truth, so a stale entry does nothing.
 """
 
@@ -68,6 +75,18 @@ def _keys(settings: Settings) -> tuple[str, str, str]:
     return Keys(settings.redis.key_prefix).queue(settings.queue.name)  # a queue's tickets serve its own entries
 
 
+def _ticket(queue: Queue, settings: Settings, backstop_s: int, description: str, pipe: redis.client.Pipeline) -> None:
+    queue.enqueue_call(
+        TASK,
+        args=({},),
+        timeout=backstop_s + settings.queue.setup_margin_s,
+        result_ttl=60,
+        failure_ttl=settings.retention_s,
+        description=description,
+        pipeline=pipe,
+    )
+
+
 def enqueue(queue: Queue, record: ExecutionRecord, traceparent: str, settings: Settings, backstop_s: int) -> None:
     """Queue an execution: its entry on its tenant's list and a ticket on the RQ queue, atomically.
 
@@ -77,15 +96,7 @@ def enqueue(queue: Queue, record: ExecutionRecord, traceparent: str, settings: S
     ring, members, pending = _keys(settings)
     entry = json.dumps({"execution_id": record.id, "traceparent": traceparent})
     with redis_errors(), queue.connection.pipeline() as pipe:
-        queue.enqueue_call(
-            TASK,
-            args=({},),
-            timeout=backstop_s + settings.queue.setup_margin_s,
-            result_ttl=60,
-            failure_ttl=settings.retention_s,
-            description=f"dispatch ticket (queued with {record.id})",
-            pipeline=pipe,
-        )
+        _ticket(queue, settings, backstop_s, f"dispatch ticket (queued with {record.id})", pipe)
         queue.connection.register_script(_PUSH)(
             keys=[ring, members, pending + record.tenant], args=[record.tenant, entry], client=pipe
         )
@@ -103,6 +114,31 @@ def take_next(client: redis.Redis, settings: Settings) -> Entry | None:
     return Entry(str(data["execution_id"]), data.get("traceparent"))
 
 
+def restore_tickets(queue: Queue, settings: Settings, backstop_s: int) -> int:
+    """Queue a ticket for every waiting entry beyond the tickets waiting; returns how many.
+
+    Both counts are read in one transaction. An entry whose ticket a worker has just taken (it
+    takes the entry a moment later) is counted as lacking one, which at worst adds a spare.
+    """
+    _, members, pending = _keys(settings)
+    client = queue.connection
+    with redis_errors():
+        tenants = [t.decode() if isinstance(t, bytes) else str(t) for t in client.smembers(members)]
+        with client.pipeline(transaction=True) as pipe:
+            pipe.llen(queue.key)
+            for tenant in tenants:
+                pipe.llen(pending + tenant)
+            tickets, *entries = pipe.execute()
+        missing = sum(entries) - int(tickets)
+        if missing <= 0:
+            return 0
+        with client.pipeline() as pipe:
+            for _ in range(missing):
+                _ticket(queue, settings, backstop_s, "dispatch ticket (restored)", pipe)
+            pipe.execute()
+    return int(missing)
+
+
 def depth(queue: Queue) -> int:
     with redis_errors():
         return int(queue.count)
@@ -115,5 +151,6 @@ __all__ = [
     "depth",
     "enqueue",
     "make_queue",
+    "restore_tickets",
     "take_next",
 ]

@@ -47,6 +47,8 @@ class WorkerContext:
     metrics: WorkerMetrics
     registry: CollectorRegistry
     spans: Spans
+    backstop_s: int
+    """The longest run any policy allows: RQ's last-resort timeout for the tickets a worker restores."""
     pool: WarmPool | None = None
 
     @classmethod
@@ -73,6 +75,7 @@ class WorkerContext:
             metrics=worker_metrics(registry),
             registry=registry,
             spans=setup_tracing(settings.telemetry.otlp_endpoint, "execbox-worker"),
+            backstop_s=PolicySet.load(settings.policies_dir).max_ceiling("timeout_s"),
         )
         runtime.on_status_mismatch = context.metrics.status_mismatches.inc
         if settings.pool.sizes:

@@ -1,9 +1,9 @@
 """The reaper: settles what dead workers and idle queues leave behind.
 
 Each worker runs it at start-up and then periodically. It expires queued executions past their
-deadline, fails running executions whose worker stopped renewing its lease (sandbox.error,
-retryable), and removes execbox containers and egress networks on its own engine that no live
-worker owns.
+deadline, puts back the dispatch tickets RQ lost (see execbox.executions.queue), fails running
+executions whose worker stopped renewing its lease (sandbox.error, retryable), and removes execbox
+containers and egress networks on its own engine that no live worker owns.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import threading
 import time
 
 from execbox.core.errors import ServiceError
+from execbox.executions.queue import make_queue, restore_tickets
 from execbox.fleet.registry import Heartbeat
 from execbox.sandbox.runtime import ContainerInfo
 from execbox.worker.context import WorkerContext
@@ -44,13 +45,14 @@ def report_health(ctx: WorkerContext) -> None:
 def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[str, int]:
     """One sweep. `unowned_before` carries the containers the previous sweep found without an owner
     (the periodic loop passes its own set); None removes unowned containers at once (`execbox reap`)."""
-    counts = {"expired": 0, "lost": 0, "slots": 0, "containers": 0, "networks": 0, "artifact_dirs": 0}
+    counts = {"expired": 0, "tickets": 0, "lost": 0, "slots": 0, "containers": 0, "networks": 0, "artifact_dirs": 0}
     # A slot taken by an API that died before creating its execution (or one whose release was
     # lost) is given back; a minute is far longer than any admission takes to create.
     counts["slots"] = ctx.slots.reclaim(older_than_s=60.0, ended=lambda execution_id: _ended(ctx, execution_id))
     for execution_id in ctx.store.due_for_expiry():
         if ctx.store.expire_if_due(execution_id, BY) is not None:
             counts["expired"] += 1
+    counts["tickets"] = restore_tickets(make_queue(ctx.store.redis, ctx.settings), ctx.settings, ctx.backstop_s)
     for execution_id in ctx.store.running():
         if ctx.store.fail_if_lost(execution_id, BY) is not None:
             counts["lost"] += 1
