@@ -7,7 +7,7 @@ import itertools
 import time
 from dataclasses import dataclass, field, replace
 
-from execbox.sandbox.runtime import ContainerInfo, Limits, RunControl, RunOutcome, RunSpec
+from execbox.sandbox.runtime import ContainerInfo, Limits, RunControl, RunOutcome, RunSpec, SessionSandbox
 
 
 @dataclass
@@ -49,6 +49,9 @@ class FakeEngine:
 
     def run(self, spec: RunSpec, control: RunControl) -> RunOutcome:
         raise NotImplementedError("the fake engine runs nothing")
+
+    def open_session(self, spec: RunSpec, session_id: str, start_timeout_s: float) -> SessionSandbox:
+        raise NotImplementedError("the fake engine holds no sessions")
 
     def ping(self) -> None:
         pass

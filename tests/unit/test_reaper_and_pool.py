@@ -21,6 +21,7 @@ from execbox.files.store import FileStore
 from execbox.fleet.registry import Heartbeat, WorkerRegistry
 from execbox.sandbox.pool import PoolClass, WarmPool
 from execbox.sandbox.runtime import Limits, RunSpec
+from execbox.sessions.store import SessionStore
 from execbox.tenancy.quotas import Slots
 from execbox.worker import reaper
 from execbox.worker.context import WorkerContext
@@ -38,7 +39,8 @@ def context(settings: Settings, client: redis.Redis, engine: FakeEngine, tmp_pat
         egress=EgressStore(client, keys, settings.retention_s), fleet=WorkerRegistry(client, keys),
         slots=Slots(client, keys), runtime=engine, languages=Languages.load(settings.images_dir),
         artifacts=LocalArtifactStore(tmp_path / "artifacts"), name="worker-under-test",
-        metrics=worker_metrics(registry), registry=registry, spans=setup_tracing(None, "test"), backstop_s=60,
+        metrics=worker_metrics(registry), registry=registry, spans=setup_tracing(None, "test"),
+        sessions=SessionStore(client, keys, settings.retention_s), backstop_s=60,
     )  # fmt: skip
 
 

@@ -19,6 +19,7 @@ from execbox import __version__
 from execbox.api import problems
 from execbox.api.deps import Services
 from execbox.api.routes import admin, executions, files, health, languages, runs, schedules, scripts
+from execbox.api.routes import sessions as sessions_routes
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.core import logs
@@ -46,6 +47,8 @@ from execbox.schedules.store import ScheduleStore
 from execbox.schedules.surprises import Surprises
 from execbox.scripts.library import Library
 from execbox.scripts.store import ScriptStore
+from execbox.sessions.service import Sessions
+from execbox.sessions.store import SessionStore
 from execbox.tenancy.apikeys import ApiKeys
 from execbox.tenancy.quotas import Quotas, Slots
 
@@ -99,10 +102,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     spans = setup_tracing(settings.telemetry.otlp_endpoint, "execbox-api")
     idempotency = IdempotencyKeys(client, settings.redis.key_prefix, settings.api.idempotency_ttl_s)
     quotas = Quotas.load(settings.policies_dir / "tenants.yaml", Slots(client, keys), settings.queue.max_depth)
+    sessions = Sessions(settings, SessionStore(client, keys, settings.retention_s), store, file_store, language_set,
+                        policies, quotas)  # fmt: skip
     submissions = Submissions(
         settings=settings, store=store, files=file_store, queue=queue, policies=policies, languages=language_set,
         quotas=quotas, fleet=fleet, idempotency=idempotency, spans=spans,
-        on_accept=lambda language: metrics.accepted.labels(language).inc(),
+        on_accept=lambda language: metrics.accepted.labels(language).inc(), sessions=sessions,
     )  # fmt: skip
     artifacts = LocalArtifactStore(settings.artifacts_dir)
     library = Library(ScriptStore(client, keys), submissions, language_set, policies)
@@ -131,6 +136,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         scripts=library,
         schedules=Scheduler(schedule_store, library, store, metrics.schedules),
         surprises=Surprises(client, keys, store, schedule_store, settings.retention_s),
+        sessions=sessions,
     )
     problems.install(app, settings.api.max_body_bytes)
     app.add_middleware(HttpMetrics, metrics=metrics, routes=app.routes)
@@ -140,6 +146,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(scripts.router)
     app.include_router(schedules.router)
     app.include_router(schedules.events_router)
+    app.include_router(sessions_routes.router)
     app.include_router(admin.router)
     app.include_router(languages.router)
     app.include_router(health.router)

@@ -26,6 +26,7 @@ from execbox.plans.runs import Runs
 from execbox.schedules.scheduler import Scheduler
 from execbox.schedules.surprises import Surprises
 from execbox.scripts.library import Library
+from execbox.sessions.service import Sessions
 from execbox.tenancy.apikeys import DEFAULT_TENANT, ApiKeys
 from execbox.tenancy.quotas import Quotas
 
@@ -52,6 +53,7 @@ class Services:
     scripts: Library
     schedules: Scheduler
     surprises: Surprises
+    sessions: Sessions
 
 
 def _services(request: Request) -> Services:

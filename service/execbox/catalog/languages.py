@@ -24,6 +24,8 @@ class _Metadata(BaseModel):
     command: list[str] = Field(min_length=1)
     smoke: list[str] = Field(min_length=1)
     env: dict[str, str] = {}
+    session: list[str] | None = None
+    """The program a session's sandbox runs (a kernel kept across executions); None: no sessions."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class Language:
     file: str
     command: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
+    session: tuple[str, ...] | None = None
 
     def public(self) -> LanguagePublic:
         return LanguagePublic(
@@ -68,6 +71,7 @@ class Languages:
                     meta.file,
                     tuple(meta.command),
                     tuple(sorted(meta.env.items())),
+                    tuple(meta.session) if meta.session else None,
                 )
             )
         if not found:

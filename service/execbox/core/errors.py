@@ -22,10 +22,12 @@ category (execbox.core.status.ErrorCategory); only the faults below raise.
     │   ├── RunNotFound             run.not_found (404)
     │   ├── ScriptNotFound          script.not_found (404)
     │   ├── ScheduleNotFound        schedule.not_found (404)
+    │   ├── SessionNotFound         session.not_found (404)
     │   ├── ApprovalNotFound        approval.not_found (404)
     │   └── ApprovalForbidden       approval.forbidden (403: another API key must decide)
     ├── ConflictError               execution.finished (409)
-    │   └── RunConflict             run.conflict (409: revision moved, approval decided, step not settleable)
+    │   ├── RunConflict             run.conflict (409: revision moved, approval decided, step not settleable)
+    │   └── SessionEnded            session.ended (409: the session ended; open a new one)
     ├── CapacityError               429/503 with Retry-After, retryable
     │   ├── RateLimited             rate_limited (429)
     │   └── QueueFull               queue_full (503)
@@ -226,6 +228,14 @@ class ScheduleNotFound(RequestError):
         super().__init__(f"no schedule {schedule_id}")
 
 
+class SessionNotFound(RequestError):
+    code = "session.not_found"
+    http_status = 404
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"no session {session_id}; GET /v1/sessions lists this tenant's sessions")
+
+
 class ApprovalForbidden(RequestError):
     code = "approval.forbidden"
     http_status = 403
@@ -236,6 +246,10 @@ class ApprovalForbidden(RequestError):
 
 class RunConflict(ConflictError):
     code = "run.conflict"
+
+
+class SessionEnded(ConflictError):
+    code = "session.ended"
 
 
 class CapacityError(ServiceError):

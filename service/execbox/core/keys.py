@@ -139,6 +139,30 @@ SCHEMA: tuple[KeySpec, ...] = (
     ),
     KeySpec("uid:{uid}", "string", "4 h", ("worker",), (), "a sandbox uid held by a live container"),
     KeySpec(
+        "exe:{id}:stream",
+        "stream of live events",
+        "retention_s; ~2,000 entries",
+        ("worker", "api"),
+        (),
+        "an execution's stdout, stderr, result and status events as they happen (SSE)",
+    ),
+    KeySpec(
+        "ses:{id}",
+        "string (JSON SessionRecord)",
+        "retention_s after the last write",
+        ("api", "worker"),
+        (),
+        "a session; every status change is a compare-and-set",
+    ),
+    KeySpec("ses:{id}:cells", "list of execution ids", "retention_s", ("api", "worker"), (), "a session's queue"),
+    KeySpec(
+        "ses:{id}:lease", "string (worker name)", "worker.lease_s, renewed", ("worker",), ("api",), "the holder's lease"
+    ),
+    KeySpec("ses:tenant:{tenant}", "zset id -> created_at", "none", ("api", "worker"), (), "a tenant's sessions"),
+    KeySpec("ses:open:{tenant}", "zset id -> created_at", "none", ("api", "worker"), (), "open sessions (the quota)"),
+    KeySpec("ses:live", "zset id -> created_at", "none", ("api", "worker"), (), "sessions not ended, for the reaper"),
+    KeySpec("ses:starts:{queue}", "list of ids", "none", ("api", "worker"), (), "sessions waiting for a worker"),
+    KeySpec(
         "run:{id}",
         "string (JSON RunRecord)",
         "retention_s after the last write",
@@ -227,6 +251,32 @@ class Keys:
 
     def due(self, name: str) -> str:
         return self._k("due", name)
+
+    def stream(self, execution_id: str) -> str:
+        return self._k("exe", execution_id, "stream")
+
+    # sessions
+    def session(self, session_id: str) -> str:
+        return self._k("ses", session_id)
+
+    def session_cells(self, session_id: str) -> str:
+        return self._k("ses", session_id, "cells")
+
+    def session_lease(self, session_id: str) -> str:
+        return self._k("ses", session_id, "lease")
+
+    def sessions_of(self, tenant: str) -> str:
+        return self._k("ses", "tenant", tenant)
+
+    def open_sessions(self, tenant: str) -> str:
+        return self._k("ses", "open", tenant)
+
+    @property
+    def live_sessions(self) -> str:
+        return self._k("ses", "live")
+
+    def session_starts(self, queue: str) -> str:
+        return self._k("ses", "starts", queue)
 
     # files
     def file(self, file_id: str) -> str:

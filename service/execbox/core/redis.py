@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import redis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, WatchError
 
 from execbox.core.errors import QueueUnavailable
 from execbox.core.settings import Settings
@@ -19,6 +20,32 @@ def redis_errors() -> Iterator[None]:
         yield
     except RedisError as exc:
         raise QueueUnavailable(f"Redis is unreachable or failing ({exc}); retry shortly") from exc
+
+
+T = TypeVar("T")
+
+
+def compare_and_set(
+    client: redis.Redis, key: str, parse: Callable[[bytes | str], T], change: Callable[[T, redis.client.Pipeline], bool]
+) -> T | None:
+    """Read key, let `change` queue its writes on a MULTI pipeline, and commit only if nobody wrote
+    key in between (WATCH); retried until it commits. None when key is missing or `change` declines."""
+    with redis_errors(), client.pipeline() as pipe:
+        while True:
+            try:
+                pipe.watch(key)  # type: ignore[no-untyped-call]
+                raw = pipe.get(key)
+                if raw is None:
+                    return None
+                value = parse(raw)
+                pipe.multi()
+                if not change(value, pipe):
+                    pipe.reset()
+                    return None
+                pipe.execute()
+                return value
+            except WatchError:
+                continue
 
 
 def text(value: object) -> str:

@@ -145,6 +145,19 @@ class PlanSettings(BaseModel):
     )
 
 
+class SessionSettings(BaseModel):
+    per_worker: int = Field(4, ge=0, description="Sessions one worker process holds at once (0: it holds none).")
+    max_idle_timeout_s: int = Field(
+        3600, ge=1, description="The longest idle_timeout_s a session may ask for (422 above)."
+    )
+    max_lifetime_s: int = Field(
+        86400, ge=1, description="The longest max_lifetime_s a session may ask for (422 above)."
+    )
+    start_timeout_s: float = Field(
+        120.0, gt=0, description="A session no worker has started this long after creation ends as sandbox_error."
+    )
+
+
 class AuthSettings(BaseModel):
     enabled: bool = Field(
         True,
@@ -194,6 +207,7 @@ class Settings(BaseSettings):
     auth: AuthSettings = AuthSettings()
     webhooks: WebhookSettings = WebhookSettings()
     plans: PlanSettings = PlanSettings()
+    sessions: SessionSettings = SessionSettings()
     retention_s: int = Field(24 * 3600, gt=0, description="How long finished executions are kept.")
     policies_dir: Path = Field(_REPO_ROOT / "policies", description="Directory of policy YAML files.")
     artifacts_dir: Path = Field(

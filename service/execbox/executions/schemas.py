@@ -144,6 +144,12 @@ class ExecutionCreate(BaseModel):
     outputs: OutputsSpec = Field(default_factory=OutputsSpec, description="Which produced files come back.")
     expect: Expect | None = Field(None, description="Expectations the run must meet.")
     webhook: Webhook | None = Field(None, description="POST the finished execution here (retried with backoff).")
+    session: str | None = Field(
+        None,
+        pattern=r"^ses_[a-z2-7]{26}$",
+        description="Run in this session (POST /v1/sessions): after the session's earlier executions, with its "
+        "workspace and interpreter state. Only `policy.timeout_s` may be set; the other limits are the session's.",
+    )
 
     @model_validator(mode="after")
     def _one_stdin(self) -> ExecutionCreate:
@@ -236,6 +242,20 @@ class ArtifactNotKept(BaseModel):
     reason: str = Field(description="Why it is not returned: a cap passed, a symlink or hard link, an unsafe name.")
 
 
+class ResultData(BaseModel):
+    media_type: str = Field(description="The representation's media type, e.g. image/png.")
+    size: int = Field(description="Size in bytes.")
+    sha256: str = Field(description="SHA-256 of the bytes, hex.")
+    url: str = Field(description="Where to download it: GET /v1/executions/{id}/results/{file}.")
+    text: str | None = Field(None, description="The content itself, for text and JSON representations up to 64 KiB.")
+
+
+class RichResult(BaseModel):
+    kind: str = Field(description="`execute_result` (the last expression's value) or `display_data` (display(), "
+                      "a figure shown with plt.show()).")  # fmt: skip
+    data: dict[str, ResultData] = Field(description="Its representations, by media type.")
+
+
 class Transition(BaseModel):
     status: ExecutionStatus = Field(description="Status entered.")
     at: float = Field(description="Unix time, seconds.")
@@ -268,6 +288,15 @@ class ExecutionPublic(BaseModel):
     artifacts: list[Artifact] = Field(default_factory=list, description="Files produced and kept.")
     artifacts_not_kept: list[ArtifactNotKept] = Field(
         default_factory=list, description="Files produced but not returned, each with the reason."
+    )
+    results: list[RichResult] = Field(
+        default_factory=list,
+        description="Rich results in order (sessions): the last expression's value and each display() or "
+        "plt.show(), with text/plain and, when the object has them, text/html, image/png, application/json.",
+    )
+    session: str | None = Field(None, description="The session it ran in, if any.")
+    kernel_restarted: bool = Field(
+        False, description="In a session: the interpreter was restarted after this execution (its variables are gone)."
     )
     outputs: dict[str, Any] = Field(
         default_factory=dict,

@@ -11,11 +11,10 @@ import time
 from collections.abc import Callable
 
 import redis
-from redis.exceptions import WatchError
 
 from execbox.core.events import TERMINAL, EventStream
 from execbox.core.keys import Keys
-from execbox.core.redis import redis_errors, text
+from execbox.core.redis import compare_and_set, redis_errors, text
 from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions.record import ExecutionRecord
@@ -68,23 +67,9 @@ class ExecutionStore:
 
         `change` returns False to abandon. Retried on a concurrent write (WATCH/MULTI).
         """
-        key = self.keys.execution(execution_id)
-        with redis_errors(), self.redis.pipeline() as pipe:
-            while True:
-                try:
-                    pipe.watch(key)  # type: ignore[no-untyped-call]
-                    raw = pipe.get(key)
-                    if raw is None:
-                        return None
-                    record = ExecutionRecord.model_validate_json(raw)
-                    pipe.multi()
-                    if not change(record, pipe):
-                        pipe.reset()
-                        return None
-                    pipe.execute()
-                    return record
-                except WatchError:
-                    continue
+        return compare_and_set(
+            self.redis, self.keys.execution(execution_id), ExecutionRecord.model_validate_json, change
+        )
 
     def transition(
         self, execution_id: str, allowed: set[ExecutionStatus], by: str, mutate: Mutation

@@ -15,12 +15,14 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from pydantic import BaseModel
 from rq import Queue
 
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet, runtime_problems
+from execbox.catalog.schemas import AppliedPolicy
 from execbox.catalog.webhook_hosts import host_allowed
 from execbox.core.errors import ConflictError, ExecutionNotFound, FieldProblem, InvalidRequest, PolicyExceeded
 from execbox.core.settings import Settings
@@ -53,6 +55,16 @@ def request_digest(body: BaseModel, extra: ExtraFiles = ()) -> str:
     return digest.hexdigest()
 
 
+class Placement(Protocol):
+    """Where executions naming a session go (execbox.sessions.service.Sessions)."""
+
+    def policy(self, tenant: str, body: ExecutionCreate) -> AppliedPolicy:
+        """The policy the execution runs with in its session; raises when it cannot run there."""
+
+    def place(self, record: ExecutionRecord) -> None:
+        """Queue the stored execution on its session."""
+
+
 @dataclass(frozen=True)
 class Submission:
     record: ExecutionRecord
@@ -79,6 +91,8 @@ class Submissions:
     """Told the language of each accepted execution (a metric)."""
     by: str = "api"
     """Who the queued transition is recorded as (api, scheduler, plan)."""
+    sessions: Placement | None = None
+    """Set where sessions are offered (the API); None refuses executions that name one."""
 
     def submit(
         self,
@@ -150,7 +164,12 @@ class Submissions:
         self, tenant: str, body: ExecutionCreate, extra: ExtraFiles, trace: TraceContext, context: dict[str, str]
     ) -> Submission:
         language = self.languages.get(body.language)
-        policy = self.policies.resolve(body.policy, len(body.code.encode()))
+        if body.session is not None:
+            if self.sessions is None:
+                raise InvalidRequest("sessions are not offered here", (FieldProblem("session", "not offered"),))
+            policy = self.sessions.policy(tenant, body)
+        else:
+            policy = self.policies.resolve(body.policy, len(body.code.encode()))
         if policy.runtime not in (None, "runc"):
             problems = runtime_problems(policy, self.fleet.runtimes(), self.settings.docker.runsc_network_runtime)
             if problems:
@@ -186,11 +205,15 @@ class Submissions:
                 queue_deadline=deadline,
                 transitions=[Transition(status=ExecutionStatus.QUEUED, at=now, by=self.by)],
                 context=context,
+                session=body.session,
             )
             self.store.create(record)
             with self.spans.span("execbox.enqueue", trace, {"execution.id": record.id}):
-                backstop = self.policies.max_ceiling("timeout_s")
-                enqueue(self.queue, record, trace.child().traceparent, self.settings, backstop)
+                if self.sessions is not None and record.session is not None:
+                    self.sessions.place(record)
+                else:
+                    backstop = self.policies.max_ceiling("timeout_s")
+                    enqueue(self.queue, record, trace.child().traceparent, self.settings, backstop)
         except BaseException:
             self.quotas.slots.release(tenant, record_id)
             raise

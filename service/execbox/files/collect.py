@@ -22,6 +22,9 @@ from execbox.files.blobs import ArtifactStore, ArtifactTooLarge
 RESERVED_DIR = ".execbox"
 RESULT_FILE = f"{RESERVED_DIR}/result.json"
 RESULT_CAP_BYTES = 8 << 20
+RICH_DIR = f"{RESERVED_DIR}/results/"
+"""Where a session's kernel leaves rich results: index.json and one file per representation."""
+RICH_INDEX = f"{RICH_DIR}index.json"
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,13 @@ class Collector:
     """The collected directory's name as the engine's tar stream has it: "out", or "workspace"
     when the request names its files by glob (relative to the working directory)."""
     globs: tuple[str, ...] = ()
+    only: frozenset[str] | None = None
+    """When set (a session's call), only these names are the call's artifacts: the others were
+    left by earlier calls and are not looked at."""
     kept: list[KeptArtifact] = field(default_factory=list)
+    rich_index: bytes | None = None
+    rich: dict[str, KeptArtifact] = field(default_factory=dict)
+    """Rich results' representations by file name (under RICH_DIR), stored beside the artifacts."""
     not_kept: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[dict[str, Any]] = field(default_factory=list)
     result: bytes | None = None
@@ -97,7 +106,12 @@ class Collector:
                 if name == self._result_name():
                     self._read_result(tar, member)
                     continue
+                if self.root == "out" and name.startswith(RICH_DIR) and member.isreg():
+                    self._read_rich(tar, member, name)
+                    continue
                 if name.startswith(self._reserved_prefix()) or (self.globs and not self._wanted(name)):
+                    continue
+                if self.only is not None and name not in self.only:
                     continue
                 if not safe_name(name):
                     self.skipped.append(
@@ -146,6 +160,25 @@ class Collector:
         if total + size > self.caps.total_bytes:
             return f"total would pass {self.caps.total_bytes} bytes"
         return None
+
+    def _read_rich(self, tar: tarfile.TarFile, member: tarfile.TarInfo, name: str) -> None:
+        """A rich result's file: held to the per-file cap, not counted among the artifacts."""
+        data = tar.extractfile(member)
+        if data is None:
+            return
+        if name == RICH_INDEX:
+            self.rich_index = data.read(RESULT_CAP_BYTES + 1)[:RESULT_CAP_BYTES]
+            return
+        file = name[len(RICH_DIR) :]
+        if "/" in file or not safe_name(file) or member.size > self.caps.file_bytes:
+            self.not_kept.append({"name": f"result {file}", "size": member.size, "reason": "result larger than the "
+                                  f"per-file cap {self.caps.file_bytes} bytes or badly named"})  # fmt: skip
+            return
+        try:
+            size, digest = self.store.put(self.execution_id, name, data, member.size)
+        except ArtifactTooLarge:
+            return
+        self.rich[file] = KeptArtifact(name, size, digest, mimetypes.guess_type(file)[0] or "application/octet-stream")
 
     def _read_result(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
         if not member.isreg() or member.size > RESULT_CAP_BYTES:

@@ -14,6 +14,8 @@ WORKER_LABEL = "execbox.worker"
 DEPLOYMENT_LABEL = "execbox.deployment"
 POOL_LABEL = "execbox.pool"
 """On warm-pool containers: the class they were made for (they carry no execution label)."""
+SESSION_LABEL = "execbox.session"
+"""On a session's container: the session it holds (it carries no execution label)."""
 UID_LABEL = "execbox.uid"
 """The sandbox's own uid (distinct among live sandboxes)."""
 WORKDIR = "/workspace"
@@ -78,6 +80,8 @@ class RunSpec:
     """The policy's OCI runtime (`runc`, `runsc`, ...); None: the operator's default."""
     seccomp_deny: tuple[str, ...] = ()
     """System calls denied on top of execbox's seccomp profile (a policy may only narrow it)."""
+    on_output: Callable[[int, bytes], None] | None = None
+    """Told each piece of output as it arrives (stream 1 or 2, bytes): live output for streaming."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,10 @@ class RunOutcome:
     launcher_fault: str | None = None
     """The sandbox's init failed (its report says so, or it ended without one): a service error,
     never the program's outcome."""
+    kernel_restarted: bool = False
+    """A session's call: its kernel was restarted after it (variables gone, workspace kept)."""
+    session_note: str | None = None
+    """A session's call: what the kernel's supervisor said about a restart."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,7 @@ class ContainerInfo:
     running: bool
     worker: str | None = None
     pool: str | None = None
+    session: str | None = None
 
 
 @dataclass
@@ -145,9 +154,27 @@ class RunControl:
             killer()
 
 
+class SessionSandbox(Protocol):
+    """A session's container: one kernel kept across calls, one call at a time."""
+
+    gone: str | None
+    """Why it can take no more calls (its sandbox ended, its kernel stopped answering); None while usable."""
+
+    def run_cell(self, spec: RunSpec, code: str, control: RunControl) -> RunOutcome:
+        """Run code in the kernel under spec's timeout and output cap; spec's files, input archive
+        and environment are the call's; spec.collector receives what the call wrote in out/."""
+
+    def close(self) -> None:
+        """Remove the container (and with it the kernel and the workspace)."""
+
+
 class Runtime(Protocol):
     def run(self, spec: RunSpec, control: RunControl) -> RunOutcome:
         """Run spec in a fresh container and remove it afterwards, whatever happens."""
+
+    def open_session(self, spec: RunSpec, session_id: str, start_timeout_s: float) -> SessionSandbox:
+        """Create and start a session's container (spec.command is the session program) and wait
+        until its kernel is ready; raises a ServiceError when it cannot."""
 
     def ping(self) -> None:
         """Raise RuntimeUnavailable when the engine cannot be reached."""

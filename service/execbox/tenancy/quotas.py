@@ -38,6 +38,7 @@ class _Quota(BaseModel):
     running: int = Field(ge=1)
     per_minute: int = Field(ge=1)
     policies: list[str] = Field(min_length=1)
+    sessions: int = Field(10, ge=0)
 
 
 class _QuotaFile(BaseModel):

@@ -192,7 +192,10 @@ def _parse_exception(stderr: str, language: str) -> tuple[str, str, bool] | None
     """(type, message, is_syntax) of an uncaught exception, read from the interpreter's report."""
     lines = [line for line in stderr.splitlines() if line.strip()]
     if language == "python":
-        if not lines or not ("Traceback (most recent call last):" in stderr or 'File "' in stderr):
+        # "Cell In [n]": IPython's report in a session.
+        if not lines or not any(
+            mark in stderr for mark in ("Traceback (most recent call last):", 'File "', "Cell In [")
+        ):
             return None
         match = _PY_EXC.match(lines[-1])
         if match is None or match.group("msg") is None and not match.group("type")[0].isupper():

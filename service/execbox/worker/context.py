@@ -29,6 +29,7 @@ from execbox.sandbox.docker import DockerRuntime
 from execbox.sandbox.pool import PoolClass, WarmPool
 from execbox.sandbox.runtime import Limits, RunSpec, Runtime
 from execbox.sandbox.uids import redis_uids
+from execbox.sessions.store import SessionStore
 from execbox.tenancy.quotas import Slots
 
 
@@ -47,6 +48,7 @@ class WorkerContext:
     metrics: WorkerMetrics
     registry: CollectorRegistry
     spans: Spans
+    sessions: SessionStore
     backstop_s: int
     """The longest run any policy allows: RQ's last-resort timeout for the tickets a worker restores."""
     pool: WarmPool | None = None
@@ -75,6 +77,7 @@ class WorkerContext:
             metrics=worker_metrics(registry),
             registry=registry,
             spans=setup_tracing(settings.telemetry.otlp_endpoint, "execbox-worker"),
+            sessions=SessionStore(client, keys, settings.retention_s),
             backstop_s=PolicySet.load(settings.policies_dir).max_ceiling("timeout_s"),
         )
         runtime.on_status_mismatch = context.metrics.status_mismatches.inc

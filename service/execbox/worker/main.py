@@ -26,6 +26,7 @@ from execbox.executions.queue import make_queue
 from execbox.webhooks.delivery import WebhookConsumer
 from execbox.worker import gate, reaper
 from execbox.worker.context import WorkerContext, current, install
+from execbox.worker.sessions import SessionHost
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,9 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
     WebhookConsumer(ctx.store, settings.webhooks, ctx.name).start(stop)
     if ctx.pool is not None:
         ctx.pool.start(stop)
+    sessions = SessionHost(ctx) if settings.sessions.per_worker > 0 else None
+    if sessions is not None:
+        sessions.start(stop)
     try:
         for generation in itertools.count():
             worker = _Worker(
@@ -108,6 +112,8 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
                 _wait_for_redis(ctx)
     finally:
         stop.set()
+        if sessions is not None:
+            sessions.join(30.0)  # each ends its session and removes its container
         if ctx.pool is not None:
             ctx.pool.drain()
         ctx.runtime.close()  # containers and networks of finished runs still waiting to be removed

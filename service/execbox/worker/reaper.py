@@ -2,8 +2,9 @@
 
 Each worker runs it at start-up and then periodically. It expires queued executions past their
 deadline, puts back the dispatch tickets RQ lost (see execbox.executions.queue), fails running
-executions whose worker stopped renewing its lease (sandbox.error, retryable), and removes execbox
-containers and egress networks on its own engine that no live worker owns.
+executions whose worker stopped renewing its lease (sandbox.error, retryable), ends sessions whose
+worker was lost, and removes execbox containers and egress networks on its own engine that no
+live worker (or live session) owns.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ import threading
 import time
 
 from execbox.core.errors import ServiceError
+from execbox.core.status import ErrorCategory, SessionEnd
 from execbox.executions.queue import make_queue, restore_tickets
+from execbox.executions.schemas import ExecutionError
 from execbox.fleet.registry import Heartbeat
 from execbox.sandbox.runtime import ContainerInfo
+from execbox.sessions.service import ended_error, settle_waiting
 from execbox.worker.context import WorkerContext
 
 log = logging.getLogger(__name__)
@@ -45,7 +49,16 @@ def report_health(ctx: WorkerContext) -> None:
 def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[str, int]:
     """One sweep. `unowned_before` carries the containers the previous sweep found without an owner
     (the periodic loop passes its own set); None removes unowned containers at once (`execbox reap`)."""
-    counts = {"expired": 0, "tickets": 0, "lost": 0, "slots": 0, "containers": 0, "networks": 0, "artifact_dirs": 0}
+    counts = {
+        "expired": 0,
+        "tickets": 0,
+        "lost": 0,
+        "sessions": 0,
+        "slots": 0,
+        "containers": 0,
+        "networks": 0,
+        "artifact_dirs": 0,
+    }
     # A slot taken by an API that died before creating its execution (or one whose release was
     # lost) is given back; a minute is far longer than any admission takes to create.
     counts["slots"] = ctx.slots.reclaim(older_than_s=60.0, ended=lambda execution_id: _ended(ctx, execution_id))
@@ -56,6 +69,7 @@ def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[st
     for execution_id in ctx.store.running():
         if ctx.store.fail_if_lost(execution_id, BY) is not None:
             counts["lost"] += 1
+    counts["sessions"] = _end_lost_sessions(ctx)
     now = time.time()
     unowned_now: set[str] = set()
     live_workers = {beat.name for beat in ctx.fleet.alive()}
@@ -88,6 +102,37 @@ def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[st
     return counts
 
 
+def _end_lost_sessions(ctx: WorkerContext) -> int:
+    """End the sessions whose worker stopped renewing their lease, or that no worker took in time."""
+    ended = 0
+    now = time.time()
+    for session_id in ctx.sessions.live():
+        record = ctx.sessions.get(session_id)
+        if record is None:
+            continue
+        if record.worker is None:
+            if now - record.created_at < ctx.settings.sessions.start_timeout_s:
+                continue
+            reason, why = (
+                SessionEnd.SANDBOX_ERROR,
+                "no worker took it in time (are workers running with sessions.per_worker > 0?)",
+            )
+        elif ctx.sessions.lease_alive(session_id):
+            continue
+        else:
+            reason = SessionEnd.WORKER_LOST
+            why = f"the worker holding it ({record.worker}) was lost; its state (variables, files) is gone"
+        error = ExecutionError(
+            category=ErrorCategory.SANDBOX_ERROR, message=f"the session ended: {why}", retryable=False
+        )
+        done = ctx.sessions.end(session_id, reason, error, worker=record.worker, unclaimed=record.worker is None)
+        if done is not None:
+            ended += 1
+            log.warning("session %s ended by the reaper: %s", session_id, why)
+            settle_waiting(ctx.sessions, ctx.store, session_id, ended_error(done), BY)
+    return ended
+
+
 def _ended(ctx: WorkerContext, execution_id: str) -> bool:
     """The execution has ended, or was never created."""
     record = ctx.store.get(execution_id)
@@ -98,6 +143,8 @@ def _owned(ctx: WorkerContext, container: ContainerInfo, live_workers: set[str])
     """A run's container belongs to its execution's lease; a warm one to the worker that made it."""
     if container.execution_id is not None:
         return ctx.store.lease_alive(container.execution_id)
+    if container.session is not None:
+        return ctx.sessions.lease_alive(container.session)
     return container.pool is not None and container.worker in live_workers
 
 

@@ -14,7 +14,15 @@ from jsonschema import Draft202012Validator
 
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions.record import ExecutionRecord
-from execbox.executions.schemas import Artifact, ArtifactNotKept, ExecutionError, Resources, Timing
+from execbox.executions.schemas import (
+    Artifact,
+    ArtifactNotKept,
+    ExecutionError,
+    Resources,
+    ResultData,
+    RichResult,
+    Timing,
+)
 from execbox.files.blobs import ArtifactStore, ArtifactTooLarge
 from execbox.files.collect import Collector
 from execbox.sandbox.runtime import Limits, RunOutcome
@@ -66,6 +74,33 @@ def _parse_result(raw: bytes | None) -> tuple[dict[str, Any], dict[str, Any] | N
 def _artifact(record_id: str, name: str, size: int, sha256: str, media_type: str) -> Artifact:
     url = f"/v1/executions/{record_id}/artifacts/{quote(name)}"
     return Artifact(name=name, size=size, sha256=sha256, media_type=media_type, url=url)
+
+
+INLINE_TEXT_BYTES = 64 << 10
+
+
+def _rich_results(record_id: str, collector: Collector, store: ArtifactStore) -> list[RichResult]:
+    """The kernel's index of rich results, joined to the representations that were kept."""
+    try:
+        index = json.loads(collector.rich_index or b"[]")
+    except ValueError:
+        return []
+    results = []
+    for entry in index if isinstance(index, list) else []:
+        files = entry.get("files") if isinstance(entry, dict) else None
+        data = {}
+        for media_type, file in (files or {}).items():
+            kept = collector.rich.get(str(file))
+            if kept is None:
+                continue
+            text = None
+            if (media_type.startswith("text/") or media_type == "application/json") and kept.size <= INLINE_TEXT_BYTES:
+                text = b"".join(store.read(record_id, kept.name)).decode("utf-8", "replace")
+            url = f"/v1/executions/{record_id}/results/{quote(str(file))}"
+            data[media_type] = ResultData(media_type=media_type, size=kept.size, sha256=kept.sha256, url=url, text=text)
+        if data:
+            results.append(RichResult(kind=str(entry.get("kind", "display_data")), data=data))
+    return results
 
 
 def _inline_outputs(record: ExecutionRecord, outputs: dict[str, Any], store: ArtifactStore) -> dict[str, Any]:
@@ -134,6 +169,7 @@ def apply_outcome(
         record.artifacts_not_kept = [ArtifactNotKept(**item) for item in collector.not_kept + collector.skipped]
         outputs, check, result_problem = _parse_result(collector.result)
         record.outputs = _inline_outputs(record, outputs, store)
+        record.results = _rich_results(record.id, collector, store)
 
     category = verdict.error.category if verdict.error else None
     expected_exit = record.expect is not None and record.expect.exit_code == outcome.exit_code

@@ -25,7 +25,8 @@ from execbox.executions.queue import take_next
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, NetworkDenial, NetworkReport
 from execbox.files.collect import RESULT_FILE, ArtifactCaps, Collector
-from execbox.sandbox.runtime import WORKDIR, EgressSpec, Limits, RunControl, RunOutcome, RunSpec
+from execbox.files.schemas import InputFileRef
+from execbox.sandbox.runtime import WORKDIR, EgressSpec, Limits, RunControl, RunOutcome, RunSpec, SessionSandbox
 from execbox.worker.context import WorkerContext, current, run_limits
 from execbox.worker.results import apply_outcome, blame_network
 
@@ -40,18 +41,18 @@ def run_next(_: dict[str, Any]) -> str:
         # Not reset on return: RQ's own lines about this job ("Job OK") then name the execution
         # too; the worker's per-job scope ends the binding.
         logs.bind(None, entry.execution_id)
-        record = _start(ctx, entry.execution_id)
+        record = start(ctx, entry.execution_id)
         if record is None:
             continue
         logs.bind(record.trace_id, entry.execution_id)
         parent = parse_traceparent(entry.traceparent) or TraceContext(record.trace_id, token_hex(8))
-        _run_and_finish(ctx, record, parent)
+        run_and_finish(ctx, record, parent)
         return entry.execution_id
     logs.bind(None, None)
     return "nothing to run"
 
 
-def _start(ctx: WorkerContext, execution_id: str) -> ExecutionRecord | None:
+def start(ctx: WorkerContext, execution_id: str) -> ExecutionRecord | None:
     """queued → running; None when it expired, was cancelled, or is gone."""
     if ctx.store.expire_if_due(execution_id, ctx.name) is not None:
         log.info("execution expired in the queue")
@@ -72,8 +73,15 @@ def _start(ctx: WorkerContext, execution_id: str) -> ExecutionRecord | None:
     return record
 
 
-def _run_and_finish(ctx: WorkerContext, record: ExecutionRecord, parent: TraceContext) -> None:
-    control = RunControl()
+def run_and_finish(
+    ctx: WorkerContext,
+    record: ExecutionRecord,
+    parent: TraceContext,
+    session: SessionSandbox | None = None,
+    control: RunControl | None = None,
+) -> None:
+    """Run a started execution (in a fresh sandbox, or as a call in `session`) and store its result."""
+    control = control or RunControl()
     stop = threading.Event()
     watcher = threading.Thread(target=_watch, args=(ctx, record.id, control, stop), daemon=True)
     watcher.start()
@@ -89,12 +97,13 @@ def _run_and_finish(ctx: WorkerContext, record: ExecutionRecord, parent: TraceCo
     outcome: RunOutcome | None = None
     failure: ExecutionError | None = None
     metrics = ctx.metrics
-    metrics.running.set(1)
+    metrics.running.inc()
     metrics.queue_wait.labels(record.language).observe((record.timing.queue_wait_ms or 0.0) / 1000)
     metrics.sandbox_starts.inc()
     registered: list[str] = []  # the proxy addresses this run's egress rule is stored under
     try:
-        outcome = ctx.runtime.run(_spec(ctx, record, limits, collector, registered), control)
+        spec = _spec(ctx, record, limits, collector, registered)
+        outcome = ctx.runtime.run(spec, control) if session is None else session.run_cell(spec, record.code, control)
     except ServiceError as exc:
         failure = ExecutionError(
             category=ErrorCategory.SANDBOX_ERROR, message=exc.message, retryable=True, details={"code": exc.code}
@@ -113,13 +122,13 @@ def _run_and_finish(ctx: WorkerContext, record: ExecutionRecord, parent: TraceCo
         stop.set()
         ctx.store.signal(record.id, "stop")  # wakes the watcher out of its blocking wait
         watcher.join(timeout=5)
-        metrics.running.set(0)
+        metrics.running.dec()
     _observe_run(ctx, record.language, outcome, failure, collector)
     _trace_run(ctx, record, outcome, parent)
     denials = ctx.egress.denials(record.id) if isinstance(record.policy.network, NetworkAllowlist) else []
     ctx.metrics.network_denials.inc(len(denials))
     _finish(ctx, record.id, outcome, failure, limits, collector, denials)
-    if ctx.pool is not None:
+    if ctx.pool is not None and session is None:
         ctx.pool.refill()  # only now: creating the successor would compete with the run and its result
 
 
@@ -161,11 +170,12 @@ def _spec(
     ctx: WorkerContext, record: ExecutionRecord, limits: Limits, collector: Collector, registered: list[str]
 ) -> RunSpec:
     language = ctx.languages.get(record.language)
-    service_files = [(language.file, record.code.encode())]
+    # In a session the code goes to the kernel, not to a file.
+    service_files = [(language.file, record.code.encode())] if record.session is None else []
     if record.inputs is not None:
         service_files.append((INPUTS_FILE, json.dumps(record.inputs).encode()))
     env = {
-        **dict(language.env),
+        **(dict(language.env) if record.session is None else {}),  # a session's kernel has the language's already
         **record.env,
         "EXECBOX_OUTPUT_DIR": f"{WORKDIR}/out",
         "EXECBOX_RESULT_FILE": f"{WORKDIR}/out/{RESULT_FILE}",
@@ -213,7 +223,7 @@ def _spec(
         limits=limits,
         language=language.name,
         deployment=ctx.settings.redis.key_prefix,
-        input_archive=_input_archive(ctx, record) if record.files else None,
+        input_archive=input_archive(ctx, record.files) if record.files else None,
         stdin=base64.b64decode(record.stdin_b64),
         collect_path="" if collector.root == "workspace" else "out",
         collector=collector,
@@ -223,7 +233,7 @@ def _spec(
     )
 
 
-def _input_archive(ctx: WorkerContext, record: ExecutionRecord) -> bytes:
+def input_archive(ctx: WorkerContext, files: list[InputFileRef]) -> bytes:
     """A tar of the input files for the engine's archive API.
 
     Files belong to root (mode 0644): the program reads them but, with the kernel's
@@ -234,7 +244,7 @@ def _input_archive(ctx: WorkerContext, record: ExecutionRecord) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         made: set[str] = set()
-        for ref in record.files:
+        for ref in files:
             data = ctx.files.data(ref.file_id)
             if data is None:
                 raise InputUnavailable(ref.path, ref.file_id)
@@ -272,6 +282,8 @@ def _finish(
             status = apply_outcome(record, outcome, collector, limits, ctx.artifacts)
         else:
             record.error = failure
+        if outcome is not None and outcome.kernel_restarted:
+            _note_restart(record, outcome)
         if isinstance(record.policy.network, NetworkAllowlist):
             record.network = NetworkReport(denied=[NetworkDenial.model_validate(d) for d in denials])
             blame_network(record)
@@ -285,6 +297,27 @@ def _finish(
     else:
         category = done.error.category.value if done.error else None
         log.info("execution finished", extra={"status": done.status.value, "category": category})
+
+
+def _note_restart(record: ExecutionRecord, outcome: RunOutcome) -> None:
+    """A session's call after which the kernel was restarted, or the session was lost: say so."""
+    record.kernel_restarted = True
+    if outcome.cancelled:
+        return  # the client's cancel (or its DELETE of the session) says enough
+    if outcome.launcher_fault:
+        note = f"the session ended ({outcome.launcher_fault}): its state is lost; open a new session"
+        if record.error is not None:
+            record.error = record.error.model_copy(update={"message": note, "retryable": False})
+        return
+    note = (outcome.session_note or "the kernel was restarted") + (
+        "; the session goes on with a fresh interpreter: earlier variables and imports are gone, files in "
+        "/workspace remain"
+    )
+    if record.error is not None:
+        details = {**record.error.details, "kernel_restarted": True}
+        record.error = record.error.model_copy(
+            update={"message": f"{record.error.message}. {note}", "details": details}
+        )
 
 
 def _quietly(action: Callable[[str], None], arg: str) -> None:

@@ -22,6 +22,7 @@ from execbox.core.tracing import TraceContext, from_traceparent
 from execbox.executions.record import ExecutionRecord, RunRecord
 from execbox.executions.schemas import EXECUTION_ID_PATTERN, ExecutionCreate, ExecutionPublic
 from execbox.executions.submit import mine
+from execbox.files.collect import RICH_DIR
 from execbox.files.schemas import check_input_path
 
 router = APIRouter(prefix="/v1/executions", tags=["executions"])
@@ -224,16 +225,41 @@ def download_artifact(
     artifact = next((a for a in record.artifacts if a.name == name), None)
     if artifact is None:
         raise ArtifactNotFound(execution_id, name)
+    return _stream(services, execution_id, name, artifact.media_type, artifact.sha256)
+
+
+@router.get(
+    "/{execution_id}/results/{file}",
+    summary="Download a rich result's representation",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"image/png": {}, "text/html": {}}, "description": "The representation's bytes."},
+        404: {"description": "No such execution or result.", **_PROBLEM},
+        **UNAUTHORIZED_DOC,
+    },
+)
+def download_result(
+    execution_id: ExecutionId, file: str, services: ServicesDep, tenant: TenantDep
+) -> StreamingResponse:
+    record = services.executions.owned(tenant, execution_id)
+    suffix = f"/results/{quote(file)}"
+    data = next((d for r in record.results for d in r.data.values() if d.url.endswith(suffix)), None)
+    if data is None:
+        raise ArtifactNotFound(execution_id, f"results/{file}")
+    return _stream(services, execution_id, f"{RICH_DIR}{file}", data.media_type, data.sha256)
+
+
+def _stream(services: ServicesDep, execution_id: str, name: str, media_type: str, sha256: str) -> StreamingResponse:
     try:
         size = services.artifacts.size(execution_id, name)
     except FileNotFoundError as exc:
         raise ArtifactNotFound(execution_id, name) from exc
     return StreamingResponse(
         services.artifacts.read(execution_id, name),
-        media_type=artifact.media_type,
+        media_type=media_type,
         headers={
             "Content-Length": str(size),
-            "ETag": f'"{artifact.sha256}"',
+            "ETag": f'"{sha256}"',
             "Content-Disposition": f"attachment; filename*=UTF-8''{quote(name.rsplit('/', 1)[-1])}",
         },
     )

@@ -18,6 +18,7 @@ from execbox.sandbox.runtime import (
     EXECUTION_LABEL,
     MANAGED_LABEL,
     POOL_LABEL,
+    SESSION_LABEL,
     WORKER_LABEL,
     ContainerInfo,
 )
@@ -59,6 +60,7 @@ def listed_containers(api: docker.APIClient, deployment: str) -> list[ContainerI
             running=c.get("State") == "running",
             worker=(c.get("Labels") or {}).get(WORKER_LABEL),
             pool=(c.get("Labels") or {}).get(POOL_LABEL),
+            session=(c.get("Labels") or {}).get(SESSION_LABEL),
         )
         for c in found
     ]

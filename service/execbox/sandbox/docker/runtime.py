@@ -38,6 +38,7 @@ from execbox.sandbox.docker.cleanup import CLEANUP_DELAY_S, Deferred
 from execbox.sandbox.docker.engine import docker_errors, listed_containers, listed_networks
 from execbox.sandbox.docker.hostconfig import BASE_ENV, CPU_PERIOD_US, MASKED_PATHS, host_config_kwargs, policy_runtime
 from execbox.sandbox.docker.networks import EgressNetwork, EgressNetworks
+from execbox.sandbox.docker.session import DockerSession
 from execbox.sandbox.pool import WarmPool
 from execbox.sandbox.protocol import GVISOR_LAUNCHER, LAUNCHER, RELEASE_SIGNAL, done_marker, frame_files
 from execbox.sandbox.runtime import (
@@ -171,15 +172,25 @@ class DockerRuntime:
             self._networks.close(network)
 
     @staticmethod
-    def _labels(spec: RunSpec, extra: dict[str, str]) -> dict[str, str]:
+    def labels(spec: RunSpec, extra: dict[str, str]) -> dict[str, str]:
         return {MANAGED_LABEL: "true", DEPLOYMENT_LABEL: spec.deployment, WORKER_LABEL: spec.worker, **extra}
 
     def create(self, spec: RunSpec, network: EgressNetwork | None = None) -> str:
         """A created (not started) container for one run, labelled with its execution and trace."""
         labels = {EXECUTION_LABEL: spec.execution_id, TRACE_LABEL: spec.trace_id}
-        return self._create(spec, self._labels(spec, labels), network)
+        return self.create_labelled(spec, self.labels(spec, labels), network)
 
-    def _create(self, spec: RunSpec, labels: dict[str, str], network: EgressNetwork | None = None) -> str:
+    def open_session(self, spec: RunSpec, session_id: str, start_timeout_s: float) -> DockerSession:
+        """A session's container, started, its kernel ready (see execbox.sandbox.docker.session)."""
+        session = DockerSession(self, spec, session_id)
+        try:
+            session.open(start_timeout_s)
+        except BaseException:
+            session.close()
+            raise
+        return session
+
+    def create_labelled(self, spec: RunSpec, labels: dict[str, str], network: EgressNetwork | None = None) -> str:
         """Create (not start) a hardened container for spec's image, command and limits, running as
         a uid no other live sandbox has (per-uid kernel limits are then the run's own)."""
         api = self.api
@@ -225,7 +236,7 @@ class DockerRuntime:
     def create_pooled(self, spec: RunSpec, pool_class: str) -> str:
         """A warm-pool container: created and started, its launcher waiting for a frame on stdin."""
         with docker_errors():
-            cid = self._create(spec, self._labels(spec, {POOL_LABEL: pool_class}))
+            cid = self.create_labelled(spec, self.labels(spec, {POOL_LABEL: pool_class}))
             try:
                 self.api.start(cid)
             except BaseException:
@@ -284,13 +295,13 @@ class DockerRuntime:
         if finished and fault is None:
             # The launcher says whether out/ is empty; a program can only lie about its own files.
             if capture.produced or spec.collect_path != "out":
-                collect_error = self._collect(cid, spec)
+                collect_error = self.collect(cid, spec)
         elif finished:
             pass  # the launcher failed before or instead of the program: nothing of the run to collect
         elif not capture.eof:
             # Stopped from outside (timeout, output cap, cancel): freeze every process so the
             # collection sees a still workspace, then kill.
-            collect_error = self._collect(cid, spec, freeze=True)
+            collect_error = self.collect(cid, spec, freeze=True)
             self._signal(cid, "SIGKILL")
         else:
             collect_error = "the sandbox ended before its output directory could be collected"
@@ -335,7 +346,8 @@ class DockerRuntime:
             cpu_exhausted=cpu_over.is_set(),
         )
 
-    def _collect(self, cid: str, spec: RunSpec, freeze: bool = False) -> str | None:
+    def collect(self, cid: str, spec: RunSpec, freeze: bool = False) -> str | None:
+        """Hand spec.collector the tar stream of the container's collect path; why not, if it failed."""
         if spec.collector is None:
             return None
         api = self.api

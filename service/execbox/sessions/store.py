@@ -1,0 +1,144 @@
+"""Sessions in Redis (keys under `ses:`, see execbox.core.keys).
+
+A session's record changes only by compare-and-set. Its executions wait on its own list
+(`ses:{id}:cells`), never on the shared queue: the worker holding the session pops them in order
+and runs one at a time. A new session waits on `ses:starts:{queue}` until a worker with room takes
+it. The quota (`ses:open:{tenant}`) and the reaper's index (`ses:live`) lose the session in the
+same transaction that ends it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import redis
+
+from execbox.core.keys import Keys
+from execbox.core.redis import compare_and_set, redis_errors, text
+from execbox.core.status import SessionEnd, SessionStatus
+from execbox.executions.schemas import ExecutionError
+from execbox.sessions.record import SessionRecord
+
+WAKE = "wake"
+"""Pushed on a session's list to wake its holder (it re-reads the record)."""
+_OPEN = """
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 1 end
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+return 1
+"""
+
+
+class SessionStore:
+    def __init__(self, client: redis.Redis, keys: Keys, retention_s: int) -> None:
+        self.redis = client
+        self.keys = keys
+        self.retention_s = retention_s
+
+    def admit(self, tenant: str, session_id: str, limit: int) -> bool:
+        """Take one of the tenant's `limit` open-session slots; False when all are taken."""
+        with redis_errors():
+            script = self.redis.register_script(_OPEN)
+            return bool(script(keys=[self.keys.open_sessions(tenant)], args=[session_id, limit, time.time()]))
+
+    def release(self, tenant: str, session_id: str) -> None:
+        with redis_errors():
+            self.redis.zrem(self.keys.open_sessions(tenant), session_id)
+
+    def create(self, record: SessionRecord, queue: str) -> None:
+        with redis_errors(), self.redis.pipeline() as pipe:
+            pipe.set(self.keys.session(record.id), record.model_dump_json(), ex=self.retention_s)
+            pipe.zadd(self.keys.sessions_of(record.tenant), {record.id: record.created_at})
+            pipe.zadd(self.keys.live_sessions, {record.id: record.created_at})
+            pipe.rpush(self.keys.session_starts(queue), record.id)
+            pipe.execute()
+
+    def get(self, session_id: str) -> SessionRecord | None:
+        with redis_errors():
+            raw = self.redis.get(self.keys.session(session_id))
+        return None if raw is None else SessionRecord.model_validate_json(raw)
+
+    def of_tenant(self, tenant: str, limit: int = 100) -> list[SessionRecord]:
+        with redis_errors():
+            ids = [text(i) for i in self.redis.zrevrange(self.keys.sessions_of(tenant), 0, limit - 1)]
+            raws = self.redis.mget([self.keys.session(i) for i in ids]) if ids else []
+        return [SessionRecord.model_validate_json(raw) for raw in raws if raw is not None]
+
+    def live(self) -> list[str]:
+        with redis_errors():
+            return [text(i) for i in self.redis.zrange(self.keys.live_sessions, 0, -1)]
+
+    def update(self, session_id: str, mutate: Callable[[SessionRecord], bool]) -> SessionRecord | None:
+        """Change a session that has not ended; `mutate` returns False to leave it as it is."""
+
+        def change(record: SessionRecord, pipe: redis.client.Pipeline) -> bool:
+            if record.status is SessionStatus.ENDED or not mutate(record):
+                return False
+            ended = record.status == SessionStatus.ENDED  # type: ignore[comparison-overlap]  # mutate may end it
+            if ended:
+                record.ended_at = record.ended_at or time.time()
+            pipe.set(self.keys.session(record.id), record.model_dump_json(), ex=self.retention_s)
+            if ended:
+                pipe.zrem(self.keys.open_sessions(record.tenant), record.id)
+                pipe.zrem(self.keys.live_sessions, record.id)
+                pipe.delete(self.keys.session_lease(record.id))
+                pipe.rpush(self.keys.session_cells(record.id), WAKE)
+                pipe.expire(self.keys.session_cells(record.id), self.retention_s)
+            return True
+
+        return compare_and_set(self.redis, self.keys.session(session_id), SessionRecord.model_validate_json, change)
+
+    def end(
+        self,
+        session_id: str,
+        reason: SessionEnd,
+        error: ExecutionError | None = None,
+        worker: str | None = None,
+        unclaimed: bool = False,
+    ) -> SessionRecord | None:
+        """End a session that has not ended (None when it had, or is gone). With `worker`, only
+        while that worker still holds it; with `unclaimed`, only while no worker has taken it."""
+
+        def mutate(record: SessionRecord) -> bool:
+            if (worker is not None and record.worker != worker) or (unclaimed and record.worker is not None):
+                return False
+            record.status, record.end_reason, record.error = SessionStatus.ENDED, reason, error
+            return True
+
+        return self.update(session_id, mutate)
+
+    # the queue of a session's executions
+    def push(self, session_id: str, execution_id: str) -> None:
+        with redis_errors(), self.redis.pipeline() as pipe:
+            pipe.rpush(self.keys.session_cells(session_id), execution_id)
+            pipe.expire(self.keys.session_cells(session_id), self.retention_s)
+            pipe.execute()
+
+    def pop(self, session_id: str, timeout_s: float) -> str | None:
+        """The next execution id (or WAKE), waiting up to timeout_s; None when nothing came."""
+        with redis_errors():
+            got = self.redis.blpop([self.keys.session_cells(session_id)], timeout=max(timeout_s, 0.01))
+        return None if got is None else text(got[1])
+
+    def drain(self, session_id: str) -> list[str]:
+        """Every execution id still waiting (the session ended; they will not run)."""
+        with redis_errors(), self.redis.pipeline() as pipe:
+            pipe.lrange(self.keys.session_cells(session_id), 0, -1)
+            pipe.delete(self.keys.session_cells(session_id))
+            waiting, _ = pipe.execute()
+        return [text(i) for i in waiting if text(i) != WAKE]
+
+    def next_start(self, queue: str, timeout_s: float) -> str | None:
+        with redis_errors():
+            got = self.redis.blpop([self.keys.session_starts(queue)], timeout=max(timeout_s, 0.01))
+        return None if got is None else text(got[1])
+
+    # the holder's lease
+    def renew_lease(self, session_id: str, worker: str, lease_s: float) -> None:
+        with redis_errors():
+            self.redis.set(self.keys.session_lease(session_id), worker, px=int(lease_s * 1000))
+
+    def lease_alive(self, session_id: str) -> bool:
+        with redis_errors():
+            return bool(self.redis.exists(self.keys.session_lease(session_id)))

@@ -1,0 +1,247 @@
+"""The worker's sessions: take new sessions while there is room, hold each in a thread of its own.
+
+A held session's thread starts the sandbox and its kernel, marks the session ready, then waits on
+the session's own list and runs each execution as a call in the kernel (through the same path as
+a one-shot execution: start, run, classify, store), renewing the session's lease all along. It
+ends the session when it is deleted, idle past its timeout, past its lifetime, or when the sandbox
+is lost, and removes the container whatever happens. A worker that dies takes its sessions with
+it: the reaper ends them (`worker_lost`) once their lease lapses, and removes the containers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from secrets import token_hex
+
+from execbox.core import logs
+from execbox.core.errors import ServiceError
+from execbox.core.status import ErrorCategory, SessionEnd, SessionStatus
+from execbox.core.tracing import TraceContext
+from execbox.executions.schemas import ExecutionError
+from execbox.sandbox.runtime import RunControl, RunSpec, SessionSandbox
+from execbox.sessions.record import SessionRecord
+from execbox.sessions.service import ended_error, settle_waiting
+from execbox.sessions.store import WAKE, SessionStore
+from execbox.worker.context import WorkerContext, run_limits
+from execbox.worker.tasks import input_archive, run_and_finish, start
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Held:
+    """What a session's lease keeper may stop: the sandbox, and the call running in it."""
+
+    sandbox: SessionSandbox | None = None
+    control: RunControl | None = None
+
+
+class SessionHost:
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.ctx = ctx
+        self.store: SessionStore = ctx.sessions
+        self._held: dict[str, threading.Thread] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    @property
+    def held(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+    def start(self, stop: threading.Event) -> threading.Thread:
+        self._stop = stop
+        thread = threading.Thread(target=self._intake, name="session-intake", daemon=True)
+        thread.start()
+        return thread
+
+    def _intake(self) -> None:
+        capacity = self.ctx.settings.sessions.per_worker
+        while not self._stop.is_set():
+            if self.held >= capacity:
+                self._stop.wait(0.5)
+                continue
+            try:
+                session_id = self.store.next_start(self.ctx.settings.queue.name, 1.0)
+            except ServiceError as exc:
+                log.warning("session intake: %s", exc.message)
+                self._stop.wait(1.0)
+                continue
+            if session_id is None:
+                continue
+            thread = threading.Thread(target=self._hold, args=(session_id,), name=f"session-{session_id}", daemon=True)
+            with self._lock:
+                self._held[session_id] = thread
+            thread.start()
+
+    def join(self, timeout_s: float) -> None:
+        """Wait for the held sessions to close (the worker is stopping)."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            threads = list(self._held.values())
+        for thread in threads:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+
+    def _hold(self, session_id: str) -> None:
+        try:
+            with logs.bound(None, None):
+                self._serve(session_id)
+        except Exception:
+            log.exception("session %s: unexpected failure", session_id)
+            self._end(session_id, SessionEnd.SANDBOX_ERROR, "the worker holding it failed unexpectedly")
+        finally:
+            with self._lock:
+                self._held.pop(session_id, None)
+
+    def _serve(self, session_id: str) -> None:
+        ctx = self.ctx
+        lease_s = ctx.settings.worker.lease_s
+
+        def claim(record: SessionRecord) -> bool:
+            if record.status is not SessionStatus.STARTING or record.worker is not None:
+                return False
+            record.worker = ctx.name
+            return True
+
+        self.store.renew_lease(session_id, ctx.name, lease_s)
+        record = self.store.update(session_id, claim)
+        if record is None:
+            return  # deleted before a worker took it
+        renewing = threading.Event()
+        held = _Held()
+        renewer = threading.Thread(target=self._renew, args=(session_id, renewing, held), daemon=True)
+        renewer.start()
+        sandbox: SessionSandbox | None = None
+        try:
+            try:
+                sandbox = ctx.runtime.open_session(
+                    self._spec(record), session_id, ctx.settings.sessions.start_timeout_s
+                )
+            except ServiceError as exc:
+                self._end(session_id, SessionEnd.SANDBOX_ERROR, f"its sandbox could not start: {exc.message}")
+                return
+
+            def ready(r: SessionRecord) -> bool:
+                r.status, r.ready_at = SessionStatus.READY, time.time()
+                return True
+
+            held.sandbox = sandbox
+            if self.store.update(session_id, ready) is None:
+                return  # deleted while starting
+            log.info("session %s ready", session_id)
+            self._loop(session_id, sandbox, held)
+        finally:
+            renewing.set()
+            if sandbox is not None:
+                sandbox.close()
+            ended = self.store.get(session_id)
+            if ended is not None and ended.status is SessionStatus.ENDED:
+                settle_waiting(self.store, ctx.store, session_id, ended_error(ended), ctx.name)
+
+    def _loop(self, session_id: str, sandbox: SessionSandbox, held: _Held) -> None:
+        ctx = self.ctx
+        while True:
+            record = self.store.get(session_id)
+            if record is None or record.status is SessionStatus.ENDED or record.worker != ctx.name:
+                return
+            now = time.time()
+            if now >= record.created_at + record.max_lifetime_s:
+                self._end(session_id, SessionEnd.MAX_LIFETIME, None)
+                return
+            if now >= record.last_activity_at + record.idle_timeout_s:
+                self._end(session_id, SessionEnd.IDLE_TIMEOUT, None)
+                return
+            if self._stop.is_set():
+                self._end(session_id, SessionEnd.SANDBOX_ERROR, "its worker stopped; the state is lost")
+                return
+            execution_id = self.store.pop(session_id, min(record.deadline() - now, 1.0))
+            if execution_id is None or execution_id == WAKE:
+                continue
+            self._call(session_id, sandbox, execution_id, held)
+            if sandbox.gone is not None:
+                self._end(session_id, SessionEnd.SANDBOX_ERROR, sandbox.gone)
+                return
+
+    def _call(self, session_id: str, sandbox: SessionSandbox, execution_id: str, held: _Held) -> None:
+        ctx = self.ctx
+
+        def busy(record: SessionRecord) -> bool:
+            record.running = execution_id
+            return True
+
+        logs.bind(None, execution_id)
+        started = start(ctx, execution_id)
+        if started is None:
+            return
+        logs.bind(started.trace_id, execution_id)
+        self.store.update(session_id, busy)
+        held.control = RunControl()
+        try:
+            trace = TraceContext(started.trace_id, token_hex(8))
+            run_and_finish(ctx, started, trace, session=sandbox, control=held.control)
+        finally:
+            held.control = None
+            done = ctx.store.get(execution_id)
+
+            def idle(record: SessionRecord) -> bool:
+                record.running = None
+                record.executions += 1
+                record.last_activity_at = time.time()
+                record.expires_at = record.deadline()
+                record.kernel_restarts += bool(done is not None and done.kernel_restarted)
+                return True
+
+            self.store.update(session_id, idle)
+            logs.bind(None, None)
+
+    def _renew(self, session_id: str, stop: threading.Event, held: _Held) -> None:
+        """Keep the lease while the session is held; when it is ended from outside (DELETE) while a
+        call runs, cancel the call and remove the sandbox at once."""
+        lease_s = self.ctx.settings.worker.lease_s
+        while not stop.wait(max(lease_s / 3, 0.2)):
+            try:
+                self.store.renew_lease(session_id, self.ctx.name, lease_s)
+                record = self.store.get(session_id)
+            except ServiceError as exc:
+                log.warning("session lease renewal failed: %s", exc.message)
+                continue
+            if record is not None and record.status is SessionStatus.ENDED and held.sandbox is not None:
+                control = held.control
+                if control is not None:
+                    control.cancel()
+                held.sandbox.close()
+                return
+
+    def _end(self, session_id: str, reason: SessionEnd, why: str | None) -> None:
+        error = None
+        if why is not None:
+            error = ExecutionError(
+                category=ErrorCategory.SANDBOX_ERROR, message=f"the session ended: {why}", retryable=False
+            )
+        if self.store.end(session_id, reason, error, worker=self.ctx.name) is not None:
+            log.info("session %s ended: %s", session_id, reason.value)
+
+    def _spec(self, record: SessionRecord) -> RunSpec:
+        ctx = self.ctx
+        language = ctx.languages.get(record.language)
+        assert language.session is not None
+        env = {**dict(language.env), **record.env, "EXECBOX_OUTPUT_DIR": "/workspace/out",
+               "EXECBOX_SESSION_ID": record.id}  # fmt: skip
+        return RunSpec(
+            execution_id="",
+            trace_id=record.trace_id,
+            worker=ctx.name,
+            image=language.image,
+            command=language.session,
+            files=(),
+            env=tuple(sorted(env.items())),
+            limits=run_limits(record.policy),
+            language=language.name,
+            deployment=ctx.settings.redis.key_prefix,
+            input_archive=input_archive(ctx, record.files) if record.files else None,
+            runtime="runc",
+            seccomp_deny=tuple(record.policy.seccomp_deny),
+        )

@@ -1,0 +1,229 @@
+"""Sessions against the real engine and Redis: state kept across calls, rich results, per-call
+timeouts and kernel restarts, idle timeout, delete, tenancy, the quota, and a lost worker."""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import docker
+import httpx
+import pytest
+
+from execbox.sandbox.runtime import SESSION_LABEL
+from tests.conftest import Side, Stack, wait_until
+
+pytestmark = [pytest.mark.docker, pytest.mark.redis]
+
+
+def containers(docker_client: docker.DockerClient, session_id: str) -> list[str]:
+    found = docker_client.api.containers(all=True, filters={"label": [f"{SESSION_LABEL}={session_id}"]})
+    return [c["Id"] for c in found]
+
+
+def open_session(client: httpx.Client, **body: Any) -> dict[str, Any]:
+    response = client.post("/v1/sessions", json={"language": "python", **body})
+    assert response.status_code == 201, response.text
+    session: dict[str, Any] = response.json()
+    assert session["id"].startswith("ses_") and session["status"] == "starting"
+    assert response.headers["Location"] == f"/v1/sessions/{session['id']}"
+    return session
+
+
+def call(client: httpx.Client, session_id: str, code: str, **policy: Any) -> dict[str, Any]:
+    request = {"language": "python", "code": code, "session": session_id, "policy": policy}
+    response = client.post("/v1/executions?wait=60", json=request)
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    assert body["status"] not in ("queued", "running"), body
+    assert body["session"] == session_id
+    return body
+
+
+def result(execution: dict[str, Any], kind: str = "execute_result") -> dict[str, Any]:
+    found = [r for r in execution["results"] if r["kind"] == kind]
+    assert found, execution
+    data: dict[str, Any] = found[-1]["data"]
+    return data
+
+
+@pytest.fixture
+def session(api: httpx.Client, docker_client: docker.DockerClient) -> Iterator[dict[str, Any]]:
+    opened = open_session(api, idle_timeout_s=300)
+    yield opened
+    api.delete(f"/v1/sessions/{opened['id']}")
+
+
+def test_state_files_and_a_dataframe_persist_across_calls(api: httpx.Client, session: dict[str, Any]) -> None:
+    sid = session["id"]
+    first = call(api, sid, "x = 41\nopen('notes.txt', 'w').write('kept')\nimport pandas as pd\n"
+                           "df = pd.DataFrame({'city': ['a', 'b', 'a'], 'sales': [1, 2, 3]})")  # fmt: skip
+    assert first["status"] == "succeeded", first
+    assert first["results"] == [], "an assignment has no value to show"
+
+    second = call(api, sid, "x + 1")
+    assert second["status"] == "succeeded", second
+    assert result(second)["text/plain"]["text"] == "42"
+    assert second["stdout"] == "", "the value is a result, not printed output"
+
+    third = call(api, sid, "print(open('notes.txt').read(), df.groupby('city').sales.sum()['a'])")
+    assert third["stdout"] == "kept 4\n", third
+
+    ready = api.get(f"/v1/sessions/{sid}").json()
+    assert ready["status"] == "ready" and ready["executions"] == 3 and ready["running"] is None, ready
+
+
+def test_rich_results_a_dataframe_and_a_figure(api: httpx.Client, session: dict[str, Any]) -> None:
+    sid = session["id"]
+    frame = call(api, sid, "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': [3, 4]})")
+    data = result(frame)
+    assert "<table" in data["text/html"]["text"] and "text/plain" in data, data
+    assert data["text/html"]["media_type"] == "text/html" and len(data["text/html"]["sha256"]) == 64
+
+    figure = call(api, sid, "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()")
+    assert figure["status"] == "succeeded", figure
+    png = result(figure, "display_data")["image/png"]
+    assert png["media_type"] == "image/png" and png["text"] is None
+    download = api.get(png["url"])
+    assert download.status_code == 200 and download.content.startswith(b"\x89PNG\r\n\x1a\n")
+    assert len(download.content) == png["size"]
+
+    again = call(api, sid, "plt.plot([1, 2]); plt.show(); 7")
+    assert [r["kind"] for r in again["results"]] == ["display_data", "execute_result"], "in the order shown"
+
+
+def test_artifacts_are_what_each_call_wrote(api: httpx.Client, session: dict[str, Any]) -> None:
+    sid = session["id"]
+    first = call(api, sid, "open('out/a.txt', 'w').write('1')")
+    assert [a["name"] for a in first["artifacts"]] == ["a.txt"]
+    second = call(api, sid, "open('out/b.txt', 'w').write('2')\nprint(sorted(__import__('os').listdir('out')))")
+    assert [a["name"] for a in second["artifacts"]] == ["b.txt"], "a.txt came from the call before"
+    assert "'a.txt', 'b.txt'" in second["stdout"], "the earlier file is still there"
+    third = call(api, sid, "import execbox\nexecbox.emit('total', 3)")
+    assert third["outputs"] == {"total": 3}, third
+
+
+def test_a_call_past_its_timeout_fails_and_the_session_goes_on(api: httpx.Client, session: dict[str, Any]) -> None:
+    sid = session["id"]
+    call(api, sid, "x = 41")
+    slow = call(api, sid, "import time\ntime.sleep(60)", timeout_s=2)
+    assert slow["status"] == "failed" and slow["error"]["category"] == "limit.timeout", slow
+    assert slow["kernel_restarted"] is False, "the interrupt stopped it"
+    assert result(call(api, sid, "x + 1"))["text/plain"]["text"] == "42", "the interpreter kept its state"
+
+    stubborn = call(api, sid, "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass",
+                    timeout_s=2)  # fmt: skip
+    assert stubborn["error"]["category"] == "limit.timeout", stubborn
+    assert stubborn["kernel_restarted"] is True and stubborn["error"]["details"]["kernel_restarted"] is True
+    assert "variables and imports are gone" in stubborn["error"]["message"]
+    after = call(api, sid, "'x' in dir()")
+    assert after["status"] == "succeeded" and result(after)["text/plain"]["text"] == "False", "a fresh interpreter"
+    state = api.get(f"/v1/sessions/{sid}").json()
+    assert state["status"] == "ready" and state["kernel_restarts"] == 1, state
+
+
+def test_failures_in_a_call_are_categorized(api: httpx.Client, session: dict[str, Any]) -> None:
+    sid = session["id"]
+    boom = call(api, sid, "1 / 0")
+    assert boom["error"]["category"] == "code.exception" and boom["error"]["details"]["type"] == "ZeroDivisionError"
+    syntax = call(api, sid, "def broken(:")
+    assert syntax["error"]["category"] == "code.syntax", syntax
+    leave = call(api, sid, "import sys\nsys.exit(3)")
+    assert leave["error"]["category"] == "code.exit_nonzero" and leave["exit_code"] == 3, leave
+    assert call(api, sid, "1 + 1")["status"] == "succeeded", "none of that ended the session"
+
+
+def test_bad_requests_name_the_field(api: httpx.Client, stack: Stack, session: dict[str, Any]) -> None:
+    sid = session["id"]
+    wrong = api.post("/v1/executions", json={"language": "bash", "code": "true", "session": sid})
+    assert wrong.status_code == 422 and "language" in wrong.text
+    limits = api.post("/v1/executions", json={"language": "python", "code": "1", "session": sid,
+                                               "policy": {"memory_mb": 512}})  # fmt: skip
+    assert limits.status_code == 422 and "only timeout_s" in limits.text
+    bash = api.post("/v1/sessions", json={"language": "bash"})
+    assert bash.status_code == 422 and "no session kernel" in bash.text
+    long = api.post("/v1/sessions", json={"language": "python", "max_lifetime_s": 10**7})
+    assert long.status_code == 422 and "max_lifetime_s" in long.text
+    with stack.client("beta") as other:
+        assert other.get(f"/v1/sessions/{sid}").status_code == 404
+        assert other.delete(f"/v1/sessions/{sid}").status_code == 404
+        stolen = other.post("/v1/executions", json={"language": "python", "code": "1", "session": sid})
+        assert stolen.status_code == 404, "another tenant's session does not exist for it"
+        assert sid not in {s["id"] for s in other.get("/v1/sessions").json()["sessions"]}
+
+
+def test_idle_timeout_ends_the_session_and_removes_its_container(
+    api: httpx.Client, docker_client: docker.DockerClient
+) -> None:
+    sid = open_session(api, idle_timeout_s=2)["id"]
+    assert call(api, sid, "1")["status"] == "succeeded"
+    assert len(containers(docker_client, sid)) == 1
+    ended = wait_until(lambda: (s := api.get(f"/v1/sessions/{sid}").json())["status"] == "ended" and s, 30,
+                       "the idle timeout")  # fmt: skip
+    assert isinstance(ended, dict) and ended["end_reason"] == "idle_timeout" and ended["error"] is None
+    wait_until(lambda: not containers(docker_client, sid), 20, "the idle session's container to go")
+    late = api.post("/v1/executions", json={"language": "python", "code": "1", "session": sid})
+    assert late.status_code == 409 and "ended" in late.text
+
+
+def test_delete_removes_the_container_at_once_and_cancels_what_waits(
+    api: httpx.Client, docker_client: docker.DockerClient
+) -> None:
+    sid = open_session(api)["id"]
+    assert call(api, sid, "1")["status"] == "succeeded"
+    running = api.post("/v1/executions", json={"language": "python", "code": "import time; time.sleep(30)",
+                                                "session": sid}).json()  # fmt: skip
+    waiting = api.post("/v1/executions", json={"language": "python", "code": "2", "session": sid}).json()
+    wait_until(lambda: api.get(f"/v1/sessions/{sid}").json()["running"] == running["id"], 30, "the first call to run")
+    deleted = api.delete(f"/v1/sessions/{sid}")
+    assert deleted.status_code == 200 and deleted.json()["end_reason"] == "deleted"
+    wait_until(lambda: not containers(docker_client, sid), 10, "the deleted session's container to go")
+    queued = api.get(f"/v1/executions/{waiting['id']}?wait=30").json()
+    assert queued["status"] == "cancelled" and "deleted" in queued["error"]["message"], queued
+    stopped = api.get(f"/v1/executions/{running['id']}?wait=30").json()
+    assert stopped["status"] == "cancelled", stopped
+    assert api.get("/v1/sessions?status=ended").json()["sessions"][0]["id"] == sid
+
+
+def test_the_eleventh_session_of_a_tenant_limited_to_ten_is_refused(stack: Stack) -> None:
+    with stack.client("beta") as beta:
+        opened = []
+        try:
+            for _ in range(10):
+                opened.append(open_session(beta)["id"])
+            refused = beta.post("/v1/sessions", json={"language": "python"})
+            assert refused.status_code == 429 and "10 sessions open" in refused.text, refused.text
+            assert refused.headers["Retry-After"]
+            beta.delete(f"/v1/sessions/{opened.pop()}")
+            opened.append(open_session(beta)["id"])  # a deleted session gives its slot back
+        finally:
+            for sid in opened:
+                beta.delete(f"/v1/sessions/{sid}")
+
+
+def test_a_killed_worker_ends_its_session_as_sandbox_error(
+    side_stack: Callable[..., Side], docker_client: docker.DockerClient
+) -> None:
+    side = side_stack()
+    holder = side.worker("sessions")
+    with side.client() as client:
+        sid = open_session(client)["id"]
+        assert call(client, sid, "x = 1")["status"] == "succeeded"
+        assert len(containers(docker_client, sid)) == 1
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait(10)
+        ended = wait_until(lambda: (s := client.get(f"/v1/sessions/{sid}").json())["status"] == "ended" and s, 30,
+                           "the reaper to notice the lost worker")  # fmt: skip
+        assert isinstance(ended, dict) and ended["end_reason"] == "worker_lost", ended
+        assert ended["error"]["category"] == "sandbox.error" and "state" in ended["error"]["message"], ended
+        wait_until(lambda: not containers(docker_client, sid), 30, "the reaper to remove the session's container")
+        late = client.post("/v1/executions", json={"language": "python", "code": "x", "session": sid})
+        assert late.status_code == 409
+
+
+def test_output_of_a_call_is_base64_when_not_text(api: httpx.Client, session: dict[str, Any]) -> None:
+    raw = call(api, session["id"], "import sys\nsys.stdout.buffer.write(b'\\xff\\xfe'); sys.stdout.flush()")
+    assert raw["stdout_encoding"] == "base64" and base64.b64decode(raw["stdout"]) == b"\xff\xfe", raw
