@@ -266,6 +266,7 @@ def stack(
         "EXECBOX_WEBHOOKS__CLAIM_IDLE_S": "2",
         "EXECBOX_WEBHOOKS__TIMEOUT_S": "1",
         "EXECBOX_LOG_LEVEL": "INFO",
+        "EXECBOX_API__SSE_KEEPALIVE_S": "1",
         "EXECBOX_DOCKER__URL": docker_proxy,
     }
     port = free_port()

@@ -189,6 +189,9 @@ class ApiSettings(BaseModel):
     max_body_bytes: int = Field(
         160 * 1024 * 1024, gt=0, description="Largest request body accepted (413 above); input files ride in it."
     )
+    sse_keepalive_s: float = Field(
+        15.0, gt=0, le=300, description="A live-event stream (SSE) sends a keepalive comment after this long quiet."
+    )
 
 
 class Settings(BaseSettings):

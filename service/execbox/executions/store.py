@@ -17,6 +17,7 @@ from execbox.core.keys import Keys
 from execbox.core.redis import compare_and_set, redis_errors, text
 from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
+from execbox.executions import live
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, Transition
 
@@ -53,6 +54,7 @@ class ExecutionStore:
         with redis_errors(), self.redis.pipeline() as pipe:
             pipe.set(self.keys.execution(record.id), record.model_dump_json(), ex=ttl, nx=True)
             pipe.zadd(self.keys.deadlines, {record.id: record.queue_deadline})
+            live.append(pipe, self.keys, record.id, "status", {"status": record.status.value}, ttl)
             pipe.execute()
 
     def get(self, execution_id: str) -> ExecutionRecord | None:
@@ -115,6 +117,13 @@ class ExecutionStore:
         if record.status.terminal:
             record.finished_at = record.finished_at or now
         pipe.set(self.keys.execution(record.id), record.model_dump_json(), ex=self._retention_s)
+        ttl = self._retention_s
+        if record.status.terminal:
+            for result in record.results:
+                live.append(pipe, self.keys, record.id, "result", result.model_dump(mode="json"), ttl)
+        live.append(pipe, self.keys, record.id, "status", {"status": record.status.value}, ttl)
+        if record.status.terminal:
+            live.append(pipe, self.keys, record.id, live.END, record.public().model_dump(mode="json"), ttl)
         if record.status is ExecutionStatus.RUNNING:
             pipe.zrem(self.keys.deadlines, record.id)
             pipe.sadd(self.keys.running, record.id)

@@ -30,6 +30,9 @@ from execbox.executions.record import ExecutionRecord
 
 log = logging.getLogger(__name__)
 ASYNC_CONNECTIONS = 16
+STREAM_CONNECTIONS = 256
+"""Connections for live-event readers (SSE): each holds one during a blocking XREAD, so they have a
+pool of their own and never queue the short reads (API keys) behind them."""
 T = TypeVar("T")
 
 
@@ -52,6 +55,16 @@ class Waiters:
         )
         self._pool = pool
         self._redis = aioredis.Redis(connection_pool=pool)
+        self._stream_pool = aioredis.BlockingConnectionPool.from_url(
+            settings.redis.url,
+            max_connections=STREAM_CONNECTIONS,
+            timeout=settings.redis.socket_timeout_s,
+            socket_timeout=settings.redis.socket_timeout_s + settings.api.sse_keepalive_s,
+            socket_connect_timeout=settings.redis.socket_timeout_s,
+            health_check_interval=30,
+        )
+        self.streams = aioredis.Redis(connection_pool=self._stream_pool)
+        """The client for blocking reads of live events."""
         self._waiting: dict[str, set[asyncio.Event]] = {}
         self._listener: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
@@ -71,6 +84,8 @@ class Waiters:
                 await self._listener
         await self._redis.aclose()
         await self._pool.disconnect()  # a pool given to the client is not closed with it
+        await self.streams.aclose()
+        await self._stream_pool.disconnect()
 
     async def _listen(self) -> None:
         pattern = self._keys.pattern("done")

@@ -4,6 +4,7 @@ sandbox, classify, store."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 import logging
@@ -21,6 +22,7 @@ from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.core.tracing import TraceContext, parse_traceparent
 from execbox.egress.rules import EgressRule
 from execbox.executions.inputs import INPUTS_FILE
+from execbox.executions.live import LiveOutput
 from execbox.executions.queue import take_next
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, NetworkDenial, NetworkReport
@@ -101,8 +103,9 @@ def run_and_finish(
     metrics.queue_wait.labels(record.language).observe((record.timing.queue_wait_ms or 0.0) / 1000)
     metrics.sandbox_starts.inc()
     registered: list[str] = []  # the proxy addresses this run's egress rule is stored under
+    live = LiveOutput(ctx.store.redis, ctx.store.keys, record.id, limits.output_bytes, ctx.settings.retention_s)
     try:
-        spec = _spec(ctx, record, limits, collector, registered)
+        spec = dataclasses.replace(_spec(ctx, record, limits, collector, registered), on_output=live.write)
         outcome = ctx.runtime.run(spec, control) if session is None else session.run_cell(spec, record.code, control)
     except ServiceError as exc:
         failure = ExecutionError(
@@ -117,6 +120,7 @@ def run_and_finish(
             details={"code": "service.error"},
         )
     finally:
+        live.close()  # before the result is stored: the live output precedes the `end` event
         for address in registered:
             _quietly(ctx.egress.drop_rule, address)  # it expires anyway
         stop.set()

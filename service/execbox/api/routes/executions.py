@@ -4,6 +4,7 @@ GET .../artifacts/{name}. Only translation: the work is execbox.executions.submi
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Annotated
 from urllib.parse import quote
 
@@ -19,6 +20,7 @@ from execbox.api.params import PreferHeader, TraceHeader, WaitQuery, disconnecte
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.core.errors import ArtifactNotFound, FieldProblem, InvalidRequest
 from execbox.core.tracing import TraceContext, from_traceparent
+from execbox.executions import live
 from execbox.executions.record import ExecutionRecord, RunRecord
 from execbox.executions.schemas import EXECUTION_ID_PATTERN, ExecutionCreate, ExecutionPublic
 from execbox.executions.submit import mine
@@ -226,6 +228,46 @@ def download_artifact(
     if artifact is None:
         raise ArtifactNotFound(execution_id, name)
     return _stream(services, execution_id, name, artifact.media_type, artifact.sha256)
+
+
+@router.get(
+    "/{execution_id}/events",
+    summary="Live events of an execution (Server-Sent Events)",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "status, stdout, stderr, truncated, result, "
+            "gap and exactly one end (the finished execution), each with a resumable `id:`.",
+        },  # fmt: skip
+        404: {"description": "No such execution.", **_PROBLEM},
+        **UNAUTHORIZED_DOC,
+    },
+)
+async def execution_events(
+    execution_id: ExecutionId,
+    services: ServicesDep,
+    tenant: TenantDep,
+    last_event_id: Annotated[
+        str | None, Header(alias="Last-Event-ID", pattern=r"^\d{1,20}-\d{1,20}$", description="Resume after this id.")
+    ] = None,
+) -> StreamingResponse:
+    await to_thread.run_sync(services.executions.owned, tenant, execution_id)  # 404 before the stream starts
+    keepalive_ms = int(services.settings.api.sse_keepalive_s * 1000)
+
+    async def events() -> AsyncIterator[str]:
+        reader = live.read(services.waiters.streams, services.store.keys, execution_id, last_event_id or "0",
+                           keepalive_ms)  # fmt: skip
+        async for item in reader:
+            if item is None:
+                yield ": keepalive\n\n"
+                continue
+            event_id, event, data = item
+            yield (f"id: {event_id}\n" if event_id else "") + f"event: {event}\ndata: {data}\n\n"
+
+    # A client that goes away only ends this generator; the run is not touched.
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
 
 
 @router.get(

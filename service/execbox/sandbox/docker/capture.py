@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from docker.utils.socket import frames_iter
@@ -18,7 +19,9 @@ class Capture:
     launcher's end-of-run marker at the end of stdout and of stderr. The engine copies the two
     streams independently, so the run's output is complete only when both markers have arrived."""
 
-    def __init__(self, cap: int, marker: bytes, wake: threading.Event) -> None:
+    def __init__(
+        self, cap: int, marker: bytes, wake: threading.Event, on_output: Callable[[int, bytes], None] | None = None
+    ) -> None:
         self.cap = cap
         self.marker = marker
         self.kept = {STDOUT: bytearray(), STDERR: bytearray()}
@@ -34,6 +37,9 @@ class Capture:
         self._slack = len(marker) + MARKER_TAIL_MAX  # a stream may exceed its cap by the marker
         self._tail = {STDOUT: b"", STDERR: b""}
         self._wake = wake
+        self._on_output = on_output
+        self._held = {STDOUT: b"", STDERR: b""}
+        """Output not yet told to on_output: it may be the start of the end-of-run marker."""
 
     @property
     def done(self) -> bool:
@@ -51,6 +57,8 @@ class Capture:
 
     def take(self, stream: int, data: bytes) -> None:
         """One frame of the attach stream (pump calls this; a test may too)."""
+        if self._on_output is not None and not self.marked[stream]:
+            self._tell(stream, data)
         self.total[stream] += len(data)
         room = self.cap + self._slack - len(self.kept[stream])
         self.kept[stream] += data[: max(room, 0)]
@@ -63,6 +71,28 @@ class Capture:
         if self.total[stream] > self.cap + self._slack and not self.overflowed:
             self.overflowed = True
             self._wake.set()
+
+    def _tell(self, stream: int, data: bytes) -> None:
+        """Pass output on as it arrives, holding back only what could be the marker's beginning."""
+        assert self._on_output is not None
+        buffer = self._held[stream] + data
+        start = buffer.find(self.marker)
+        if start < 0:
+            start = len(buffer)
+            for size in range(min(len(self.marker), len(buffer)), 0, -1):
+                if buffer.endswith(self.marker[:size]):
+                    start = len(buffer) - size
+                    break
+        out, self._held[stream] = buffer[:start], buffer[start:]
+        if out:
+            self._on_output(stream, out)
+
+    def flush_held(self) -> None:
+        """The run ended without a marker on a stream: what was held back was the program's."""
+        for stream in (STDOUT, STDERR):
+            if self._on_output is not None and not self.marked[stream] and self._held[stream]:
+                self._on_output(stream, self._held[stream])
+            self._held[stream] = b""
 
     def _found_marker(self, stream: int) -> bool:
         tail = self._tail[stream]

@@ -262,7 +262,7 @@ class DockerRuntime:
         api = self.api
         nonce = secrets.token_hex(8)
         wake = threading.Event()
-        capture = Capture(spec.limits.output_bytes, done_marker(nonce), wake)
+        capture = Capture(spec.limits.output_bytes, done_marker(nonce), wake, spec.on_output)
         sock = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
         raw = getattr(sock, "_sock", sock)
         reader = threading.Thread(target=capture.pump, args=(sock,), name=f"capture-{spec.execution_id}", daemon=True)
@@ -321,6 +321,8 @@ class DockerRuntime:
             if capture.eof and not (timed_out or stopped or oom_killed):
                 # It ended by itself without the launcher's report: the launcher died, not the program.
                 fault = f"the sandbox's init ended without reporting the run (exit code {exit_code})"
+        if not finished:
+            capture.flush_held()
         stdout, stdout_total, stdout_over = capture.result(STDOUT)
         stderr, stderr_total, stderr_over = capture.result(STDERR)
         return RunOutcome(
