@@ -139,7 +139,7 @@ SCHEMA: tuple[KeySpec, ...] = (
     ),
     KeySpec("uid:{uid}", "string", "4 h", ("worker",), (), "a sandbox uid held by a live container"),
     KeySpec(
-        "exe:{id}:stream",
+        "live:{id}",
         "stream of live events",
         "retention_s; ~2,000 entries",
         ("worker", "api"),
@@ -253,7 +253,7 @@ class Keys:
         return self._k("due", name)
 
     def stream(self, execution_id: str) -> str:
-        return self._k("exe", execution_id, "stream")
+        return self._k("live", execution_id)
 
     # sessions
     def session(self, session_id: str) -> str:

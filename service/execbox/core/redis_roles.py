@@ -48,7 +48,7 @@ def roles(prefix: str) -> dict[str, Role]:
     p = prefix
     shared = (f"~{p}:exe:*", f"~{p}:deadlines", f"~{p}:running", f"~{p}:lease:*", f"~{p}:cancel:*",
               f"~{p}:active:*", f"~{p}:worker:*", f"~{p}:q:*", f"%R~{p}:egress:denied:*", "~rq:*",
-              f"~{p}:events", f"~{p}:ses:*")  # fmt: skip
+              f"~{p}:events", f"~{p}:ses:*", f"~{p}:live:*")  # fmt: skip
     return {
         # Accepts and reads executions, files, keys, idempotency records, quotas; queues tickets; runs plans.
         "api": Role(

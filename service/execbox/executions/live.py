@@ -1,4 +1,4 @@
-"""An execution's live events: a Redis Stream per execution (`exe:{id}:stream`), read as SSE.
+"""An execution's live events: a Redis Stream per execution (`live:{id}`), read as SSE.
 
 Events, in order: `status` (queued, running, and the terminal status), `stdout` / `stderr` as the
 program writes (coalesced over LIVE_FLUSH_S; `{"text"}` decoded as UTF-8 across chunk

@@ -241,6 +241,8 @@ def download_artifact(
             "gap and exactly one end (the finished execution), each with a resumable `id:`.",
         },  # fmt: skip
         404: {"description": "No such execution.", **_PROBLEM},
+        422: {"description": "Malformed execution id or Last-Event-ID.", **_PROBLEM},
+        503: {"description": "Redis unavailable; retry.", **_PROBLEM},
         **UNAUTHORIZED_DOC,
     },
 )
@@ -277,6 +279,7 @@ async def execution_events(
     responses={
         200: {"content": {"image/png": {}, "text/html": {}}, "description": "The representation's bytes."},
         404: {"description": "No such execution or result.", **_PROBLEM},
+        422: {"description": "Malformed execution id.", **_PROBLEM},
         **UNAUTHORIZED_DOC,
     },
 )

@@ -16,8 +16,10 @@ from execbox.sessions.schemas import SessionCreate, SessionList, SessionPublic
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 SessionId = Annotated[str, Path(pattern=r"^ses_[a-z2-7]{26}$", description="Session id (`ses_...`).")]
 _RESPONSES: dict[int | str, dict[str, object]] = {
+    400: {"description": "The body is not JSON.", **PROBLEM_DOC},
     403: {"description": "The tenant may not use that policy.", **PROBLEM_DOC},
     404: {"description": "No such session (or another tenant's).", **PROBLEM_DOC},
+    413: {"description": "The body is too large.", **PROBLEM_DOC},
     422: {"description": "Invalid request: the fields at fault are listed.", **PROBLEM_DOC},
     429: {"description": "The tenant has as many sessions open as it may.", **PROBLEM_DOC},
     503: {"description": "Redis unavailable; retry.", **PROBLEM_DOC},

@@ -1,0 +1,150 @@
+"""Sessions and live output, the pure parts and the stores: the session store's compare-and-set
+and quota against the real Redis, a call's artifacts and rich results from the collector, the
+capture's hold-back of the end marker, and the live-output writer."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from execbox.catalog.policies import PolicySet
+from execbox.catalog.schemas import PolicyRequest
+from execbox.core.keys import Keys
+from execbox.core.settings import Settings
+from execbox.core.status import SessionEnd, SessionStatus
+from execbox.executions.live import LiveOutput
+from execbox.files.blobs import LocalArtifactStore
+from execbox.files.collect import ArtifactCaps, Collector
+from execbox.sandbox.docker.capture import STDOUT, Capture
+from execbox.sandbox.protocol import done_marker
+from execbox.sandbox.runtime import RunOutcome
+from execbox.sessions.record import SessionRecord
+from execbox.sessions.service import new_session_id
+from execbox.sessions.store import WAKE, SessionStore
+from execbox.worker.classify import classify
+from execbox.worker.results import _rich_results
+from tests.unit.test_artifacts import REG, stream
+from tests.unit.test_reaper_and_pool import LIMITS
+
+
+def session(settings: Settings, tenant: str = "alpha") -> SessionRecord:
+    now = time.time()
+    policy = PolicySet.load(settings.policies_dir).resolve(PolicyRequest(), 0)
+    return SessionRecord(id=new_session_id(), tenant=tenant, status=SessionStatus.STARTING, language="python",
+                         created_at=now, expires_at=now + 60, idle_timeout_s=60, max_lifetime_s=600,
+                         last_activity_at=now, policy=policy, trace_id="0" * 32)  # fmt: skip
+
+
+@pytest.mark.redis
+def test_the_quota_counts_open_sessions_and_ending_one_frees_its_slot(settings: Settings, client: redis.Redis) -> None:
+    store = SessionStore(client, Keys(settings.redis.key_prefix), 60)
+    records = [session(settings) for _ in range(3)]
+    assert [store.admit("alpha", r.id, 2) for r in records] == [True, True, False]
+    assert store.admit("alpha", records[0].id, 2), "admitting the same session again is not a second slot"
+    assert store.admit("beta", records[2].id, 2), "per tenant"
+    for record in records[:2]:
+        store.create(record, settings.queue.name)
+    assert store.next_start(settings.queue.name, 0.1) == records[0].id, "sessions start in creation order"
+
+    ended = store.end(records[0].id, SessionEnd.DELETED)
+    assert ended is not None and ended.status is SessionStatus.ENDED and ended.ended_at is not None
+    assert store.end(records[0].id, SessionEnd.IDLE_TIMEOUT) is None, "an ended session stays as it ended"
+    assert store.admit("alpha", records[2].id, 2), "its slot is free again"
+    assert store.live() == [records[1].id]
+    assert store.pop(records[0].id, 0.1) == WAKE, "its holder is woken"
+
+
+@pytest.mark.redis
+def test_ending_for_a_worker_or_while_unclaimed_checks_who_holds_it(settings: Settings, client: redis.Redis) -> None:
+    store = SessionStore(client, Keys(settings.redis.key_prefix), 60)
+    record = session(settings)
+    store.create(record, settings.queue.name)
+
+    def claim(r: SessionRecord) -> bool:
+        r.worker = "w1"
+        return True
+
+    store.update(record.id, claim)
+    assert store.end(record.id, SessionEnd.WORKER_LOST, worker="w2") is None, "not w2's"
+    assert store.end(record.id, SessionEnd.SANDBOX_ERROR, unclaimed=True) is None, "w1 took it"
+    assert store.end(record.id, SessionEnd.WORKER_LOST, worker="w1") is not None
+
+
+@pytest.mark.redis
+def test_waiting_executions_are_drained_once(settings: Settings, client: redis.Redis) -> None:
+    store = SessionStore(client, Keys(settings.redis.key_prefix), 60)
+    sid = new_session_id()
+    for execution_id in ("exe_1", "exe_2"):
+        store.push(sid, execution_id)
+    client.rpush(Keys(settings.redis.key_prefix).session_cells(sid), WAKE)
+    assert store.drain(sid) == ["exe_1", "exe_2"]
+    assert store.drain(sid) == []
+
+
+def test_a_call_keeps_only_the_files_it_changed_and_its_rich_results(tmp_path: Path) -> None:
+    index = json.dumps([{"kind": "execute_result", "files": {"text/plain": "0.txt", "text/html": "0.html"}},
+                        {"kind": "display_data", "files": {"image/png": "1.png"}}]).encode()  # fmt: skip
+    store = LocalArtifactStore(tmp_path)
+    collector = Collector("exe_" + "b" * 26, store, ArtifactCaps(1000, 5000, 10), only=frozenset({"new.txt"}))
+    collector(stream(("out/old.txt", REG, b"earlier", ""), ("out/new.txt", REG, b"now", ""),
+                     ("out/.execbox/results/index.json", REG, index, ""),
+                     ("out/.execbox/results/0.txt", REG, b"42", ""),
+                     ("out/.execbox/results/0.html", REG, b"<b>42</b>", ""),
+                     ("out/.execbox/results/1.png", REG, b"\x89PNG....", "")))  # fmt: skip
+    assert [a.name for a in collector.kept] == ["new.txt"], "old.txt belongs to an earlier call"
+    results = _rich_results(collector.execution_id, collector, store)
+    assert [r.kind for r in results] == ["execute_result", "display_data"]
+    assert results[0].data["text/plain"].text == "42" and results[0].data["text/html"].text == "<b>42</b>"
+    png = results[1].data["image/png"]
+    assert png.text is None and png.size == 8 and png.url.endswith("/results/1.png")
+
+
+def test_a_result_over_the_file_cap_is_listed_not_kept(tmp_path: Path) -> None:
+    index = json.dumps([{"kind": "display_data", "files": {"image/png": "0.png"}}]).encode()
+    collector = Collector("exe_" + "c" * 26, LocalArtifactStore(tmp_path), ArtifactCaps(10, 5000, 10), only=frozenset())
+    collector(stream(("out/.execbox/results/index.json", REG, index, ""),
+                     ("out/.execbox/results/0.png", REG, b"x" * 11, "")))  # fmt: skip
+    assert _rich_results(collector.execution_id, collector, LocalArtifactStore(tmp_path)) == []
+    assert collector.not_kept and "result 0.png" == collector.not_kept[0]["name"]
+
+
+def test_live_output_holds_back_only_what_may_start_the_end_marker() -> None:
+    told: list[bytes] = []
+    marker = done_marker("abc123")
+    capture = Capture(1 << 20, marker, threading.Event(), lambda fd, data: told.append(data))
+    capture.take(STDOUT, b"tick 1\n")
+    assert told == [b"tick 1"], "a trailing newline may be the marker's first byte"
+    capture.take(STDOUT, b"tick 2\n")
+    assert b"".join(told) == b"tick 1\ntick 2"
+    capture.take(STDOUT, marker + b"0:0:0:0:\x00")
+    assert b"".join(told) == b"tick 1\ntick 2\n", "all of the program's output, none of the marker"
+    assert capture.marked[STDOUT]
+
+
+def test_an_ipython_syntax_error_is_code_syntax() -> None:
+    stderr = b"  Cell In [3], line 1\n    def broken(:\n               ^\nSyntaxError: invalid syntax\n"
+    verdict = classify(RunOutcome(exit_code=1, stdout=b"", stderr=stderr, stdout_total=0, stderr_total=len(stderr)),
+                       "python", LIMITS)  # fmt: skip
+    assert verdict.error is not None and verdict.error.category.value == "code.syntax"
+
+
+@pytest.mark.redis
+def test_live_output_is_coalesced_capped_and_flushed_on_close(settings: Settings, client: redis.Redis) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    live = LiveOutput(client, keys, "exe_live", cap=10, ttl_s=60)
+    live.write(1, "é".encode()[:1])  # half a character: decoded once the rest arrives
+    live.write(1, "é".encode()[1:] + b"abc")
+    live.write(2, b"err")
+    live.write(1, b"0123456789")  # passes the cap of 10
+    live.close()
+    events = [(e[b"event"].decode(), json.loads(e[b"data"])) for _, e in client.xrange(keys.stream("exe_live"))]
+    stdout = "".join(d["text"] for e, d in events if e == "stdout")
+    assert stdout == "éabc01234", "the first 10 bytes (é is two), decoded across the split"
+    assert "".join(d["text"] for e, d in events if e == "stderr") == "err"
+    assert [d for e, d in events if e == "truncated"] == [{"stream": "stdout", "cap_bytes": 10}]
+    assert 0 < client.ttl(keys.stream("exe_live")) <= 60
