@@ -8,6 +8,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -142,7 +143,8 @@ def test_live_output_is_coalesced_capped_and_flushed_on_close(settings: Settings
     live.write(2, b"err")
     live.write(1, b"0123456789")  # passes the cap of 10
     live.close()
-    events = [(e[b"event"].decode(), json.loads(e[b"data"])) for _, e in client.xrange(keys.stream("exe_live"))]
+    entries: Any = client.xrange(keys.stream("exe_live"))
+    events = [(e[b"event"].decode(), json.loads(e[b"data"])) for _, e in entries]
     stdout = "".join(d["text"] for e, d in events if e == "stdout")
     assert stdout == "éabc01234", "the first 10 bytes (é is two), decoded across the split"
     assert "".join(d["text"] for e, d in events if e == "stderr") == "err"
