@@ -41,10 +41,12 @@ integration: images
 test: images check
 	.venv/bin/pytest tests/unit tests/integration
 
-# Brings the compose stack up with three workers, runs tests/stack against it, takes it down.
+# Brings the compose stack up with three workers, runs tests/stack and langchain-tests' sandbox
+# suite (scripts/conformance) against it, takes it down.
 stack-test: images
 	scripts/stack up --scale worker=3
-	.venv/bin/pytest tests/stack -p no:cacheprovider; status=$$?; scripts/stack down; exit $$status
+	.venv/bin/pytest tests/stack -p no:cacheprovider; status=$$?; \
+	  scripts/conformance -q || status=1; scripts/stack down; exit $$status
 	@test -z "$$(docker ps -aq --filter label=com.docker.compose.project=execbox)" || { echo "stack-test: containers left" >&2; exit 1; }
 	@test -z "$$(docker network ls -q --filter label=com.docker.compose.project=execbox)" || { echo "stack-test: network left" >&2; exit 1; }
 	@test -z "$$(docker ps -aq --filter label=execbox.deployment=execbox)" || { echo "stack-test: sandboxes left" >&2; exit 1; }

@@ -1,11 +1,11 @@
 """A small client of the execbox REST API: executions and sessions.
 
-    from execbox_client import Client
-    with Client("http://127.0.0.1:8000", api_key) as box:
-        session = box.open_session("python")
-        box.run("x = 41", session=session)
-        print(box.run("x + 1", session=session)["results"][0]["data"]["text/plain"]["text"])  # 42
-        box.close_session(session)
+from execbox_client import Client
+with Client("http://127.0.0.1:8000", api_key) as box:
+    session = box.open_session("python")
+    box.run("x = 41", session=session)
+    print(box.run("x + 1", session=session)["results"][0]["data"]["text/plain"]["text"])  # 42
+    box.close_session(session)
 """
 
 from __future__ import annotations

@@ -44,23 +44,25 @@ _e.emit("exit_code", _code)
 _e.emit("truncated", len(_out) > _a["inline"])
 """
 _UPLOAD = """
-import base64 as _b, errno as _n, json as _j, os as _o
+import errno as _n, json as _j, os as _o, shutil as _h
 import execbox as _e
 _errors = {{_n.ENOENT: "file_not_found", _n.EACCES: "permission_denied", _n.EPERM: "permission_denied",
            _n.EISDIR: "is_directory", _n.ENOTDIR: "invalid_path"}}
 _done = []
-for _path, _data in _j.loads({args!r}):
+for _i, _path in enumerate(_j.loads({args!r})):
+    _staged = _o.path.join("/workspace", ".upload", str(_i))
     try:
         if not _path.startswith("/"):
             raise ValueError
         _o.makedirs(_o.path.dirname(_path) or "/", exist_ok=True)
-        with open(_path, "wb") as _f:
-            _f.write(_b.b64decode(_data))
+        _h.copyfile(_staged, _path)
         _done.append(None)
     except ValueError:
         _done.append("invalid_path")
     except OSError as _x:
         _done.append(_errors.get(_x.errno, str(_x)))
+    finally:
+        _o.unlink(_staged)
 _e.emit("errors", _done)
 """
 _DOWNLOAD = """
@@ -94,7 +96,10 @@ class ExecboxSandbox(BaseSandbox):
     @classmethod
     def open(cls, client: Client, **session: Any) -> ExecboxSandbox:
         """A new session for the backend (limits as in POST /v1/sessions)."""
-        session.setdefault("policy", {"timeout_s": 120, "cpu_time_s": 240, "disk_mb": 256, "pids": 256})
+        # Room for what agents move through files: 50 MiB each way, a kernel of 1 GiB.
+        session.setdefault("policy", {"timeout_s": 120, "cpu_time_s": 240, "disk_mb": 512, "pids": 256,
+                                      "memory_mb": 1024, "input_file_bytes": 50 << 20, "input_total_bytes": 100 << 20,
+                                      "artifact_file_bytes": 50 << 20, "artifact_total_bytes": 100 << 20})  # fmt: skip
         session.setdefault("idle_timeout_s", 1800)
         return cls(client, client.open_session("python", **session))
 
@@ -105,9 +110,9 @@ class ExecboxSandbox(BaseSandbox):
     def delete(self) -> None:
         self._client.close_session(self._session)
 
-    def _call(self, code: str, timeout_s: int) -> dict[str, Any]:
+    def _call(self, code: str, timeout_s: int, files: list[dict[str, str]] | None = None) -> dict[str, Any]:
         execution = self._client.run(code, session=self._session, wait_s=timeout_s + 60,
-                                     policy={"timeout_s": timeout_s + 10})  # fmt: skip
+                                     policy={"timeout_s": timeout_s + 10}, files=files or [])  # fmt: skip
         if execution["status"] != "succeeded":
             error = execution.get("error") or {}
             raise RuntimeError(f"execbox call {execution['id']} {execution['status']}: {error.get('message')}")
@@ -125,8 +130,11 @@ class ExecboxSandbox(BaseSandbox):
                                truncated=bool(outputs.get("truncated")) or execution["stdout_truncated"])  # fmt: skip
 
     def upload_files(self, files: list[tuple[str, bytes]]) -> list[FileUploadResponse]:
-        payload = [(path, base64.b64encode(data).decode()) for path, data in files]
-        execution = self._call(_UPLOAD.format(args=json.dumps(payload)), self._timeout)
+        # The bytes travel as the call's input files (staged under .upload/), not inside its code.
+        staged = [{"path": f".upload/{i}", "content_b64": base64.b64encode(data).decode()}
+                  for i, (_, data) in enumerate(files)]  # fmt: skip
+        code = _UPLOAD.format(args=json.dumps([path for path, _ in files]))
+        execution = self._call(code, self._timeout, staged)
         return [FileUploadResponse(path=path, error=error)
                 for (path, _), error in zip(files, execution["outputs"]["errors"], strict=True)]  # fmt: skip
 

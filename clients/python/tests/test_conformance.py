@@ -11,10 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 from deepagents.backends.protocol import SandboxBackendProtocol
-from langchain_tests.integration_tests import SandboxIntegrationTests
-
 from execbox_client import Client
 from execbox_client.deepagents import ExecboxSandbox
+from langchain_tests.integration_tests import SandboxIntegrationTests
 
 
 class TestExecboxSandbox(SandboxIntegrationTests):
