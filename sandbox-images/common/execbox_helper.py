@@ -7,6 +7,7 @@
     execbox.check(cond, "message", **details)   # stop with check.failed when cond is false
     execbox.idempotency_key()      # in a plan's write step: the key to forward, the same on every attempt
     execbox.context                # in a plan's step: {"run_id", "step_id", "attempt", "idempotency_key"}
+    execbox.display(value)         # show a value as a rich result (text/plain, text/html, image/png, ...)
 
 Values travel in a result file that the service reads after the run, never through stdout.
 """
@@ -69,3 +70,10 @@ def check(condition, message, **details):
     _state["check"] = {"message": str(message), "details": details}
     _save()
     raise CheckFailed(1)
+
+
+def display(value):
+    """Show a value as a rich result, with every representation it offers (_repr_html_, ...)."""
+    import execbox_rich
+
+    execbox_rich.display(value)

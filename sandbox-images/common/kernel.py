@@ -7,65 +7,24 @@ to the supervisor (the cell's stdout and stderr), and fd 3 is where it reports e
 
 The cell runs through IPython's run_cell, so the interpreter keeps its variables, imports and
 loaded data from one cell to the next, and the value of a cell's last expression is shown.
-Rich results are written as files under out/.execbox/results/ (the worker collects them with the
-output directory): one JSON index plus one file per representation, for the last expression's
-value, each display() call, and each matplotlib figure shown with plt.show(). `changed` lists
-the files under out/ that the cell created or modified (the artifacts of this call).
+Rich results (execbox_rich) are written under out/.execbox/results/, which the worker collects
+with the output directory: the last expression's value, each display() call, and each matplotlib
+figure shown with plt.show(). `changed` lists the files under out/ that the cell created or
+modified (the artifacts of this call).
 """
 
-import base64
 import json
 import os
 import signal
 import sys
 import warnings
 
+import execbox_rich
+
 WORKDIR = "/workspace"
 OUT = os.path.join(WORKDIR, "out")
 RESERVED = os.path.join(OUT, ".execbox")
-RESULTS = os.path.join(RESERVED, "results")
 RESULT_FILE = os.path.join(RESERVED, "result.json")
-MIME_FILES = {
-    "text/plain": "txt",
-    "text/html": "html",
-    "text/markdown": "md",
-    "text/latex": "tex",
-    "image/png": "png",
-    "image/jpeg": "jpeg",
-    "image/svg+xml": "svg",
-    "application/json": "json",
-}
-"""The representations kept, and the file extension each is stored under."""
-
-_results = []
-"""The current cell's rich results, in order: (kind, {mime: data})."""
-
-
-def _publish(kind, data):
-    kept = {mime: value for mime, value in data.items() if mime in MIME_FILES}
-    if kept:
-        _results.append((kind, kept))
-
-
-def _write_results():
-    os.makedirs(RESULTS, exist_ok=True)
-    index = []
-    for n, (kind, data) in enumerate(_results):
-        files = {}
-        for mime, value in data.items():
-            name = "%d.%s" % (n, MIME_FILES[mime])
-            if mime.startswith("image/") and mime != "image/svg+xml":
-                raw = base64.b64decode(value) if isinstance(value, str) else bytes(value)
-            elif mime == "application/json":
-                raw = json.dumps(value).encode()
-            else:
-                raw = str(value).encode("utf-8", "replace")
-            with open(os.path.join(RESULTS, name), "wb") as f:
-                f.write(raw)
-            files[mime] = name
-        index.append({"kind": kind, "files": files})
-    with open(os.path.join(RESULTS, "index.json"), "w") as f:
-        json.dump(index, f)
 
 
 def _snapshot():
@@ -85,17 +44,11 @@ def _snapshot():
 
 
 def _clear_reserved():
-    for path in (RESULT_FILE,):
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-    if os.path.isdir(RESULTS):
-        for name in os.listdir(RESULTS):
-            try:
-                os.unlink(os.path.join(RESULTS, name))
-            except OSError:
-                pass
+    try:
+        os.unlink(RESULT_FILE)
+    except OSError:
+        pass
+    execbox_rich.reset()
 
 
 def _shell():
@@ -107,7 +60,7 @@ def _shell():
         """display(), and plt.show() through matplotlib's inline backend, land here."""
 
         def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kwargs):
-            _publish("display_data", data)
+            execbox_rich.publish("display_data", data)
 
         def clear_output(self, wait=False):
             pass
@@ -119,7 +72,7 @@ def _shell():
             pass
 
         def write_format_data(self, format_dict, md_dict=None):
-            _publish("execute_result", format_dict)
+            execbox_rich.publish("execute_result", format_dict)
 
     shell = InteractiveShell.instance(colors="NoColor", display_pub_class=Publisher, displayhook_class=Hook)
     shell.history_manager.enabled = False
@@ -152,7 +105,6 @@ def main():
         saved = {name: os.environ.get(name) for name in request.get("env", {})}
         os.environ.update(request.get("env", {}))
         _clear_reserved()
-        del _results[:]
         before = _snapshot()
         status = 0
         try:
@@ -174,11 +126,6 @@ def main():
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
-        try:
-            if _results:
-                _write_results()
-        except OSError as exc:
-            sys.stderr.write("execbox: could not store the cell's rich results: %s\n" % exc)
         after = _snapshot()
         changed = sorted(path for path, stat in after.items() if before.get(path) != stat)
         report.write(json.dumps({"id": request["id"], "status": status, "changed": changed}) + "\n")

@@ -169,6 +169,16 @@ def test_idle_timeout_ends_the_session_and_removes_its_container(
     assert late.status_code == 409 and "ended" in late.text
 
 
+def test_max_lifetime_ends_a_busy_session(api: httpx.Client, docker_client: docker.DockerClient) -> None:
+    sid = open_session(api, idle_timeout_s=300, max_lifetime_s=4)["id"]
+    assert call(api, sid, "1")["status"] == "succeeded"
+    ended = wait_until(lambda: (s := api.get(f"/v1/sessions/{sid}").json())["status"] == "ended" and s, 30,
+                       "the session's lifetime to pass")  # fmt: skip
+    assert isinstance(ended, dict) and ended["end_reason"] == "max_lifetime", ended
+    assert ended["ended_at"] - ended["created_at"] < 10
+    wait_until(lambda: not containers(docker_client, sid), 20, "the session's container to go")
+
+
 def test_delete_removes_the_container_at_once_and_cancels_what_waits(
     api: httpx.Client, docker_client: docker.DockerClient
 ) -> None:

@@ -28,7 +28,7 @@ from execbox.sessions.record import SessionRecord
 from execbox.sessions.service import new_session_id
 from execbox.sessions.store import WAKE, SessionStore
 from execbox.worker.classify import classify
-from execbox.worker.results import _rich_results
+from execbox.worker.results import rich_results
 from tests.unit.test_artifacts import REG, stream
 from tests.unit.test_reaper_and_pool import LIMITS
 
@@ -98,7 +98,7 @@ def test_a_call_keeps_only_the_files_it_changed_and_its_rich_results(tmp_path: P
                      ("out/.execbox/results/0.html", REG, b"<b>42</b>", ""),
                      ("out/.execbox/results/1.png", REG, b"\x89PNG....", "")))  # fmt: skip
     assert [a.name for a in collector.kept] == ["new.txt"], "old.txt belongs to an earlier call"
-    results = _rich_results(collector.execution_id, collector, store)
+    results = rich_results(collector.execution_id, collector, store)
     assert [r.kind for r in results] == ["execute_result", "display_data"]
     assert results[0].data["text/plain"].text == "42" and results[0].data["text/html"].text == "<b>42</b>"
     png = results[1].data["image/png"]
@@ -110,7 +110,7 @@ def test_a_result_over_the_file_cap_is_listed_not_kept(tmp_path: Path) -> None:
     collector = Collector("exe_" + "c" * 26, LocalArtifactStore(tmp_path), ArtifactCaps(10, 5000, 10), only=frozenset())
     collector(stream(("out/.execbox/results/index.json", REG, index, ""),
                      ("out/.execbox/results/0.png", REG, b"x" * 11, "")))  # fmt: skip
-    assert _rich_results(collector.execution_id, collector, LocalArtifactStore(tmp_path)) == []
+    assert rich_results(collector.execution_id, collector, LocalArtifactStore(tmp_path)) == []
     assert collector.not_kept and "result 0.png" == collector.not_kept[0]["name"]
 
 

@@ -23,7 +23,7 @@ RESERVED_DIR = ".execbox"
 RESULT_FILE = f"{RESERVED_DIR}/result.json"
 RESULT_CAP_BYTES = 8 << 20
 RICH_DIR = f"{RESERVED_DIR}/results/"
-"""Where a session's kernel leaves rich results: index.json and one file per representation."""
+"""Where a Python sandbox leaves rich results (execbox_rich): index.json and one file per representation."""
 RICH_INDEX = f"{RICH_DIR}index.json"
 
 
@@ -106,8 +106,9 @@ class Collector:
                 if name == self._result_name():
                     self._read_result(tar, member)
                     continue
-                if self.root == "out" and name.startswith(RICH_DIR) and member.isreg():
-                    self._read_rich(tar, member, name)
+                rich = self._rich_name(name)
+                if rich is not None and member.isreg():
+                    self._read_rich(tar, member, rich)
                     continue
                 if name.startswith(self._reserved_prefix()) or (self.globs and not self._wanted(name)):
                     continue
@@ -160,6 +161,11 @@ class Collector:
         if total + size > self.caps.total_bytes:
             return f"total would pass {self.caps.total_bytes} bytes"
         return None
+
+    def _rich_name(self, name: str) -> str | None:
+        """The name relative to out/ when it is a rich result's file, else None."""
+        relative = name if self.root == "out" else (name[len("out/") :] if name.startswith("out/") else None)
+        return relative if relative is not None and relative.startswith(RICH_DIR) else None
 
     def _read_rich(self, tar: tarfile.TarFile, member: tarfile.TarInfo, name: str) -> None:
         """A rich result's file: held to the per-file cap, not counted among the artifacts."""

@@ -79,7 +79,7 @@ def _artifact(record_id: str, name: str, size: int, sha256: str, media_type: str
 INLINE_TEXT_BYTES = 64 << 10
 
 
-def _rich_results(record_id: str, collector: Collector, store: ArtifactStore) -> list[RichResult]:
+def rich_results(record_id: str, collector: Collector, store: ArtifactStore) -> list[RichResult]:
     """The kernel's index of rich results, joined to the representations that were kept."""
     try:
         index = json.loads(collector.rich_index or b"[]")
@@ -169,7 +169,7 @@ def apply_outcome(
         record.artifacts_not_kept = [ArtifactNotKept(**item) for item in collector.not_kept + collector.skipped]
         outputs, check, result_problem = _parse_result(collector.result)
         record.outputs = _inline_outputs(record, outputs, store)
-        record.results = _rich_results(record.id, collector, store)
+        record.results = rich_results(record.id, collector, store)
 
     category = verdict.error.category if verdict.error else None
     expected_exit = record.expect is not None and record.expect.exit_code == outcome.exit_code
