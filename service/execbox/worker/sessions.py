@@ -21,7 +21,7 @@ from execbox.core.errors import ServiceError
 from execbox.core.status import ErrorCategory, SessionEnd, SessionStatus
 from execbox.core.tracing import TraceContext
 from execbox.executions.schemas import ExecutionError
-from execbox.sandbox.runtime import RunControl, RunSpec, SessionSandbox
+from execbox.sandbox.runtime import RunControl, RunOutcome, RunSpec, SessionSandbox
 from execbox.sessions.record import SessionRecord
 from execbox.sessions.service import ended_error, settle_waiting
 from execbox.sessions.store import WAKE, SessionStore
@@ -179,22 +179,30 @@ class SessionHost:
         logs.bind(started.trace_id, execution_id)
         self.store.update(session_id, busy)
         held.control = RunControl()
-        try:
-            trace = TraceContext(started.trace_id, token_hex(8))
-            run_and_finish(ctx, started, trace, session=sandbox, control=held.control)
-        finally:
-            held.control = None
-            done = ctx.store.get(execution_id)
+        settled: list[bool] = []
+
+        def settle(outcome: RunOutcome | None) -> None:
+            """The call is over: the session says so before the call's result is stored, so a
+            client that has the result reads the session idle and counted."""
 
             def idle(record: SessionRecord) -> bool:
                 record.running = None
                 record.executions += 1
                 record.last_activity_at = time.time()
                 record.expires_at = record.deadline()
-                record.kernel_restarts += bool(done is not None and done.kernel_restarted)
+                record.kernel_restarts += bool(outcome is not None and outcome.kernel_restarted)
                 return True
 
-            self.store.update(session_id, idle)
+            if not settled:
+                settled.append(True)
+                self.store.update(session_id, idle)
+
+        try:
+            trace = TraceContext(started.trace_id, token_hex(8))
+            run_and_finish(ctx, started, trace, session=sandbox, control=held.control, before_store=settle)
+        finally:
+            held.control = None
+            settle(None)  # when the call failed before its result was stored
             logs.bind(None, None)
 
     def _renew(self, session_id: str, stop: threading.Event, held: _Held) -> None:

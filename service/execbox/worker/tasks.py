@@ -81,8 +81,10 @@ def run_and_finish(
     parent: TraceContext,
     session: SessionSandbox | None = None,
     control: RunControl | None = None,
+    before_store: Callable[[RunOutcome | None], None] | None = None,
 ) -> None:
-    """Run a started execution (in a fresh sandbox, or as a call in `session`) and store its result."""
+    """Run a started execution (in a fresh sandbox, or as a call in `session`) and store its result;
+    `before_store` is told the outcome first."""
     control = control or RunControl()
     stop = threading.Event()
     watcher = threading.Thread(target=_watch, args=(ctx, record.id, control, stop), daemon=True)
@@ -131,6 +133,8 @@ def run_and_finish(
     _trace_run(ctx, record, outcome, parent)
     denials = ctx.egress.denials(record.id) if isinstance(record.policy.network, NetworkAllowlist) else []
     ctx.metrics.network_denials.inc(len(denials))
+    if before_store is not None:
+        before_store(outcome)
     _finish(ctx, record.id, outcome, failure, limits, collector, denials)
     if ctx.pool is not None and session is None:
         ctx.pool.refill()  # only now: creating the successor would compete with the run and its result
