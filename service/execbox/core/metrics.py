@@ -142,7 +142,8 @@ def worker_metrics(registry: CollectorRegistry) -> WorkerMetrics:
         output_bytes=Counter("execbox_output_bytes_total", "Bytes of stdout/stderr returned", ["stream"],
                              registry=registry),
         artifact_bytes=Counter("execbox_artifact_bytes_total", "Bytes of artifacts kept", registry=registry),
-        running=Gauge("execbox_worker_busy", "1 while this worker process runs an execution", registry=registry),
+        running=Gauge("execbox_worker_busy", "Executions this worker process runs now (one-shot runs and "
+                      "session calls)", registry=registry),
         pool_takes=Counter("execbox_pool_takes_total", "Runs that fit a warm-pool class, by whether a warm "
                            "container was ready (hit) or the run started cold (miss)", ["language", "result"],
                            registry=registry),

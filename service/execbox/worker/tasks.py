@@ -103,7 +103,8 @@ def run_and_finish(
     metrics = ctx.metrics
     metrics.running.inc()
     metrics.queue_wait.labels(record.language).observe((record.timing.queue_wait_ms or 0.0) / 1000)
-    metrics.sandbox_starts.inc()
+    if session is None:
+        metrics.sandbox_starts.inc()  # a session call starts none
     registered: list[str] = []  # the proxy addresses this run's egress rule is stored under
     live = LiveOutput(ctx.store.redis, ctx.store.keys, record.id, limits.output_bytes, ctx.settings.retention_s)
     try:
