@@ -76,6 +76,25 @@ def test_state_files_and_a_dataframe_persist_across_calls(api: httpx.Client, ses
     assert ready["status"] == "ready" and ready["executions"] == 3 and ready["running"] is None, ready
 
 
+def test_files_and_environment_given_at_creation_are_there(api: httpx.Client) -> None:
+    csv = base64.b64encode(b"city,sales\na,1\nb,2\n").decode()
+    sid = open_session(api, files=[{"path": "data/sales.csv", "content_b64": csv}], env={"GREETING": "hi"})["id"]
+    try:
+        done = call(
+            api,
+            sid,
+            "import os, pandas as pd\nprint(os.environ['GREETING'], pd.read_csv('data/sales.csv').sales.sum())",
+        )
+        assert done["stdout"] == "hi 3\n", done
+        probe = "import os\nprint(os.environ.get('ONLY_HERE'))"
+        scoped = api.post("/v1/executions?wait=60", json={"language": "python", "code": probe, "session": sid,
+                                                           "env": {"ONLY_HERE": "1"}}).json()  # fmt: skip
+        assert scoped["stdout"] == "1\n", scoped
+        assert call(api, sid, probe)["stdout"] == "None\n", "a call's own environment ends with the call"
+    finally:
+        api.delete(f"/v1/sessions/{sid}")
+
+
 def test_rich_results_a_dataframe_and_a_figure(api: httpx.Client, session: dict[str, Any]) -> None:
     sid = session["id"]
     frame = call(api, sid, "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': [3, 4]})")
