@@ -50,10 +50,14 @@ stack-test: images
 	@test -z "$$(docker ps -aq --filter label=com.docker.compose.project=execbox)" || { echo "stack-test: containers left" >&2; exit 1; }
 	@test -z "$$(docker network ls -q --filter label=com.docker.compose.project=execbox)" || { echo "stack-test: network left" >&2; exit 1; }
 	@test -z "$$(docker ps -aq --filter label=execbox.deployment=execbox)" || { echo "stack-test: sandboxes left" >&2; exit 1; }
+	@test -z "$$(docker images -q --filter dangling=true --filter label=org.execbox.built=1)" || { echo "stack-test: dangling images left" >&2; exit 1; }
 
 bench: images
 	.venv/bin/pip install -q -e '.[bench]'
 	.venv/bin/python bench/compare.py
 
+# Everything execbox built and started: the stack, host services, its images, run state, wheels and
+# the conformance virtualenv (.venv, the development environment, stays).
 clean: down
-	rm -rf .run
+	scripts/prune-images --all
+	rm -rf .run .venv-conformance .venv-conformance.log deploy/docker/wheels build

@@ -23,4 +23,5 @@ for meta in "$here"/*/metadata.yaml; do
         "$image" python3 -I -S /opt/execbox/launch.py $smoke 2>&1) || true
   if [ "$out" = "OK" ]; then echo "image $lang: smoke test OK"; else echo "image $lang: SMOKE TEST FAILED: $out" >&2; status=1; fi
 done
+"$here/../scripts/prune-images"  # the images these replaced
 exit $status
