@@ -115,7 +115,8 @@ def _end_lost_sessions(ctx: WorkerContext) -> int:
                 continue
             reason, why = (
                 SessionEnd.SANDBOX_ERROR,
-                "no worker took it in time (are workers running with sessions.per_worker > 0?)",
+                "no worker took it in time: every worker holds as many sessions as it may "
+                "(EXECBOX_SESSIONS__PER_WORKER), or none runs; retry later",
             )
         elif ctx.sessions.lease_alive(session_id):
             continue
