@@ -4,8 +4,9 @@ Events, in order: `status` (queued, running, and the terminal status), `stdout` 
 program writes (coalesced over LIVE_FLUSH_S; `{"text"}` decoded as UTF-8 across chunk
 boundaries, with U+FFFD for bytes that are not, the stored record keeps the exact bytes), one
 `truncated` per stream when its cap is passed (nothing more of that stream follows), a `result`
-per rich result, and exactly one `end` carrying the finished execution as GET returns it. Status,
-result and end events are written in the same transaction as the status change that causes them
+per rich result, and exactly one `end`, which the SSE route answers with the finished execution as
+GET returns it (the stream holds only the mark, not a second copy of the record). Status, result
+and end events are written in the same transaction as the status change that causes them
 (execbox.executions.store), so a reader never sees an end without the record, or the reverse.
 
 Each event's stream id is its SSE `id:`, so `Last-Event-ID` resumes exactly after the last event

@@ -123,7 +123,8 @@ class ExecutionStore:
                 live.append(pipe, self.keys, record.id, "result", result.model_dump(mode="json"), ttl)
         live.append(pipe, self.keys, record.id, "status", {"status": record.status.value}, ttl)
         if record.status.terminal:
-            live.append(pipe, self.keys, record.id, live.END, record.public().model_dump(mode="json"), ttl)
+            # Only a mark: the reader sends the stored record itself, so the stream keeps no second copy.
+            live.append(pipe, self.keys, record.id, live.END, {"status": record.status.value}, ttl)
         if record.status is ExecutionStatus.RUNNING:
             pipe.zrem(self.keys.deadlines, record.id)
             pipe.sadd(self.keys.running, record.id)

@@ -32,7 +32,13 @@ class Limits:
     output_bytes: int
 
 
-Collector = Callable[[Iterator[bytes]], None]
+class Collector(Protocol):
+    """Takes the tar stream of the collected path (execbox.files.collect.Collector is the one)."""
+
+    only: frozenset[str] | None
+    """Set by a session's call before it collects: only these names are the call's (None: all)."""
+
+    def __call__(self, chunks: Iterator[bytes]) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import redis
 
 from execbox.core.keys import Keys
 from execbox.core.redis import compare_and_set, redis_errors, text
-from execbox.core.status import SessionEnd, SessionStatus
+from execbox.core.status import ErrorCategory, SessionEnd, SessionStatus
 from execbox.executions.schemas import ExecutionError
 from execbox.sessions.record import SessionRecord
 
@@ -93,12 +93,18 @@ class SessionStore:
         self,
         session_id: str,
         reason: SessionEnd,
-        error: ExecutionError | None = None,
+        why: str | None = None,
         worker: str | None = None,
         unclaimed: bool = False,
     ) -> SessionRecord | None:
-        """End a session that has not ended (None when it had, or is gone). With `worker`, only
-        while that worker still holds it; with `unclaimed`, only while no worker has taken it."""
+        """End a session that has not ended (None when it had, or is gone); `why` (something
+        failed) becomes its sandbox.error. With `worker`, only while that worker still holds it;
+        with `unclaimed`, only while no worker has taken it."""
+        error = None
+        if why is not None:
+            error = ExecutionError(
+                category=ErrorCategory.SANDBOX_ERROR, message=f"the session ended: {why}", retryable=False
+            )
 
         def mutate(record: SessionRecord) -> bool:
             if (worker is not None and record.worker != worker) or (unclaimed and record.worker is not None):

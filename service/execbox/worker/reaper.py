@@ -14,9 +14,8 @@ import threading
 import time
 
 from execbox.core.errors import ServiceError
-from execbox.core.status import ErrorCategory, SessionEnd
+from execbox.core.status import SessionEnd
 from execbox.executions.queue import make_queue, restore_tickets
-from execbox.executions.schemas import ExecutionError
 from execbox.fleet.registry import Heartbeat
 from execbox.sandbox.runtime import ContainerInfo
 from execbox.sessions.service import ended_error, settle_waiting
@@ -123,10 +122,7 @@ def _end_lost_sessions(ctx: WorkerContext) -> int:
         else:
             reason = SessionEnd.WORKER_LOST
             why = f"the worker holding it ({record.worker}) was lost; its state (variables, files) is gone"
-        error = ExecutionError(
-            category=ErrorCategory.SANDBOX_ERROR, message=f"the session ended: {why}", retryable=False
-        )
-        done = ctx.sessions.end(session_id, reason, error, worker=record.worker, unclaimed=record.worker is None)
+        done = ctx.sessions.end(session_id, reason, why, worker=record.worker, unclaimed=record.worker is None)
         if done is not None:
             ended += 1
             log.warning("session %s ended by the reaper: %s", session_id, why)

@@ -18,9 +18,8 @@ from secrets import token_hex
 
 from execbox.core import logs
 from execbox.core.errors import ServiceError
-from execbox.core.status import ErrorCategory, SessionEnd, SessionStatus
+from execbox.core.status import SessionEnd, SessionStatus
 from execbox.core.tracing import TraceContext
-from execbox.executions.schemas import ExecutionError
 from execbox.sandbox.runtime import RunControl, RunOutcome, RunSpec, SessionSandbox
 from execbox.sessions.record import SessionRecord
 from execbox.sessions.service import ended_error, settle_waiting
@@ -224,12 +223,7 @@ class SessionHost:
                 return
 
     def _end(self, session_id: str, reason: SessionEnd, why: str | None) -> None:
-        error = None
-        if why is not None:
-            error = ExecutionError(
-                category=ErrorCategory.SANDBOX_ERROR, message=f"the session ended: {why}", retryable=False
-            )
-        if self.store.end(session_id, reason, error, worker=self.ctx.name) is not None:
+        if self.store.end(session_id, reason, why, worker=self.ctx.name) is not None:
             log.info("session %s ended: %s", session_id, reason.value)
 
     def _spec(self, record: SessionRecord) -> RunSpec:

@@ -265,6 +265,9 @@ async def execution_events(
                 yield ": keepalive\n\n"
                 continue
             event_id, event, data = item
+            if event == live.END:  # the finished execution, as GET answers it
+                record = await to_thread.run_sync(services.executions.owned, tenant, execution_id)
+                data = record.public().model_dump_json()
             yield (f"id: {event_id}\n" if event_id else "") + f"event: {event}\ndata: {data}\n\n"
 
     # A client that goes away only ends this generator; the run is not touched.

@@ -233,8 +233,7 @@ class DockerSession:
 
     def _collect(self, spec: RunSpec, changed: frozenset[str]) -> str | None:
         assert spec.collector is not None and self.container_id is not None
-        if hasattr(spec.collector, "only"):  # execbox.files.collect.Collector: only this call's files
-            spec.collector.only = changed
+        spec.collector.only = changed  # only this call's files are its artifacts
         return self._runtime.collect(self.container_id, spec)
 
     def close(self) -> None:
