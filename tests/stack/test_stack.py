@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -21,8 +22,10 @@ from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.stack]
 URL = os.environ.get("EXECBOX_STACK_URL", "http://127.0.0.1:8000")
+PROMETHEUS = os.environ.get("EXECBOX_PROMETHEUS_URL", "http://127.0.0.1:9090")  # started by `make up`
 PROJECT = "execbox"
-KEY_FILE = Path(__file__).resolve().parents[2] / ".run" / "api-key"  # written by `make up`
+ROOT = Path(__file__).resolve().parents[2]
+KEY_FILE = ROOT / ".run" / "api-key"  # written by `make up`
 
 
 def compose_containers(service: str) -> list[str]:
@@ -73,6 +76,57 @@ def test_warm_pool_and_egress_proxy_are_up(api: httpx.Client) -> None:
     assert refused.status_code == 422 and refused.json()["errors"][0]["field"] == "policy.network.allow.0"
 
 
+def prom(expr: str) -> list[dict[str, Any]]:
+    answer = httpx.get(f"{PROMETHEUS}/api/v1/query", params={"query": expr}, timeout=10)
+    answer.raise_for_status()
+    result: list[dict[str, Any]] = answer.json()["data"]["result"]
+    return result
+
+
+def scraped(job: str) -> set[str]:
+    """The targets of a job whose last scrape succeeded."""
+    return {sample["metric"]["instance"] for sample in prom(f'up{{job="{job}"}} == 1')}
+
+
+def worker_addresses() -> set[str]:
+    return {
+        f"{network['IPAddress']}:9100"
+        for container in compose_containers("worker")
+        for network in inspect(container)["NetworkSettings"]["Networks"].values()
+    }
+
+
+def test_prometheus_scrapes_the_api_and_every_worker_with_the_alert_rules(api: httpx.Client) -> None:
+    wait_until(lambda: scraped("execbox-worker") == worker_addresses(), 60, "Prometheus to scrape every worker")
+    assert len(worker_addresses()) == 3
+    assert scraped("execbox-api") == {"api:8000"}
+    rules = httpx.get(f"{PROMETHEUS}/api/v1/rules", timeout=10).json()["data"]["groups"]
+    loaded = {rule["name"] for group in rules for rule in group["rules"]}
+    in_file = set(re.findall(r"^\s*- alert: (\S+)", (ROOT / "deploy" / "prometheus" / "rules.yml").read_text(), re.M))
+    assert in_file and loaded == in_file
+    # An execution's category reaches Prometheus (counted by the worker that ran it).
+    syntax = 'sum(execbox_executions_total{category="code.syntax",language="python"})'
+    before = sum(float(s["value"][1]) for s in prom(syntax))
+    assert run(api, "def broken(:\n")["error"]["category"] == "code.syntax"
+    wait_until(lambda: sum(float(s["value"][1]) for s in prom(syntax)) == before + 1, 30, "the count to move")
+    # The warm-pool gauge is what the workers hold (one python sandbox each).
+    wait_until(lambda: [float(s["value"][1]) for s in prom("execbox_warm_pool_size")] == [3.0], 60, "a full pool")
+
+
+def test_prometheus_follows_the_worker_scale() -> None:
+    """Docker's DNS names every replica of `worker`: scaling up adds a target, scaling down drops it."""
+    scale = ["docker", "compose", "--project-name", PROJECT, "--env-file", str(ROOT / ".run" / "stack.env"),
+             "up", "-d", "--wait", "--no-recreate", "--scale"]  # fmt: skip
+    subprocess.run([*scale, "worker=4", "worker"], check=True, capture_output=True, cwd=ROOT)
+    try:
+        assert len(worker_addresses()) == 4
+        wait_until(lambda: scraped("execbox-worker") == worker_addresses(), 60, "the fourth worker to be scraped")
+    finally:
+        subprocess.run([*scale, "worker=3", "worker"], check=True, capture_output=True, cwd=ROOT)
+    assert len(worker_addresses()) == 3
+    wait_until(lambda: scraped("execbox-worker") == worker_addresses(), 60, "the removed worker to be dropped")
+
+
 def test_load_spreads_over_workers_and_a_stopped_worker_loses_nothing(api: httpx.Client) -> None:
     workers = compose_containers("worker")
     assert len(workers) == 3, "make stack-test starts three workers"
@@ -101,9 +155,6 @@ def test_load_spreads_over_workers_and_a_stopped_worker_loses_nothing(api: httpx
     assert len(ran_on) == 3, ran_on
     subprocess.run(["docker", "start", workers[0]], check=True, capture_output=True)
     wait_until(lambda: api.get("/readyz").json()["checks"]["workers"]["alive"] >= 3, 60, "the worker to return")
-
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def inspect(container: str) -> Any:

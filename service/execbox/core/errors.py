@@ -307,3 +307,13 @@ class RunBusy(InfrastructureError):
 
     def __init__(self, run_id: str) -> None:
         super().__init__(f"run {run_id} is being changed by another request; retry shortly")
+
+
+SANDBOX_FAILURE_REASONS: tuple[str, ...] = (
+    ServiceError.code,
+    InfrastructureError.code,
+    RuntimeUnavailable.code,
+    ImageUnavailable.code,
+    InputUnavailable.code,
+)
+"""The codes a run that never got a sandbox fails with (execbox_sandbox_failures_total's reasons)."""

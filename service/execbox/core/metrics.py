@@ -9,7 +9,7 @@ multiprocess mode is needed and nothing is lost between jobs. Gauges that descri
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -123,6 +123,19 @@ class WorkerMetrics:
     status_mismatches: Counter
     network_denials: Counter
     jobs_refused: Counter
+
+    def initialise(self, languages: Iterable[str], pooled: Iterable[str], failure_reasons: Iterable[str]) -> None:
+        """Export every labelled series the dashboard charts from the start, at zero: a counter that
+        has not happened yet reads 0, not "no data" (a rate over a missing series is empty)."""
+        for language in languages:
+            self.oom_kills.labels(language)
+        for language in pooled:
+            for result in ("hit", "miss"):
+                self.pool_takes.labels(language, result)
+        for reason in failure_reasons:
+            self.sandbox_failures.labels(reason)
+        for stream in ("stdout", "stderr"):
+            self.output_bytes.labels(stream)
 
 
 def worker_metrics(registry: CollectorRegistry) -> WorkerMetrics:

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.catalog.schemas import AppliedPolicy, PolicyRequest
-from execbox.core.errors import ServiceError
+from execbox.core.errors import SANDBOX_FAILURE_REASONS, ServiceError
 from execbox.core.keys import Keys
 from execbox.core.metrics import WorkerMetrics, worker_metrics
 from execbox.core.redis import connect
@@ -81,6 +81,9 @@ class WorkerContext:
             backstop_s=PolicySet.load(settings.policies_dir).max_ceiling("timeout_s"),
         )
         runtime.on_status_mismatch = context.metrics.status_mismatches.inc
+        context.metrics.initialise(
+            (lang.name for lang in context.languages), settings.pool.sizes, SANDBOX_FAILURE_REASONS
+        )
         if settings.pool.sizes:
             context.pool = runtime.pool = build_pool(context, runtime)
         events.subscribe(store, context.metrics.outcomes)
