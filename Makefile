@@ -50,7 +50,7 @@ stack-test: images
 	@test -z "$$(docker ps -aq --filter label=com.docker.compose.project=execbox)" || { echo "stack-test: containers left" >&2; exit 1; }
 	@test -z "$$(docker network ls -q --filter label=com.docker.compose.project=execbox)" || { echo "stack-test: network left" >&2; exit 1; }
 	@test -z "$$(docker ps -aq --filter label=execbox.deployment=execbox)" || { echo "stack-test: sandboxes left" >&2; exit 1; }
-	@test -z "$$(docker images -q --filter dangling=true --filter label=org.execbox.built=1)" || { echo "stack-test: dangling images left" >&2; exit 1; }
+	@test -z "$$(docker images -q --filter dangling=true --filter label=org.execbox.built)" || { echo "stack-test: dangling images left" >&2; exit 1; }
 
 bench: images
 	.venv/bin/pip install -q -e '.[bench]'
@@ -60,4 +60,4 @@ bench: images
 # the conformance virtualenv (.venv, the development environment, stays).
 clean: down
 	scripts/prune-images --all
-	rm -rf .run .venv-conformance .venv-conformance.log deploy/docker/wheels build
+	rm -rf .run .venv-conformance .venv-conformance.log deploy/docker/wheels build sandbox-images/*/wheels sandbox-images/*/versions.json

@@ -1,27 +1,71 @@
 #!/usr/bin/env bash
-# Build every sandbox image and run its smoke test under the sandbox's hardening.
-# BASE_IMAGE picks the base (e.g. debian:bookworm-slim with a registry); without it the
-# debootstrap-made local/debian:bookworm is built when missing. Idempotent (docker's cache).
+# Build every sandbox image and run its smoke test under the sandbox's hardening; then record what
+# it holds (its metadata's `probe`) in <folder>/versions.json, which GET /v1/languages shows.
+# Every folder with a metadata.yaml is one language or variant: its Dockerfile is built (a folder
+# without one runs on another folder's image), an executable `prepare` runs first (e.g. to
+# download the files the build installs) and a `wheels/` folder is served to the build on
+# 127.0.0.1:$EXECBOX_WHEELS_PORT (default 38517) rather than sent as context.
+# SANDBOX_BASE_IMAGE picks the base (e.g. debian:trixie-slim with a registry); without it the
+# debootstrap-made local/debian:trixie is built when missing. Idempotent (docker's cache).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-base="${BASE_IMAGE:-local/debian:bookworm}"
-if [ -z "${BASE_IMAGE:-}" ]; then "$here/base/build.sh" "$base"; fi
+base="${SANDBOX_BASE_IMAGE:-local/debian:trixie}"
+if [ -z "${SANDBOX_BASE_IMAGE:-}" ]; then "$here/base/build.sh" "$base"; fi
+wheels_port="${EXECBOX_WHEELS_PORT:-38517}"
+server=""
+trap '[ -z "$server" ] || kill "$server" 2>/dev/null || true' EXIT
+
+# Through the launcher, as the worker runs programs (an empty file frame: ten zeros).
+sandboxed() {
+  local image=$1; shift
+  printf '0000000000' | docker run -i --rm --network none --read-only --cap-drop ALL --security-opt no-new-privileges \
+    --user 65534:65534 --pids-limit 64 --security-opt "seccomp=$here/../policies/seccomp.json" --memory 1g --memory-swap 1g \
+    --tmpfs /tmp:size=64m --tmpfs /workspace:size=16m,uid=65534,gid=65534 \
+    "$image" python3 -I -S /opt/execbox/launch.py "$@"
+}
+
+# A metadata field, shell-quoted (a list as words): eval "args=($(field smoke metadata.yaml))".
+field() {
+  "$here/../.venv/bin/python" -c 'import shlex, sys, yaml
+value = yaml.safe_load(open(sys.argv[1])).get(sys.argv[2])
+print(shlex.join(value) if isinstance(value, list) else shlex.quote(value or ""))' "$2" "$1"
+}
+
 status=0
 for meta in "$here"/*/metadata.yaml; do
-  dir=$(dirname "$meta"); lang=$(basename "$dir")
-  image=$(sed -n 's/^image: *//p' "$meta")
-  smoke=$(sed -n 's/^smoke: *\[\(.*\)\]/\1/p' "$meta" | tr -d ',')
-  echo "image $lang -> $image: building"
-  if ! docker build -q --build-arg "BASE=$base" -f "$dir/Dockerfile" -t "$image" "$here" >/tmp/execbox-build-$lang.log 2>&1; then
-    tail -30 /tmp/execbox-build-$lang.log >&2; echo "image $lang: BUILD FAILED" >&2; status=1; continue
+  dir=$(dirname "$meta"); name=$(basename "$dir")
+  eval "image=$(field image "$meta")"
+  if [ -x "$dir/prepare" ]; then "$dir/prepare" || { echo "image $name: PREPARE FAILED" >&2; status=1; continue; }; fi
+  if [ -f "$dir/Dockerfile" ]; then
+    echo "image $name -> $image: building"
+    network=()
+    if [ -d "$dir/wheels" ]; then
+      [ -z "$server" ] || kill "$server"
+      python3 -m http.server --bind 127.0.0.1 --directory "$dir/wheels" "$wheels_port" >/dev/null 2>&1 &
+      server=$!
+      for _ in $(seq 1 50); do curl -fs "http://127.0.0.1:$wheels_port/" >/dev/null && break; sleep 0.1; done
+      network=(--network host)  # the build reaches the wheel server on the host's loopback
+    fi
+    if ! docker build -q "${network[@]}" --build-arg "BASE=$base" -f "$dir/Dockerfile" -t "$image" "$here" \
+        >/tmp/execbox-build-$name.log 2>&1; then
+      tail -30 /tmp/execbox-build-$name.log >&2; echo "image $name: BUILD FAILED" >&2; status=1; continue
+    fi
+  else
+    echo "image $name -> $image: built by another folder"
   fi
-  # shellcheck disable=SC2086
-  # Through the launcher, as the worker runs programs (an empty file frame: ten zeros).
-  out=$(printf '0000000000' | docker run -i --rm --network none --read-only --cap-drop ALL --security-opt no-new-privileges \
-        --user 65534:65534 --pids-limit 64 --security-opt "seccomp=$here/../policies/seccomp.json" --memory 512m --memory-swap 512m --tmpfs /tmp:size=64m \
-        --tmpfs /workspace:size=16m,uid=65534,gid=65534 \
-        "$image" python3 -I -S /opt/execbox/launch.py $smoke 2>&1) || true
-  if [ "$out" = "OK" ]; then echo "image $lang: smoke test OK"; else echo "image $lang: SMOKE TEST FAILED: $out" >&2; status=1; fi
+  eval "smoke=($(field smoke "$meta"))"
+  out=$(sandboxed "$image" "${smoke[@]}" 2>&1) || true
+  if [ "$out" = "OK" ]; then echo "image $name: smoke test OK"; else echo "image $name: SMOKE TEST FAILED: $out" >&2; status=1; continue; fi
+  eval "probe=($(field probe "$meta"))"
+  if [ ${#probe[@]} -gt 0 ]; then
+    if sandboxed "$image" "${probe[@]}" > "$dir/versions.json.new" 2>/dev/null \
+        && python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["runtime"]["version"]' "$dir/versions.json.new"; then
+      mv "$dir/versions.json.new" "$dir/versions.json"
+      echo "image $name: $(python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(d["runtime"]["name"], d["runtime"]["version"], "and", len(d["packages"]), "packages")' "$dir/versions.json")"
+    else
+      rm -f "$dir/versions.json.new"; echo "image $name: PROBE FAILED" >&2; status=1
+    fi
+  fi
 done
 "$here/../scripts/prune-images"  # the images these replaced
 exit $status

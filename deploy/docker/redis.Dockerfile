@@ -3,7 +3,7 @@ ARG BASE=local/debian:bookworm
 FROM ${BASE}
 # Every image execbox builds carries this label: rebuilds prune their dangling predecessors,
 # `make clean` removes them all.
-LABEL org.execbox.built=\"1\"
+LABEL org.execbox.built="1"
 ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends redis-server redis-tools \

@@ -3,5 +3,7 @@ import numpy as np
 import pandas as pd
 
 matplotlib.use("Agg")
-assert pd.DataFrame({"a": np.arange(3)})["a"].sum() == 3
+frame = pd.DataFrame({"a": np.arange(3)})
+assert frame["a"].sum() == 3
+assert frame.to_markdown().startswith("|")  # tabulate is there
 print("OK")

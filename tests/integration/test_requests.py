@@ -9,7 +9,7 @@ import httpx
 import pytest
 import redis
 
-from tests.conftest import Side
+from tests.conftest import ROOT, Side
 
 pytestmark = [pytest.mark.redis]
 
@@ -133,10 +133,11 @@ def test_prefer_wait_returns_202_while_queued(idle: tuple[httpx.Client, Side]) -
     assert response.headers["location"] == f"/v1/executions/{response.json()['id']}"
 
 
-def test_languages_lists_three(idle: tuple[httpx.Client, Side]) -> None:
+def test_languages_lists_every_sandbox_images_folder(idle: tuple[httpx.Client, Side]) -> None:
     client, _ = idle
     names = {lang["name"] for lang in client.get("/v1/languages").json()["languages"]}
-    assert names == {"python", "javascript", "bash"}
+    folders = {p.parent.name for p in (ROOT / "sandbox-images").glob("*/metadata.yaml")}
+    assert len(names) == len(folders) and {"python", "python@slim", "javascript", "typescript", "bash", "r"} <= names
 
 
 def test_openapi_describes_every_request_field(idle: tuple[httpx.Client, Side]) -> None:

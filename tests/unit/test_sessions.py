@@ -127,11 +127,21 @@ def test_live_output_holds_back_only_what_may_start_the_end_marker() -> None:
     assert capture.marked[STDOUT]
 
 
-def test_an_ipython_syntax_error_is_code_syntax() -> None:
-    stderr = b"  Cell In [3], line 1\n    def broken(:\n               ^\nSyntaxError: invalid syntax\n"
+@pytest.mark.parametrize(
+    ("stderr", "category"),
+    [
+        (b"  Cell In [3], line 1\n    def broken(:\n               ^\nSyntaxError: invalid syntax\n", "code.syntax"),
+        (
+            b"---\nZeroDivisionError    Traceback (most recent call last)\nCell In[1], line 1\n----> 1 1/0\n\n"
+            b"ZeroDivisionError: division by zero\n",
+            "code.exception",
+        ),  # IPython 9
+    ],
+)
+def test_an_ipython_report_is_categorized(stderr: bytes, category: str) -> None:
     verdict = classify(RunOutcome(exit_code=1, stdout=b"", stderr=stderr, stdout_total=0, stderr_total=len(stderr)),
                        "python", LIMITS)  # fmt: skip
-    assert verdict.error is not None and verdict.error.category.value == "code.syntax"
+    assert verdict.error is not None and verdict.error.category.value == category
 
 
 @pytest.mark.redis

@@ -1,36 +1,93 @@
-"""The languages this service runs, read from sandbox-images/*/metadata.yaml."""
+"""The languages this service runs, read from sandbox-images/*/metadata.yaml.
+
+Each folder is one language or one variant of a language: `language: python` with `variant: slim`
+is selected as `python@slim` (aliases work too: `py@slim`), and only where the named policy
+allows it (catalog.policies). What a built image holds (runtime and package versions) is read
+from the folder's versions.json, which sandbox-images/build.sh writes from the image itself.
+"""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from execbox.catalog.schemas import LanguagePublic
+from execbox.catalog.schemas import LanguagePublic, RuntimePublic
 from execbox.core.errors import UnknownLanguage
+
+VARIANT_MARK = "@"
+
+
+class _Errors(BaseModel):
+    """How the language's failures read on stderr, beyond what the engine reports."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    family: str | None = None
+    """Built-in reading of stderr to reuse: python, javascript or bash (default: the language's name)."""
+    syntax: list[str] = []
+    """Patterns (re.M): a failed run whose stderr matches one did not compile (code.syntax)."""
+    exception: str | None = None
+    """A pattern with a `msg` group (and optionally `type`): an uncaught error (code.exception)."""
+
+    @field_validator("syntax")
+    @classmethod
+    def _compiles(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            re.compile(pattern)
+        return patterns
+
+    @field_validator("exception")
+    @classmethod
+    def _has_msg(cls, pattern: str | None) -> str | None:
+        if pattern is not None and "msg" not in re.compile(pattern).groupindex:
+            raise ValueError("the exception pattern needs a (?P<msg>...) group")
+        return pattern
 
 
 class _Metadata(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    language: str
+    language: str = Field(pattern=r"^[a-z][a-z0-9_+-]*$")
+    variant: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]*$")
     version: str
     aliases: list[str] = []
     image: str
     file: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     command: list[str] = Field(min_length=1)
     smoke: list[str] = Field(min_length=1)
+    probe: list[str] | None = None
+    """Prints the image's runtime and packages as JSON (run by sandbox-images/build.sh)."""
     env: dict[str, str] = {}
     session: list[str] | None = None
     """The program a session's sandbox runs (a kernel kept across executions); None: no sessions."""
+    errors: _Errors = _Errors()
+
+
+@dataclass(frozen=True)
+class ErrorRules:
+    family: str
+    syntax: tuple[re.Pattern[str], ...] = ()
+    exception: re.Pattern[str] | None = None
+
+
+@dataclass(frozen=True)
+class Versions:
+    runtime: str
+    runtime_version: str
+    packages: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)
 class Language:
     name: str
+    """What a request sends: `python`, or `python@slim` for a variant."""
     version: str
     aliases: tuple[str, ...]
     image: str
@@ -38,10 +95,27 @@ class Language:
     command: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
     session: tuple[str, ...] | None = None
+    variant: str | None = None
+    errors: ErrorRules = field(default_factory=lambda: ErrorRules("unknown"))
+    versions: Versions | None = None
+
+    @property
+    def base(self) -> str:
+        return self.name.split(VARIANT_MARK, 1)[0]
 
     def public(self) -> LanguagePublic:
+        versions = self.versions
         return LanguagePublic(
-            name=self.name, version=self.version, aliases=list(self.aliases), image=self.image, file=self.file
+            name=self.name,
+            language=self.base,
+            variant=self.variant,
+            version=self.version,
+            aliases=list(self.aliases),
+            image=self.image,
+            file=self.file,
+            sessions=self.session is not None,
+            runtime=RuntimePublic(name=versions.runtime, version=versions.runtime_version) if versions else None,
+            packages=dict(versions.packages) if versions else None,
         )
 
 
@@ -49,31 +123,66 @@ class LanguageConfigError(Exception):
     """sandbox-images/ metadata is unusable; the process must not start."""
 
 
+def _versions(path: Path) -> Versions | None:
+    """The folder's versions.json (absent until its image is built)."""
+    if not path.is_file():
+        return None
+    try:
+        raw: Any = json.loads(path.read_text())
+        return Versions(
+            str(raw["runtime"]["name"]),
+            str(raw["runtime"]["version"]),
+            tuple(sorted((str(k), str(v)) for k, v in raw["packages"].items())),
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise LanguageConfigError(f"{path}: {exc!r}; rebuild the image (sandbox-images/build.sh)") from exc
+
+
+def _language(path: Path) -> Language:
+    try:
+        meta = _Metadata.model_validate(yaml.safe_load(path.read_text()))
+    except (OSError, yaml.YAMLError, ValidationError) as exc:
+        raise LanguageConfigError(f"{path}: {exc}") from exc
+    errors = meta.errors
+    return Language(
+        f"{meta.language}{VARIANT_MARK}{meta.variant}" if meta.variant else meta.language,
+        meta.version,
+        tuple(meta.aliases),
+        meta.image,
+        meta.file,
+        tuple(meta.command),
+        tuple(sorted(meta.env.items())),
+        tuple(meta.session) if meta.session else None,
+        meta.variant,
+        ErrorRules(
+            errors.family or meta.language,
+            tuple(re.compile(p, re.M) for p in errors.syntax),
+            re.compile(errors.exception, re.M) if errors.exception else None,
+        ),
+        _versions(path.parent / "versions.json"),
+    )
+
+
 class Languages:
     def __init__(self, languages: list[Language]) -> None:
         self._all = sorted(languages, key=lambda lang: lang.name)
-        self._by_name = {name: lang for lang in languages for name in (lang.name, *lang.aliases)}
+        self._by_name: dict[str, Language] = {}
+        for lang in self._all:
+            for name in (lang.name, *lang.aliases):
+                if name in self._by_name:
+                    raise LanguageConfigError(f"two sandbox-images folders are named {name!r}")
+                self._by_name[name] = lang
+        # A variant answers to its language's aliases too: py@slim is python@slim.
+        for lang in self._all:
+            if lang.variant is None:
+                for alias in lang.aliases:
+                    for other in self._all:
+                        if other.base == lang.name and other.variant is not None:
+                            self._by_name.setdefault(f"{alias}{VARIANT_MARK}{other.variant}", other)
 
     @classmethod
     def load(cls, directory: Path) -> Languages:
-        found = []
-        for path in sorted(directory.glob("*/metadata.yaml")):
-            try:
-                meta = _Metadata.model_validate(yaml.safe_load(path.read_text()))
-            except (OSError, yaml.YAMLError, ValidationError) as exc:
-                raise LanguageConfigError(f"{path}: {exc}") from exc
-            found.append(
-                Language(
-                    meta.language,
-                    meta.version,
-                    tuple(meta.aliases),
-                    meta.image,
-                    meta.file,
-                    tuple(meta.command),
-                    tuple(sorted(meta.env.items())),
-                    tuple(meta.session) if meta.session else None,
-                )
-            )
+        found = [_language(path) for path in sorted(directory.glob("*/metadata.yaml"))]
         if not found:
             raise LanguageConfigError(f"no */metadata.yaml under {directory}")
         return cls(found)

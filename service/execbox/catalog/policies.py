@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from execbox.catalog.schemas import AppliedPolicy, NetworkAllowlist, PolicyRequest
-from execbox.core.errors import FieldProblem, PolicyExceeded, UnknownPolicy
+from execbox.core.errors import FieldProblem, PolicyExceeded, UnknownPolicy, VariantNotAllowed
 from execbox.egress.rules import HostPattern, uncovered
 
 DEFAULT_POLICY = "default"
@@ -53,6 +53,17 @@ class _PolicyFile(BaseModel):
     """The runtime of runs that ask for none."""
     seccomp_deny: list[str] | None = None
     """System calls denied on top of execbox's profile (a policy can narrow it, never widen it)."""
+    variants: list[str] | None = None
+    """Image variants a request under this policy may select: `python@slim`, or `python@*` for all."""
+
+    @field_validator("variants")
+    @classmethod
+    def _variant_names(cls, variants: list[str] | None) -> list[str] | None:
+        for name in variants or ():
+            base, mark, variant = name.partition("@")
+            if not (base and mark and variant):
+                raise ValueError(f"{name!r} is not language@variant (or language@*)")
+        return variants
 
     @field_validator("network_allow")
     @classmethod
@@ -79,6 +90,12 @@ class Policy:
     network_allow: tuple[str, ...] = ()
     runtime: str | None = None
     seccomp_deny: tuple[str, ...] = ()
+    variants: tuple[str, ...] = ()
+
+    def allows(self, language: str) -> bool:
+        """Whether a request under this policy may run `language` (a variant only when listed)."""
+        base, _, variant = language.partition("@")
+        return not variant or language in self.variants or f"{base}@*" in self.variants
 
 
 def _read(path: Path) -> _PolicyFile:
@@ -114,7 +131,10 @@ class PolicySet:
             allow = layer.network_allow if layer.network_allow is not None else base.network_allow
             runtime = layer.runtime or base.runtime
             deny = sorted({*(base.seccomp_deny or ()), *(layer.seccomp_deny or ())})  # narrowing adds up
-            policies[path.stem] = Policy(path.stem, defaults, ceilings, tuple(allow or ()), runtime, tuple(deny))
+            variants = layer.variants if layer.variants is not None else base.variants
+            policies[path.stem] = Policy(
+                path.stem, defaults, ceilings, tuple(allow or ()), runtime, tuple(deny), tuple(variants or ())
+            )
         return cls(policies)
 
     def max_ceiling(self, field: str) -> int:
@@ -124,6 +144,12 @@ class PolicySet:
     @property
     def names(self) -> list[str]:
         return sorted(self._policies)
+
+    def check_language(self, policy: str, language: str, field: str = "language") -> None:
+        """Refuse (422, naming `field`) a variant the named policy does not allow."""
+        found = self._policies.get(policy)
+        if found is not None and not found.allows(language):
+            raise VariantNotAllowed(language, policy, list(found.variants), field)
 
     def resolve(self, request: PolicyRequest, code_bytes: int) -> AppliedPolicy:
         name = request.name or DEFAULT_POLICY

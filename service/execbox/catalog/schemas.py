@@ -110,12 +110,30 @@ class AppliedPolicy(BaseModel):
     artifact_total_bytes: int = Field(description="Largest total of artifacts kept, bytes.")
 
 
+class RuntimePublic(BaseModel):
+    name: str = Field(description="The interpreter or compiler: CPython, Node.js, GNU bash, R.")
+    version: str = Field(description="Its exact version, as the built image reports it.")
+
+
 class LanguagePublic(BaseModel):
-    name: str = Field(description="Canonical language name to send as `language`.")
-    version: str = Field(description="Language version in the image.")
+    name: str = Field(description="What to send as `language`: `python`, or `python@slim` for a variant.")
+    language: str = Field(description="The language (the name without its variant).")
+    variant: str | None = Field(
+        description="The image variant (null: the language's default image). A variant runs only under a "
+        "policy whose `variants` list allows it (422 otherwise)."
+    )
+    version: str = Field(description="Language version in the image (major.minor).")
     aliases: list[str] = Field(description="Other names accepted for it.")
     image: str = Field(description="Sandbox image tag.")
     file: str = Field(description="File name the code is saved as in /workspace.")
+    sessions: bool = Field(description="Whether sessions (POST /v1/sessions) can run it.")
+    runtime: RuntimePublic | None = Field(
+        description="The runtime the built image holds (null until sandbox-images/build.sh has built it)."
+    )
+    packages: dict[str, str] | None = Field(
+        description="Packages in the image and their versions (Python distributions, Debian packages, R "
+        "packages), as the built image reports them; null until it is built."
+    )
 
 
 class LanguagesPublic(BaseModel):

@@ -98,6 +98,14 @@ class UnknownLanguage(RequestError):
         )
 
 
+class LanguageNotFound(RequestError):
+    code = "language.not_found"
+    http_status = 404
+
+    def __init__(self, language: str, known: list[str]) -> None:
+        super().__init__(f"no language {language!r} here; this service runs {', '.join(known)}")
+
+
 class UnknownPolicy(RequestError):
     code = "request.unknown_policy"
 
@@ -113,6 +121,24 @@ class PolicyExceeded(RequestError):
 
     def __init__(self, problems: tuple[FieldProblem, ...]) -> None:
         super().__init__("; ".join(f"{p.field}: {p.message}" for p in problems), problems)
+
+
+class VariantNotAllowed(RequestError):
+    code = "request.variant_not_allowed"
+
+    def __init__(self, language: str, policy: str, allowed: list[str], field: str) -> None:
+        allows = ", ".join(allowed) or "none"
+        super().__init__(
+            f"{language!r} is an image variant policy {policy!r} does not allow (it allows: {allows})",
+            (
+                FieldProblem(
+                    field,
+                    f"{language!r} is not allowed under policy {policy!r} (it allows: {allows}); use the language "
+                    f"without a variant, another policy, or ask the operator to add it to policies/{policy}.yaml "
+                    "`variants`",
+                ),
+            ),
+        )
 
 
 class ExecutionNotFound(RequestError):

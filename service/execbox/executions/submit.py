@@ -170,6 +170,7 @@ class Submissions:
             policy = self.sessions.policy(tenant, body)
         else:
             policy = self.policies.resolve(body.policy, len(body.code.encode()))
+            self.policies.check_language(policy.name, language.name)
         if policy.runtime not in (None, "runc"):
             problems = runtime_problems(policy, self.fleet.runtimes(), self.settings.docker.runsc_network_runtime)
             if problems:

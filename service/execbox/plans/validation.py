@@ -105,8 +105,9 @@ def _step_problems(
             found.append(FieldProblem(f"{at}.run.script", problem))
     else:
         try:
-            languages.get(step.run.language)
+            language = languages.get(step.run.language)
             policy = policies.resolve(step.policy, len(step.run.code.encode()))
+            policies.check_language(policy.name, language.name, "run.language")
             if policy.name not in allowed_policies:
                 found.append(FieldProblem(f"{at}.policy.name", f"this tenant may not use policy {policy.name!r}; "
                                           f"allowed: {', '.join(sorted(allowed_policies))}"))  # fmt: skip

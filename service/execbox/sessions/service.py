@@ -93,6 +93,7 @@ class Sessions:
                 (FieldProblem("language", f"sessions are offered for: {', '.join(with_sessions) or 'none'}"),),
             )
         policy = self.policies.resolve(body.policy, 0)
+        self.policies.check_language(policy.name, language.name)
         problems = []
         if policy.network != "none":
             problems.append(FieldProblem("policy.network", "a session runs without network; use `none`"))

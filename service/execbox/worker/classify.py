@@ -12,6 +12,7 @@ import signal as _signal
 from dataclasses import dataclass
 from typing import Any
 
+from execbox.catalog.languages import ErrorRules
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions.schemas import ExecutionError
 from execbox.sandbox.runtime import Limits, RunOutcome
@@ -53,7 +54,8 @@ def _error(category: ErrorCategory, text: str, retryable: bool = False, **detail
     return ExecutionError(category=category, message=text, retryable=retryable, details=details)
 
 
-def classify(outcome: RunOutcome, language: str, limits: Limits) -> Classified:
+def classify(outcome: RunOutcome, language: str | ErrorRules, limits: Limits) -> Classified:
+    """`language`: the language's error rules (its metadata's `errors`), or a built-in family's name."""
     sig = signal_name(outcome.exit_code)
     failed = ExecutionStatus.FAILED
     if outcome.cancelled:
@@ -147,9 +149,11 @@ def _pids_error(limits: Limits) -> ExecutionError:
     )
 
 
-def _program_error(outcome: RunOutcome, language: str, limits: Limits, sig: str | None) -> ExecutionError:
+def _program_error(outcome: RunOutcome, language: str | ErrorRules, limits: Limits, sig: str | None) -> ExecutionError:
+    rules = language if isinstance(language, ErrorRules) else ErrorRules(language)
+    language = rules.family
     stderr = outcome.stderr.decode("utf-8", "replace")
-    parsed = _parse_exception(stderr, language)
+    parsed = _parse_exception(stderr, rules)
     tail = stderr[-2000:]
     if parsed is not None and parsed[2]:
         return _error(
@@ -188,13 +192,24 @@ def _mentions(stderr: str, patterns: tuple[re.Pattern[str], ...]) -> bool:
     return any(p.search(stderr) for p in patterns)
 
 
-def _parse_exception(stderr: str, language: str) -> tuple[str, str, bool] | None:
+def _parse_exception(stderr: str, rules: ErrorRules) -> tuple[str, str, bool] | None:
     """(type, message, is_syntax) of an uncaught exception, read from the interpreter's report."""
+    for pattern in rules.syntax:  # the language's own metadata first
+        found = pattern.search(stderr)
+        if found:
+            line = stderr[found.start() :].splitlines()[0].strip()
+            return "SyntaxError", line, True
+    if rules.exception is not None:
+        found = rules.exception.search(stderr)
+        if found:
+            groups = found.groupdict()
+            return groups.get("type") or "Error", (groups.get("msg") or "").strip(), False
+    language = rules.family
     lines = [line for line in stderr.splitlines() if line.strip()]
     if language == "python":
-        # "Cell In [n]": IPython's report in a session.
+        # "Cell In[n]" (IPython 9; "Cell In [n]" in 8): IPython's report in a session.
         if not lines or not any(
-            mark in stderr for mark in ("Traceback (most recent call last):", 'File "', "Cell In [")
+            mark in stderr for mark in ("Traceback (most recent call last):", 'File "', "Cell In [", "Cell In[")
         ):
             return None
         match = _PY_EXC.match(lines[-1])

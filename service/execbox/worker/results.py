@@ -12,6 +12,7 @@ from urllib.parse import quote
 
 from jsonschema import Draft202012Validator
 
+from execbox.catalog.languages import ErrorRules
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import (
@@ -142,10 +143,15 @@ def _unmet(record: ExecutionRecord, outcome: RunOutcome) -> list[str]:
 
 
 def apply_outcome(
-    record: ExecutionRecord, outcome: RunOutcome, collector: Collector | None, limits: Limits, store: ArtifactStore
+    record: ExecutionRecord,
+    outcome: RunOutcome,
+    collector: Collector | None,
+    limits: Limits,
+    store: ArtifactStore,
+    errors: ErrorRules | None = None,
 ) -> ExecutionStatus:
-    """Fill the record from the run and return its final status."""
-    verdict = classify(outcome, record.language, limits)
+    """Fill the record from the run and return its final status (`errors`: the language's error rules)."""
+    verdict = classify(outcome, errors or record.language, limits)
     record.exit_code = outcome.exit_code
     record.signal = verdict.signal
     record.stdout, record.stdout_encoding = decode_stream(outcome.stdout, outcome.stdout_truncated)  # type: ignore[assignment]

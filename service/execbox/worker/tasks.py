@@ -288,7 +288,8 @@ def _finish(
         now = time.time()
         status = ExecutionStatus.FAILED
         if outcome is not None:
-            status = apply_outcome(record, outcome, collector, limits, ctx.artifacts)
+            errors = ctx.languages.get(record.language).errors
+            status = apply_outcome(record, outcome, collector, limits, ctx.artifacts, errors)
         else:
             record.error = failure
         if outcome is not None and outcome.kernel_restarted:

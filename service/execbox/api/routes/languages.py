@@ -1,21 +1,38 @@
-"""GET /v1/languages."""
+"""GET /v1/languages and GET /v1/languages/{name}: what runs here, with the built images' versions."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from fastapi import APIRouter
 
 from execbox.api.deps import ServicesDep, TenantDep
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
-from execbox.catalog.schemas import LanguagesPublic
+from execbox.catalog.schemas import LanguagePublic, LanguagesPublic
+from execbox.core.errors import LanguageNotFound, UnknownLanguage
 
 router = APIRouter(tags=["languages"])
+_MALFORMED: dict[int | str, dict[str, Any]] = {422: {"description": "Malformed header.", **PROBLEM_DOC}}
 
 
 @router.get(
     "/v1/languages",
     response_model=LanguagesPublic,
-    summary="Languages this service runs",
-    responses={422: {"description": "Malformed header.", **PROBLEM_DOC}, **UNAUTHORIZED_DOC},
+    summary="Languages and image variants this service runs",
+    responses={**_MALFORMED, **UNAUTHORIZED_DOC},
 )
 def list_languages(services: ServicesDep, tenant: TenantDep) -> LanguagesPublic:
     return LanguagesPublic(languages=[lang.public() for lang in services.languages])
+
+
+@router.get(
+    "/v1/languages/{name}",
+    response_model=LanguagePublic,
+    summary="One language or variant (`python`, `py`, `python@slim`), with its runtime and package versions",
+    responses={404: {"description": "No such language or variant.", **PROBLEM_DOC}, **_MALFORMED, **UNAUTHORIZED_DOC},
+)
+def get_language(name: str, services: ServicesDep, tenant: TenantDep) -> LanguagePublic:
+    try:
+        return services.languages.get(name).public()
+    except UnknownLanguage as exc:
+        raise LanguageNotFound(name, [lang.name for lang in services.languages]) from exc
