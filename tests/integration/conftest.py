@@ -19,7 +19,19 @@ import yaml
 
 from execbox.core.redis_roles import role_url
 from execbox.egress import sealing
-from tests.conftest import EXECBOX, PASSWORDS, ROOT, Side, Stack, answers_200, free_port, wait_until
+from execbox.sandbox.runtime import DEPLOYMENT_LABEL, MANAGED_LABEL
+from tests.conftest import (
+    EXECBOX,
+    PASSWORDS,
+    PREFIX,
+    ROOT,
+    Processes,
+    Side,
+    Stack,
+    answers_200,
+    free_port,
+    wait_until,
+)
 
 # A's and B's server: answers "ok <name>" and logs each request's headers (as JSON) to stdout; and
 # echoes UDP datagrams on the same port.
@@ -117,6 +129,22 @@ class Targets:
     def headers_seen_by(self, name: str) -> list[dict[str, str]]:
         (container,) = [c for c in self.containers if c.name.endswith(f"-target-{name}")]
         return [json.loads(line) for line in container.logs().decode().splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_sandbox_outlives_the_session(docker_client: docker.DockerClient, processes: Processes) -> Iterator[None]:
+    """What the reaper of a live deployment would do: the session's workers are stopped at its end,
+    sometimes in the middle of a run or before a deferred removal, so their sandboxes and networks
+    (every test deployment's label starts with PREFIX) are removed here; nothing is left behind."""
+    yield
+    processes.stop_all()
+    managed: dict[str, Any] = {"label": f"{MANAGED_LABEL}=true"}
+    for container in docker_client.containers.list(all=True, filters=managed):
+        if container.labels.get(DEPLOYMENT_LABEL, "").startswith(PREFIX):
+            container.remove(force=True)
+    for network in docker_client.networks.list(filters=managed):
+        if (network.attrs.get("Labels") or {}).get(DEPLOYMENT_LABEL, "").startswith(PREFIX):
+            network.remove()
 
 
 @pytest.fixture(scope="session")

@@ -84,8 +84,12 @@ def prom(expr: str) -> list[dict[str, Any]]:
 
 
 def scraped(job: str) -> set[str]:
-    """The targets of a job whose last scrape succeeded."""
-    return {sample["metric"]["instance"] for sample in prom(f'up{{job="{job}"}} == 1')}
+    """The job's targets that service discovery finds now and whose last scrape succeeded (the
+    targets API, not `up`: series of a previous stack's targets stay queryable for 5 minutes)."""
+    answer = httpx.get(f"{PROMETHEUS}/api/v1/targets", params={"state": "active"}, timeout=10)
+    answer.raise_for_status()
+    targets = answer.json()["data"]["activeTargets"]
+    return {t["labels"]["instance"] for t in targets if t["labels"]["job"] == job and t["health"] == "up"}
 
 
 def worker_addresses() -> set[str]:
