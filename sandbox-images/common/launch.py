@@ -27,6 +27,14 @@ untraced; a program that stops itself without a tracer stays stopped until the w
 ends the run. The launcher's own faults never reach the program's streams: they are reported in
 the marker (status "L<n>"), and the worker ends the run as a service error.
 
+A preloaded interpreter: when the container's environment names one (EXECBOX_PRELOAD, a command,
+set by the worker for warm-pool containers only), the launcher starts it before the frame arrives,
+in the session the program would get, so that it can import its modules ahead of the run (see
+preload.py). Once the files are unpacked it is handed the program's argv and environment; if it
+takes the job it is the program (the launcher waits for it as for any program), otherwise it
+exits and the program is started fresh, as without it. It never sees the nonce: it is started
+before the frame is read, and the launcher reads the frame itself.
+
 Uses python3-minimal and ctypes (for ptrace), imports nothing after the program starts, and is
 started with -I -S (no user site, no current directory on sys.path).
 
@@ -50,6 +58,8 @@ LAUNCH_FAILED = 120
 FAULTS = {"unpack": 1, "exec": 2, "internal": 3}
 """Marker status "L<n>": the job's files could not be unpacked, the program could not be started,
 or the launcher failed otherwise."""
+PRELOAD_ENV = ("EXECBOX_PRELOAD", "EXECBOX_PRELOAD_MODULES")
+"""The container's settings for a preloaded interpreter; never part of the program's environment."""
 PTRACE_CONT = 7
 PR_SET_DUMPABLE = 4
 _NOT_INJECTED = (signal.SIGTRAP, signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
@@ -191,6 +201,59 @@ def _finish(nonce, marker, status):
     signal.sigwait({signal.SIGUSR1})
 
 
+def _start_preload(release):
+    """(pid, job pipe, answer pipe) of the preloaded interpreter the container asks for, or None."""
+    command = os.environ.get("EXECBOX_PRELOAD", "").split()
+    if not command:
+        return None
+    job_r, job_w = os.pipe()
+    answer_r, answer_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            os.dup2(job_r, 3)  # pipes are close-on-exec; these two copies are not
+            os.dup2(answer_w, 4)
+            os.set_inheritable(3, True)  # dup2 onto itself keeps the flag
+            os.set_inheritable(4, True)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, release)
+            os.chdir(WORKDIR)
+            env = {k: v for k, v in os.environ.items() if k != "EXECBOX_PRELOAD"}
+            os.execvpe(command[0], command, env)
+        except BaseException:
+            pass
+        os._exit(127)
+    os.close(job_r)
+    os.close(answer_w)
+    return pid, job_w, answer_r
+
+
+def _hand_over(preloaded, argv, env):
+    """Give the job to the preloaded interpreter: its pid when it took it, else None (it is gone)."""
+    pid, job_w, answer_r = preloaded
+    job = "\0".join([str(len(argv)), *argv, *("%s=%s" % item for item in env.items())]).encode("utf-8")
+    answer = b""
+    try:
+        while job:
+            job = job[os.write(job_w, job) :]
+        os.close(job_w)
+        answer = os.read(answer_r, 1)
+    except OSError:
+        pass  # it died (e.g. its imports did not fit the memory limit): start fresh
+    os.close(answer_r)
+    if answer == b"y":
+        return pid
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    while True:
+        done, status = os.waitpid(pid, 0)
+        if not os.WIFSTOPPED(status):
+            return None
+        _resume_tracee(done, status)
+
+
 def main():
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # before the nonce is read; a fork inherits it until exec
     argv = sys.argv[1:]
@@ -199,6 +262,7 @@ def main():
         return LAUNCH_FAILED
     release = {signal.SIGUSR1}
     signal.pthread_sigmask(signal.SIG_BLOCK, release)
+    preloaded = _start_preload(release)
     header = None
     try:
         header = _read_header()
@@ -211,6 +275,12 @@ def main():
         _finish(nonce, ("\n\x00execbox-done:%s:" % nonce).encode(), b"L%d" % FAULTS["unpack"])
         return LAUNCH_FAILED
     marker = ("\n\x00execbox-done:%s:" % nonce).encode()
+    for name in PRELOAD_ENV:
+        env.pop(name, None)
+    child = _hand_over(preloaded, argv, env) if preloaded else None
+    if child is not None:
+        os.close(0)
+        return _after(child, True, nonce, marker)
     exec_failed = os.pipe()
     child = os.fork()
     if child == 0:
@@ -228,6 +298,11 @@ def main():
     os.close(0)
     started = not os.read(exec_failed[0], 1)
     os.close(exec_failed[0])
+    return _after(child, started, nonce, marker)
+
+
+def _after(child, started, nonce, marker):
+    """Wait for the program, end what it left, report; the launcher's exit status."""
     status = _wait_for(child)
     if os.getpid() == 1:  # only as the sandbox's init: kill(-1) elsewhere would hit the whole host
         try:

@@ -99,9 +99,12 @@ def test_run_gets_its_own_limits_env_and_outcome_on_a_warm_container(
     assert body["stdout"].split() == [str(512 << 20), "50000", "hi"]
 
     pool = full_pool(docker_client, worker, 1, pool)
-    oom = run(side, "blob = b'x' * (300 * 1024 * 1024)\nprint(len(blob))", memory_mb=64)
+    oom = run(side, "blob = b'x' * (500 * 1024 * 1024)\nprint(len(blob))", memory_mb=320)
     assert oom["timing"]["warm_start"] is True
     assert oom["error"]["category"] == "limit.memory" and oom["resources"]["oom_killed"] is True, oom
+    # Below the class's memory a warm container would have to give up its preloaded modules: cold.
+    small = run(side, "print(3)", memory_mb=64)
+    assert small["timing"]["warm_start"] is False and small["stdout"] == "3\n"
 
     pool = full_pool(docker_client, worker, 1, pool)
     failing = run(side, "import sys\nprint('out')\nsys.exit(7)")
@@ -114,6 +117,36 @@ def test_run_gets_its_own_limits_env_and_outcome_on_a_warm_container(
 
     other_class = run(side, "print(2)", disk_mb=128)  # tmpfs sizes are fixed at creation: cold
     assert other_class["timing"]["warm_start"] is False and other_class["stdout"] == "2\n"
+
+
+PRELOADED = "import sys\nprint(all(m in sys.modules for m in ('numpy', 'pandas')), flush=True)\n"
+
+
+def test_a_warm_python_run_finds_its_modules_imported_and_keeps_every_limit(
+    pooled: Callable[..., tuple[Side, str]], docker_client: docker.DockerClient
+) -> None:
+    side, worker = pooled(size=1)
+    pool = full_pool(docker_client, worker, 1)
+    probe = PRELOADED + "import os\nprint(os.environ['GREETING'], os.getuid() >= 100000, os.getcwd())"
+    body = run(side, probe, env={"GREETING": "hi"})
+    assert body["timing"]["warm_start"] is True and body["stdout"] == "True\nhi True /workspace\n", body
+
+    # An environment that import-time behaviour depends on: a fresh interpreter, with that env.
+    pool = full_pool(docker_client, worker, 1, pool)
+    fresh = run(side, PRELOADED + "import os\nprint(os.environ['OMP_NUM_THREADS'])", env={"OMP_NUM_THREADS": "1"})
+    assert fresh["timing"]["warm_start"] is True and fresh["stdout"] == "False\n1\n", fresh
+
+    limited = {
+        "limit.memory": (PRELOADED + "blob = b'x' * (400 << 20)", {}),
+        "limit.timeout": (PRELOADED + "import time\ntime.sleep(30)", {"timeout_s": 1}),
+        "limit.pids": (PRELOADED + "import threading, time\nfor _ in range(200):\n"
+                       "    threading.Thread(target=time.sleep, args=(5,)).start()", {"timeout_s": 20}),
+    }  # fmt: skip
+    for category, (code, policy) in limited.items():
+        pool = full_pool(docker_client, worker, 1, pool)
+        ended = run(side, code, **policy)
+        assert ended["timing"]["warm_start"] is True and ended["stdout"].startswith("True\n"), ended
+        assert ended["error"]["category"] == category, ended
 
 
 def test_program_cannot_read_the_launchers_memory(pooled: Callable[..., tuple[Side, str]]) -> None:

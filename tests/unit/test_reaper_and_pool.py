@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 
@@ -116,6 +117,15 @@ def test_the_warm_pool_fills_hands_out_once_and_refills() -> None:
     other = RunSpec(**{**template().__dict__, "image": "execbox/bash:test"})
     assert pool.take(other) is None, "a spec of no class goes cold without counting a take"
     assert takes == [True, True, False]
+
+
+def test_a_preloaded_class_never_shrinks_below_its_memory() -> None:
+    plain = PoolClass("python", 1, template())
+    preloaded = PoolClass("python", 1, dataclasses.replace(template(), container_env=(("EXECBOX_PRELOAD", "py"),)))
+    smaller = dataclasses.replace(template(), limits=dataclasses.replace(LIMITS, memory_mb=128))
+    larger = dataclasses.replace(template(), limits=dataclasses.replace(LIMITS, memory_mb=512))
+    assert plain.fits(smaller) and plain.fits(larger)
+    assert not preloaded.fits(smaller) and preloaded.fits(larger) and preloaded.fits(template())
 
 
 def test_the_warm_pool_replaces_dead_and_stale_containers() -> None:

@@ -51,6 +51,15 @@ class _Errors(BaseModel):
         return pattern
 
 
+class _Preload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    command: list[str] = Field(min_length=1)
+    """The interpreter a warm container starts before its code arrives (the launcher's protocol)."""
+    modules: list[str] = []
+    """What it imports ahead of the run."""
+
+
 class _Metadata(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -68,6 +77,7 @@ class _Metadata(BaseModel):
     session: list[str] | None = None
     """The program a session's sandbox runs (a kernel kept across executions); None: no sessions."""
     errors: _Errors = _Errors()
+    preload: _Preload | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +108,15 @@ class Language:
     variant: str | None = None
     errors: ErrorRules = field(default_factory=lambda: ErrorRules("unknown"))
     versions: Versions | None = None
+    preload: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+    """(command, modules) of the interpreter warm containers start ahead of their run."""
+
+    def preload_env(self) -> tuple[tuple[str, str], ...]:
+        """A warm container's environment for its preloaded interpreter (none: no preload)."""
+        if self.preload is None:
+            return ()
+        command, modules = self.preload
+        return (*self.env, ("EXECBOX_PRELOAD", " ".join(command)), ("EXECBOX_PRELOAD_MODULES", ",".join(modules)))
 
     @property
     def base(self) -> str:
@@ -160,6 +179,7 @@ def _language(path: Path) -> Language:
             re.compile(errors.exception, re.M) if errors.exception else None,
         ),
         _versions(path.parent / "versions.json"),
+        (tuple(meta.preload.command), tuple(meta.preload.modules)) if meta.preload else None,
     )
 
 

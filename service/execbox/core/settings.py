@@ -80,6 +80,11 @@ class PoolSettings(BaseModel):
         "(every run creates its container). Each idle python container holds about 10 MiB.",
     )
     max_idle_s: float = Field(600.0, gt=0, description="A warm container that waited this long is replaced.")
+    preload: bool = Field(
+        True,
+        description="Warm containers of a language whose metadata has `preload` start its interpreter and "
+        'import its modules before any code arrives (docs/operations.md, "Warm pool").',
+    )
 
 
 class EgressSettings(BaseModel):

@@ -59,6 +59,8 @@ class PoolClass:
             and spec.command == self.template.command
             and (wanted.disk_mb, wanted.cpu_time_s, wanted.pids) == (held.disk_mb, held.cpu_time_s, held.pids)
             and (spec.runtime, spec.seccomp_deny) == (self.template.runtime, self.template.seccomp_deny)
+            # A preloaded interpreter already holds its modules' memory: never shrink it below that.
+            and (not self.template.container_env or wanted.memory_mb >= held.memory_mb)
         )
 
 

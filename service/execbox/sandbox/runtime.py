@@ -88,6 +88,9 @@ class RunSpec:
     """System calls denied on top of execbox's seccomp profile (a policy may only narrow it)."""
     on_output: Callable[[int, bytes], None] | None = None
     """Told each piece of output as it arrives (stream 1 or 2, bytes): live output for streaming."""
+    container_env: tuple[tuple[str, str], ...] = ()
+    """The container's own environment on top of the base one (the launcher's, and a preloaded
+    interpreter's: warm-pool templates only); a run's environment travels in its frame."""
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,8 @@ def build_pool(ctx: WorkerContext, runtime: DockerRuntime) -> WarmPool:
                            command=language.command, files=(), env=(), limits=limits,
                            language=language.name, deployment=ctx.settings.redis.key_prefix,
                            runtime=default.runtime or ctx.settings.docker.runtime or "runc",
-                           seccomp_deny=tuple(default.seccomp_deny))  # fmt: skip
+                           seccomp_deny=tuple(default.seccomp_deny),
+                           container_env=language.preload_env() if ctx.settings.pool.preload else ())  # fmt: skip
         classes.append(PoolClass(language.name, size, template))
     metrics = ctx.metrics
     return WarmPool(

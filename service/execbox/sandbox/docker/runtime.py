@@ -223,7 +223,7 @@ class DockerRuntime:
             command=[*launcher, *spec.command],
             user=f"{uid}:{uid}",
             working_dir=WORKDIR,
-            environment=BASE_ENV,
+            environment={**BASE_ENV, **dict(spec.container_env)},
             stdin_open=True,
             tty=False,
             hostname="sandbox",
