@@ -136,15 +136,15 @@ def test_a_warm_python_run_finds_its_modules_imported_and_keeps_every_limit(
     fresh = run(side, PRELOADED + "import os\nprint(os.environ['OMP_NUM_THREADS'])", env={"OMP_NUM_THREADS": "1"})
     assert fresh["timing"]["warm_start"] is True and fresh["stdout"] == "False\n1\n", fresh
 
-    limited = {
-        "limit.memory": (PRELOADED + "blob = b'x' * (400 << 20)", {}),
-        "limit.timeout": (PRELOADED + "import time\ntime.sleep(30)", {"timeout_s": 1}),
+    limited: dict[str, tuple[str, float]] = {
+        "limit.memory": (PRELOADED + "blob = b'x' * (400 << 20)", 10),
+        "limit.timeout": (PRELOADED + "import time\ntime.sleep(30)", 1),
         "limit.pids": (PRELOADED + "import threading, time\nfor _ in range(200):\n"
-                       "    threading.Thread(target=time.sleep, args=(5,)).start()", {"timeout_s": 20}),
+                       "    threading.Thread(target=time.sleep, args=(5,)).start()", 20),
     }  # fmt: skip
-    for category, (code, policy) in limited.items():
+    for category, (code, timeout_s) in limited.items():
         pool = full_pool(docker_client, worker, 1, pool)
-        ended = run(side, code, **policy)
+        ended = run(side, code, timeout_s=timeout_s)
         assert ended["timing"]["warm_start"] is True and ended["stdout"].startswith("True\n"), ended
         assert ended["error"]["category"] == category, ended
 

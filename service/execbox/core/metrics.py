@@ -120,16 +120,17 @@ class WorkerMetrics:
     artifact_bytes: Counter
     running: Gauge
     pool_takes: Counter
+    pool_refill: Histogram
     status_mismatches: Counter
     network_denials: Counter
     jobs_refused: Counter
 
-    def initialise(self, languages: Iterable[str], pooled: Iterable[str], failure_reasons: Iterable[str]) -> None:
+    def initialise(self, languages: Iterable[str], failure_reasons: Iterable[str]) -> None:
         """Export every labelled series the dashboard charts from the start, at zero: a counter that
         has not happened yet reads 0, not "no data" (a rate over a missing series is empty)."""
         for language in languages:
             self.oom_kills.labels(language)
-        for language in pooled:
+            self.pool_refill.labels(language)
             for result in ("hit", "miss"):
                 self.pool_takes.labels(language, result)
         for reason in failure_reasons:
@@ -160,6 +161,7 @@ def worker_metrics(registry: CollectorRegistry) -> WorkerMetrics:
         pool_takes=Counter("execbox_pool_takes_total", "Runs that fit a warm-pool class, by whether a warm "
                            "container was ready (hit) or the run started cold (miss)", ["language", "result"],
                            registry=registry),
+        pool_refill=seconds("execbox_pool_refill_seconds", "Creating and starting one warm-pool container"),
         status_mismatches=Counter("execbox_sandbox_status_mismatches_total", "Runs whose launcher-reported exit "
                                   "status or OOM flag the engine contradicted afterwards (expected: never)",
                                   registry=registry),

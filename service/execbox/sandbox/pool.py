@@ -79,6 +79,7 @@ class WarmPool:
         deployment: str,
         max_idle_s: float,
         on_take: Callable[[str, bool], None] = lambda language, hit: None,
+        on_refill: Callable[[str, float], None] = lambda language, seconds: None,
     ) -> None:
         self._engine = engine
         self._classes = [c for c in classes if c.size > 0]
@@ -86,6 +87,7 @@ class WarmPool:
         self._deployment = deployment
         self._max_idle_s = max_idle_s
         self._on_take = on_take
+        self._on_refill = on_refill
         self._idle: dict[str, deque[_Idle]] = {c.name: deque() for c in self._classes}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -165,7 +167,9 @@ class WarmPool:
     def _fill(self, stop: threading.Event) -> None:
         for pool_class in self._classes:
             while not stop.is_set() and self._waiting(pool_class.name) < pool_class.size:
+                began = time.monotonic()
                 container_id = self._engine.create_pooled(pool_class.template, pool_class.name)
+                self._on_refill(pool_class.name, time.monotonic() - began)
                 with self._lock:
                     self._idle[pool_class.name].append(_Idle(container_id, time.monotonic()))
 

@@ -81,9 +81,7 @@ class WorkerContext:
             backstop_s=PolicySet.load(settings.policies_dir).max_ceiling("timeout_s"),
         )
         runtime.on_status_mismatch = context.metrics.status_mismatches.inc
-        context.metrics.initialise(
-            (lang.name for lang in context.languages), settings.pool.sizes, SANDBOX_FAILURE_REASONS
-        )
+        context.metrics.initialise((lang.name for lang in context.languages), SANDBOX_FAILURE_REASONS)
         if settings.pool.sizes:
             context.pool = runtime.pool = build_pool(context, runtime)
         events.subscribe(store, context.metrics.outcomes)
@@ -121,6 +119,7 @@ def build_pool(ctx: WorkerContext, runtime: DockerRuntime) -> WarmPool:
         ctx.settings.redis.key_prefix,
         ctx.settings.pool.max_idle_s,
         on_take=lambda language, hit: metrics.pool_takes.labels(language, "hit" if hit else "miss").inc(),
+        on_refill=lambda language, seconds: metrics.pool_refill.labels(language).observe(seconds),
     )
 
 
