@@ -52,9 +52,17 @@ stack-test: images
 	@test -z "$$(docker ps -aq --filter label=execbox.deployment=execbox)" || { echo "stack-test: sandboxes left" >&2; exit 1; }
 	@test -z "$$(docker images -q --filter dangling=true --filter label=org.execbox.built)" || { echo "stack-test: dangling images left" >&2; exit 1; }
 
+# The short default (< 10 min on 2 cores); BENCH=full for the long series (about 40 min).
+BENCH ?= short
 bench: images
 	.venv/bin/pip install -q -e '.[bench]'
+ifeq ($(BENCH),full)
 	.venv/bin/python bench/compare.py
+	.venv/bin/python bench/closed_loop.py --runs 200
+else
+	.venv/bin/python bench/compare.py --runs 20 --seconds 15 --concurrency 1 8 --memory-runs 300
+	.venv/bin/python bench/closed_loop.py --runs 40
+endif
 
 # Everything execbox built and started: the stack, host services, its images, run state, wheels and
 # the conformance virtualenv (.venv, the development environment, stays).

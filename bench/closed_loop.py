@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import IMAGE, WORKLOADS, Service, redis_server, summary
+from compare import IMAGE, WORKLOADS, Service, redis_server, run_all, summary
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("queue_wait_ms", "sandbox_start_ms", "run_ms", "collect_ms")
@@ -70,13 +70,7 @@ def closed_loop(post: Callable[[httpx.Client, str], dict[str, Any]], make: Calla
                     else:
                         errors += 1
 
-    threads = [threading.Thread(target=client_loop) for _ in range(clients)]
-    begun = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - begun
+    wall = run_all([threading.Thread(target=client_loop) for _ in range(clients)])
     timings = [body["timing"] for _, body in rows]
     phases = {p: statistics.median(t.get(p) or 0.0 for t in timings) for p in PHASES} if timings else {}
     if timings:

@@ -242,6 +242,16 @@ def latency_phase(engine: Engine, service: Service, series: str, runs: int, resu
                 engine.settle(service)
 
 
+def run_all(threads: list[threading.Thread]) -> float:
+    """Start the threads, wait for all of them; the seconds that took."""
+    began = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.monotonic() - began
+
+
 def throughput(action: Callable[[], bool], clients: int, seconds: float, health: str | None) -> dict[str, Any]:
     latencies: list[float] = []
     health_ms: list[float] = []
@@ -270,12 +280,7 @@ def throughput(action: Callable[[], bool], clients: int, seconds: float, health:
     threads = [threading.Thread(target=client) for _ in range(clients)]
     if health:
         threads.append(threading.Thread(target=probe))
-    began = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.monotonic() - began
+    wall = run_all(threads)
     row: dict[str, Any] = {"clients": clients, "per_s": len(latencies) / wall, "errors": errors, **summary(latencies)}
     if health:
         row["healthz"] = summary(health_ms)

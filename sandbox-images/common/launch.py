@@ -229,17 +229,23 @@ def _start_preload(release):
 
 
 def _hand_over(preloaded, argv, env):
-    """Give the job to the preloaded interpreter: its pid when it took it, else None (it is gone)."""
+    """Give the job to the preloaded interpreter if it is ready (never wait for it): its pid when it
+    took the job, else None (it is gone, and the program starts fresh)."""
     pid, job_w, answer_r = preloaded
     job = "\0".join([str(len(argv)), *argv, *("%s=%s" % item for item in env.items())]).encode("utf-8")
-    answer = b""
     try:
-        while job:
+        os.set_blocking(answer_r, False)
+        ready = os.read(answer_r, 1) == b"r"  # BlockingIOError: still importing
+        os.set_blocking(answer_r, True)
+        while ready and job:
             job = job[os.write(job_w, job) :]
-        os.close(job_w)
-        answer = os.read(answer_r, 1)
     except OSError:
-        pass  # it died (e.g. its imports did not fit the memory limit): start fresh
+        ready = False  # not ready, or it died (e.g. its imports did not fit the memory limit)
+    os.close(job_w)
+    try:
+        answer = os.read(answer_r, 1) if ready else b""
+    except OSError:
+        answer = b""
     os.close(answer_r)
     if answer == b"y":
         return pid

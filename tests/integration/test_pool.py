@@ -122,17 +122,31 @@ def test_run_gets_its_own_limits_env_and_outcome_on_a_warm_container(
 PRELOADED = "import sys\nprint(all(m in sys.modules for m in ('numpy', 'pandas')), flush=True)\n"
 
 
+def preloaded(docker_client: docker.DockerClient, pool: set[str]) -> bool:
+    """Whether the pool's container has its preloaded interpreter ready (its imports done)."""
+    (cid,) = pool
+    container = docker_client.containers.get(cid)
+    uid = container.labels["execbox.uid"]
+    return container.exec_run(["test", "-e", "/tmp/.execbox-preloaded"], user=uid).exit_code == 0
+
+
+def ready_pool(docker_client: docker.DockerClient, worker: str, previous: set[str] | None = None) -> set[str]:
+    pool = full_pool(docker_client, worker, 1, previous)
+    wait_until(lambda: preloaded(docker_client, pool), 30, "the preloaded interpreter to be ready")
+    return pool
+
+
 def test_a_warm_python_run_finds_its_modules_imported_and_keeps_every_limit(
     pooled: Callable[..., tuple[Side, str]], docker_client: docker.DockerClient
 ) -> None:
     side, worker = pooled(size=1)
-    pool = full_pool(docker_client, worker, 1)
+    pool = ready_pool(docker_client, worker)
     probe = PRELOADED + "import os\nprint(os.environ['GREETING'], os.getuid() >= 100000, os.getcwd())"
     body = run(side, probe, env={"GREETING": "hi"})
     assert body["timing"]["warm_start"] is True and body["stdout"] == "True\nhi True /workspace\n", body
 
     # An environment that import-time behaviour depends on: a fresh interpreter, with that env.
-    pool = full_pool(docker_client, worker, 1, pool)
+    pool = ready_pool(docker_client, worker, pool)
     fresh = run(side, PRELOADED + "import os\nprint(os.environ['OMP_NUM_THREADS'])", env={"OMP_NUM_THREADS": "1"})
     assert fresh["timing"]["warm_start"] is True and fresh["stdout"] == "False\n1\n", fresh
 
@@ -143,7 +157,7 @@ def test_a_warm_python_run_finds_its_modules_imported_and_keeps_every_limit(
                        "    threading.Thread(target=time.sleep, args=(5,)).start()", 20),
     }  # fmt: skip
     for category, (code, timeout_s) in limited.items():
-        pool = full_pool(docker_client, worker, 1, pool)
+        pool = ready_pool(docker_client, worker, pool)
         ended = run(side, code, timeout_s=timeout_s)
         assert ended["timing"]["warm_start"] is True and ended["stdout"].startswith("True\n"), ended
         assert ended["error"]["category"] == category, ended

@@ -136,6 +136,7 @@ def test_the_workers_docker_socket_refuses_what_a_sandbox_must_not_be(
         "root user": (good, {"user": "0"}),
         "other image": (good, {"image": "execbox/service:latest"}),
         "another deployment": (good, {"labels": {"execbox.managed": "true", "execbox.deployment": "other"}}),
+        "CPU weight above the default": ({**good, "cpu_shares": 262144}, {}),
     }
     for name, (host, extra) in attempts.items():
         with pytest.raises(docker.errors.APIError) as refused:
@@ -164,5 +165,10 @@ def test_the_workers_docker_socket_refuses_what_a_sandbox_must_not_be(
     finally:
         other.remove(force=True)
     ok = worker.create_container(image, "true", user="200000", labels=labels,
-                                 host_config=worker.create_host_config(**good))  # fmt: skip
+                                 host_config=worker.create_host_config(**good, cpu_shares=2))  # fmt: skip
+    # A waiting warm container's weight may go back to the default, never above it.
+    worker.update_container(ok["Id"], cpu_shares=1024)
+    with pytest.raises(docker.errors.APIError) as refused:
+        worker.update_container(ok["Id"], cpu_shares=4096)
+    assert refused.value.status_code == 403
     worker.remove_container(ok["Id"], force=True)  # the hardened one is allowed, and ours to remove

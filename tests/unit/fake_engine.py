@@ -27,7 +27,7 @@ class FakeEngine:
     def create_pooled(self, spec: RunSpec, pool_class: str) -> str:
         return self.add(age_s=0.0, worker=spec.worker, pool=pool_class)
 
-    def resize(self, container_id: str, held: Limits, wanted: Limits) -> None:
+    def resize(self, container_id: str, held: Limits, wanted: Limits, full_weight: bool = False) -> None:
         self.resized.append((container_id, wanted))
 
     def remove(self, container_id: str) -> None:

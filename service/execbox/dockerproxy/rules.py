@@ -112,6 +112,7 @@ def check_create(body: dict[str, Any], deployment: str, network_is_ours: Any) ->
         raise Refused("a memory limit equal to memory+swap is required")
     if int(host.get("PidsLimit") or 0) <= 0:
         raise Refused("a pids limit is required")
+    _check_weight(host.get("CpuShares"))
     if host.get("PortBindings") or host.get("PublishAllPorts") or host.get("CgroupParent"):
         raise Refused("published ports and cgroup parents are refused")
     if host.get("Runtime") not in RUNTIMES:
@@ -121,12 +122,22 @@ def check_create(body: dict[str, Any], deployment: str, network_is_ours: Any) ->
         raise Refused(f"network {network!r} is not one of this deployment's")
 
 
+_DEFAULT_CPU_SHARES = 1024
+"""The engine's default CPU weight: a worker may lower a sandbox's (a waiting warm one), never raise it."""
+
+
+def _check_weight(shares: Any) -> None:
+    if shares and not 2 <= int(shares) <= _DEFAULT_CPU_SHARES:
+        raise Refused(f"a CPU weight outside 2..{_DEFAULT_CPU_SHARES} (the default) is refused")
+
+
 def check_update(body: dict[str, Any]) -> None:
-    allowed = {"Memory", "MemorySwap", "CpuPeriod", "CpuQuota"}
+    allowed = {"Memory", "MemorySwap", "CpuPeriod", "CpuQuota", "CpuShares"}
     if set(body) - allowed:
         raise Refused(f"only {', '.join(sorted(allowed))} may be updated")
     if "Memory" in body and int(body.get("MemorySwap") or 0) != int(body["Memory"]):
         raise Refused("memory must stay equal to memory+swap")
+    _check_weight(body.get("CpuShares"))
 
 
 def check_network_create(body: dict[str, Any], deployment: str) -> None:

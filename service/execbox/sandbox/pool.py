@@ -37,7 +37,7 @@ is stored, so that the client gets the result first (same reason as docker.CLEAN
 class PoolEngine(Protocol):
     def create_pooled(self, spec: RunSpec, pool_class: str) -> str: ...
 
-    def resize(self, container_id: str, held: Limits, wanted: Limits) -> None: ...
+    def resize(self, container_id: str, held: Limits, wanted: Limits, full_weight: bool = False) -> None: ...
 
     def remove(self, container_id: str) -> None: ...
 
@@ -105,7 +105,9 @@ class WarmPool:
         if taken is None:
             return None
         try:
-            self._engine.resize(taken.id, pool_class.template.limits, spec.limits)
+            # A preloading container waited with the lowest CPU weight; the run gets the default.
+            preloaded = bool(pool_class.template.container_env)
+            self._engine.resize(taken.id, pool_class.template.limits, spec.limits, full_weight=preloaded)
         except BaseException:
             self._engine.remove(taken.id)
             raise

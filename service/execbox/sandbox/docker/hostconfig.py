@@ -20,6 +20,9 @@ MASKED_PATHS = (
 
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
 CPU_PERIOD_US = 100_000
+IDLE_CPU_SHARES = 2
+DEFAULT_CPU_SHARES = 1024
+"""The engine's CPU weights: the lowest it accepts, and every container's default."""
 
 
 def host_config_kwargs(
@@ -68,6 +71,11 @@ def host_config_kwargs(
         # Names resolve at the proxy. The engine's resolver on an internal network answers nothing,
         # so a program's own lookups fail after 1 s instead of 10.
         kwargs["dns_opt"] = ["timeout:1", "attempts:1"]
+    if spec.container_env:
+        # A warm container whose preloaded interpreter imports while it waits: the lowest CPU weight
+        # until a run takes it (DockerRuntime.resize gives the default back), so that its imports
+        # only use CPU no run wants.
+        kwargs["cpu_shares"] = IDLE_CPU_SHARES
     runtime = engine_runtime(policy_runtime(spec, settings), settings, network is not None)
     if runtime:
         kwargs["runtime"] = runtime

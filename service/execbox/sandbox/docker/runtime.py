@@ -36,7 +36,14 @@ from execbox.core.settings import DockerSettings
 from execbox.sandbox.docker.capture import STDERR, STDOUT, Capture, close, feed
 from execbox.sandbox.docker.cleanup import CLEANUP_DELAY_S, Deferred
 from execbox.sandbox.docker.engine import docker_errors, listed_containers, listed_networks
-from execbox.sandbox.docker.hostconfig import BASE_ENV, CPU_PERIOD_US, MASKED_PATHS, host_config_kwargs, policy_runtime
+from execbox.sandbox.docker.hostconfig import (
+    BASE_ENV,
+    CPU_PERIOD_US,
+    DEFAULT_CPU_SHARES,
+    MASKED_PATHS,
+    host_config_kwargs,
+    policy_runtime,
+)
 from execbox.sandbox.docker.networks import EgressNetwork, EgressNetworks
 from execbox.sandbox.docker.session import DockerSession
 from execbox.sandbox.pool import WarmPool
@@ -244,9 +251,10 @@ class DockerRuntime:
                 raise
             return cid
 
-    def resize(self, container_id: str, held: Limits, wanted: Limits) -> None:
-        """Apply a run's memory and CPU limits to a pooled container made with the class's."""
-        if (held.memory_mb, held.cpu) == (wanted.memory_mb, wanted.cpu):
+    def resize(self, container_id: str, held: Limits, wanted: Limits, full_weight: bool = False) -> None:
+        """Apply a run's memory and CPU limits to a pooled container made with the class's, and
+        with `full_weight` the default CPU weight to one that waited with the lowest."""
+        if (held.memory_mb, held.cpu) == (wanted.memory_mb, wanted.cpu) and not full_weight:
             return
         with docker_errors():
             self.api.update_container(
@@ -255,6 +263,7 @@ class DockerRuntime:
                 memswap_limit=f"{wanted.memory_mb}m",
                 cpu_period=CPU_PERIOD_US,
                 cpu_quota=int(wanted.cpu * CPU_PERIOD_US),
+                cpu_shares=DEFAULT_CPU_SHARES if full_weight else None,
             )
 
     def run_in(self, spec: RunSpec, control: RunControl, cid: str, image_id: str, t0: float, warm: bool) -> RunOutcome:
