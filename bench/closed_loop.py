@@ -8,7 +8,9 @@ where the time went, from each run's own record (median of queue wait, sandbox s
 collect, and the rest: storing and answering). Host processes (the bench's own Redis, API and
 workers, like bench/compare.py) always; the compose stack too with --stack (after `make up`).
 
-Usage: python bench/closed_loop.py [--runs 60] [--clients 1 8] [--workers 2] [--pool 2] [--stack]
+Also one client that pauses --think seconds between calls, as an agent reading each answer does.
+
+Usage: python bench/closed_loop.py [--runs 60] [--clients 1 8] [--think 1] [--workers 2] [--pool 2] [--stack]
 """
 
 from __future__ import annotations
@@ -51,8 +53,8 @@ def native_in_image(code: str, runs: int) -> list[float]:
 
 
 def closed_loop(post: Callable[[httpx.Client, str], dict[str, Any]], make: Callable[[], httpx.Client], code: str,
-                expected: str, clients: int, runs: int) -> dict[str, Any]:  # fmt: skip
-    """`clients` threads, each sending `runs` requests back to back."""
+                expected: str, clients: int, runs: int, think_s: float = 0.0) -> dict[str, Any]:  # fmt: skip
+    """`clients` threads, each sending `runs` requests back to back (or `think_s` apart)."""
     rows: list[tuple[float, dict[str, Any]]] = []
     errors = 0
     lock = threading.Lock()
@@ -69,6 +71,7 @@ def closed_loop(post: Callable[[httpx.Client, str], dict[str, Any]], make: Calla
                         rows.append((elapsed, body))
                     else:
                         errors += 1
+                time.sleep(think_s)
 
     wall = run_all([threading.Thread(target=client_loop) for _ in range(clients)])
     timings = [body["timing"] for _, body in rows]
@@ -108,6 +111,10 @@ def series(label: str, url: str, headers: dict[str, str], args: argparse.Namespa
             row = closed_loop(post, make, code, expected, clients, args.runs)
             out.setdefault(workload, {})[f"{label}, {clients} client(s)"] = row
             show(f"{workload}: {label}, {clients} cl.", row)
+        if args.think:  # an agent that reads each answer before its next call
+            row = closed_loop(post, make, code, expected, 1, max(10, args.runs // 2), args.think)
+            out[workload][f"{label}, 1 client, {args.think:g} s apart"] = row
+            show(f"{workload}: {label}, {args.think:g} s apart", row)
 
 
 def main() -> int:
@@ -116,6 +123,7 @@ def main() -> int:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--pool", type=int, default=2, help="warm python containers per worker")
+    parser.add_argument("--think", type=float, default=1.0, help="also 1 client with this pause (0: not)")
     parser.add_argument("--stack", action="store_true", help="also through the compose stack on :8000")
     args = parser.parse_args()
     out: dict[str, Any] = {}

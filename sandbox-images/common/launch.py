@@ -249,15 +249,13 @@ def _hand_over(preloaded, argv, env):
     os.close(answer_r)
     if answer == b"y":
         return pid
+    # Not waited for here: tearing down its memory takes a while, and the program need not wait
+    # for that; the launcher's wait for the program reaps it.
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    while True:
-        done, status = os.waitpid(pid, 0)
-        if not os.WIFSTOPPED(status):
-            return None
-        _resume_tracee(done, status)
+    return None
 
 
 def main():

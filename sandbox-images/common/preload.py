@@ -14,7 +14,10 @@ launcher starts a fresh interpreter instead). While the container waits in the p
 gives it the lowest CPU weight, so that its imports never take the CPU from a run in progress.
 """
 
+import atexit
+import gc
 import importlib
+import io
 import os
 import sys
 
@@ -70,8 +73,45 @@ def main():
     sys.path[0] = os.path.dirname(RUNNER)
     import oneshot
 
-    return oneshot.main()
+    gc.freeze()  # the preloaded objects: never scanned again, not by the program's collections either
+    try:
+        code = oneshot.main()
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    _exit(code)
+
+
+def _exit_code(code):
+    """What the interpreter makes of sys.exit(code)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    sys.stderr.write("%s\n" % code)
+    return 1
+
+
+def _exit(code):
+    """End as the interpreter's own shutdown would for the program (its threads joined, its atexit
+    handlers run, its open files flushed), without tearing down the preloaded modules, which takes
+    ~80 ms for numpy and pandas and serves nobody: the container is removed after this run."""
+    if "threading" in sys.modules:
+        sys.modules["threading"]._shutdown()
+    atexit._run_exitfuncs()
+    buffered = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
+    for obj in gc.get_objects():  # only what the program made: the rest is frozen
+        if type(obj) in buffered and not obj.closed:
+            try:
+                obj.flush()
+            except Exception:
+                pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            code = code or 120
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

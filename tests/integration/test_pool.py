@@ -141,9 +141,20 @@ def test_a_warm_python_run_finds_its_modules_imported_and_keeps_every_limit(
 ) -> None:
     side, worker = pooled(size=1)
     pool = ready_pool(docker_client, worker)
-    probe = PRELOADED + "import os\nprint(os.environ['GREETING'], os.getuid() >= 100000, os.getcwd())"
+    probe = PRELOADED + (
+        "import atexit, os, threading, time\n"
+        "print(os.environ['GREETING'], os.getuid() >= 100000, os.getcwd())\n"
+        "kept = open('out/kept.txt', 'w')\nkept.write('unflushed')\n"  # never closed: flushed at exit
+        "threading.Thread(target=lambda: (time.sleep(0.3), print('thread'))).start()\n"
+        "atexit.register(print, 'atexit')\n"
+        "raise SystemExit(3)\n"
+    )
     body = run(side, probe, env={"GREETING": "hi"})
-    assert body["timing"]["warm_start"] is True and body["stdout"] == "True\nhi True /workspace\n", body
+    assert body["timing"]["warm_start"] is True and body["stdout"] == "True\nhi True /workspace\nthread\natexit\n"
+    assert body["exit_code"] == 3 and body["error"]["category"] == "code.exit_nonzero", body
+    with side.client() as client:
+        (artifact,) = body["artifacts"]
+        assert client.get(artifact["url"]).content == b"unflushed"
 
     # An environment that import-time behaviour depends on: a fresh interpreter, with that env.
     pool = ready_pool(docker_client, worker, pool)
