@@ -11,6 +11,7 @@ workers, like bench/compare.py) always; the compose stack too with --stack (afte
 Also one client that pauses --think seconds between calls, as an agent reading each answer does.
 
 Usage: python bench/closed_loop.py [--runs 60] [--clients 1 8] [--think 1] [--workers 2] [--pool 2] [--stack]
+       [--preload-off]
 """
 
 from __future__ import annotations
@@ -125,18 +126,21 @@ def main() -> int:
     parser.add_argument("--pool", type=int, default=2, help="warm python containers per worker")
     parser.add_argument("--think", type=float, default=1.0, help="also 1 client with this pause (0: not)")
     parser.add_argument("--stack", action="store_true", help="also through the compose stack on :8000")
+    parser.add_argument("--preload-off", action="store_true", help="also host processes without preloading")
     args = parser.parse_args()
     out: dict[str, Any] = {}
     for workload, (code, _) in WORKLOADS.items():
         floor = summary(native_in_image(code, args.runs))
         out.setdefault(workload, {})["native (python3 -c, in the image)"] = floor
         print(f"  {workload}: native python3 -c in the image: p50 {floor['p50_ms']:.1f}  p95 {floor['p95_ms']:.1f} ms")
+    variants = {"": {}, ", no preload": {"EXECBOX_POOL__PRELOAD": "false"}} if args.preload_off else {"": {}}
     with tempfile.TemporaryDirectory(prefix="execbox-loop-") as tmp, redis_server(Path(tmp)) as redis_url:
-        service = Service(args.workers, args.pool, Path(tmp), redis_url)
-        try:
-            series(f"host processes, pool {args.pool}/worker", service.url, {}, args, out)
-        finally:
-            service.stop()
+        for suffix, extra in variants.items():
+            service = Service(args.workers, args.pool, Path(tmp), redis_url, extra)
+            try:
+                series(f"host processes, pool {args.pool}/worker{suffix}", service.url, {}, args, out)
+            finally:
+                service.stop()
     if args.stack:
         key = (ROOT / ".run" / "api-key").read_text().strip()
         series("compose stack", "http://127.0.0.1:8000", {"Authorization": f"Bearer {key}"}, args, out)

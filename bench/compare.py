@@ -100,7 +100,9 @@ def rss_mib(pid: int) -> float:
 class Service:
     """A private execbox: Redis, one API, `workers` workers; pool size per worker for python."""
 
-    def __init__(self, workers: int, pool: int, logs: Path, redis_url: str) -> None:
+    def __init__(
+        self, workers: int, pool: int, logs: Path, redis_url: str, extra_env: dict[str, str] | None = None
+    ) -> None:
         self.prefix = f"bench{secrets.token_hex(3)}"
         policies = logs / f"policies-{self.prefix}"
         shutil.copytree(ROOT / "policies", policies)
@@ -119,6 +121,7 @@ class Service:
             "EXECBOX_ARTIFACTS_DIR": str(logs / f"artifacts-{self.prefix}"),
             "EXECBOX_POOL__SIZES": json.dumps({"python": pool} if pool else {}),
             "EXECBOX_LOG_LEVEL": "WARNING",
+            **(extra_env or {}),
         }
         self.pool_total = pool * workers
         self.procs: list[subprocess.Popen[bytes]] = []
