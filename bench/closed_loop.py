@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import IMAGE, WORKLOADS, Service, redis_server, run_all, summary
+from compare import IMAGE, WORKLOADS, Engine, Service, redis_server, run_all, summary
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("queue_wait_ms", "sandbox_start_ms", "run_ms", "collect_ms")
@@ -138,6 +138,12 @@ def main() -> int:
         for suffix, extra in variants.items():
             service = Service(args.workers, args.pool, Path(tmp), redis_url, extra)
             try:
+                engine = Engine()
+                engine.settle(service)
+                time.sleep(5)  # a preloading container finishes its imports (no signal reaches the host)
+                idle = engine.pool_container_mib(service.prefix)
+                print(f"  idle warm container{suffix or ', preloaded'}: {idle or float('nan'):.1f} MiB")
+                out[f"idle warm container MiB{suffix}"] = idle
                 series(f"host processes, pool {args.pool}/worker{suffix}", service.url, {}, args, out)
             finally:
                 service.stop()
@@ -145,7 +151,8 @@ def main() -> int:
         key = (ROOT / ".run" / "api-key").read_text().strip()
         series("compose stack", "http://127.0.0.1:8000", {"Authorization": f"Bearer {key}"}, args, out)
     print("\nratios (same run):")
-    for workload, rows in out.items():
+    for workload in WORKLOADS:
+        rows = out[workload]
         floor = rows["native (python3 -c, in the image)"]["p50_ms"]
         for name, row in rows.items():
             if "latency" in row:

@@ -77,7 +77,8 @@ class PoolSettings(BaseModel):
         default_factory=dict,
         description='Warm containers each worker keeps per language, e.g. {"python": 2}, made with the '
         "default policy's limits; runs whose disk, CPU time and pids match take one. Empty: no pool "
-        "(every run creates its container). Each idle python container holds about 10 MiB.",
+        "(every run creates its container). An idle python container holds about 57 MiB with its preloaded "
+        "modules, 5 MiB without.",
     )
     max_idle_s: float = Field(600.0, gt=0, description="A warm container that waited this long is replaced.")
     preload: bool = Field(
