@@ -193,12 +193,11 @@ class Languages:
                     raise LanguageConfigError(f"two sandbox-images folders are named {name!r}")
                 self._by_name[name] = lang
         # A variant answers to its language's aliases too: py@slim is python@slim.
+        defaults = {lang.name: lang for lang in self._all if lang.variant is None}
         for lang in self._all:
-            if lang.variant is None:
-                for alias in lang.aliases:
-                    for other in self._all:
-                        if other.base == lang.name and other.variant is not None:
-                            self._by_name.setdefault(f"{alias}{VARIANT_MARK}{other.variant}", other)
+            if lang.variant is not None and lang.base in defaults:
+                for alias in defaults[lang.base].aliases:
+                    self._by_name.setdefault(f"{alias}{VARIANT_MARK}{lang.variant}", lang)
 
     @classmethod
     def load(cls, directory: Path) -> Languages:

@@ -60,7 +60,7 @@ class PoolClass:
             and (wanted.disk_mb, wanted.cpu_time_s, wanted.pids) == (held.disk_mb, held.cpu_time_s, held.pids)
             and (spec.runtime, spec.seccomp_deny) == (self.template.runtime, self.template.seccomp_deny)
             # A preloaded interpreter already holds its modules' memory: never shrink it below that.
-            and (not self.template.container_env or wanted.memory_mb >= held.memory_mb)
+            and (not self.template.preloads or wanted.memory_mb >= held.memory_mb)
         )
 
 
@@ -106,8 +106,8 @@ class WarmPool:
             return None
         try:
             # A preloading container waited with the lowest CPU weight; the run gets the default.
-            preloaded = bool(pool_class.template.container_env)
-            self._engine.resize(taken.id, pool_class.template.limits, spec.limits, full_weight=preloaded)
+            template = pool_class.template
+            self._engine.resize(taken.id, template.limits, spec.limits, full_weight=template.preloads)
         except BaseException:
             self._engine.remove(taken.id)
             raise

@@ -92,6 +92,12 @@ class RunSpec:
     """The container's own environment on top of the base one (the launcher's, and a preloaded
     interpreter's: warm-pool templates only); a run's environment travels in its frame."""
 
+    @property
+    def preloads(self) -> bool:
+        """Whether containers made from this spec start a preloaded interpreter (only the templates
+        of preloading pool classes have a container environment)."""
+        return bool(self.container_env)
+
 
 @dataclass(frozen=True)
 class RunOutcome:

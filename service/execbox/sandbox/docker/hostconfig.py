@@ -71,7 +71,7 @@ def host_config_kwargs(
         # Names resolve at the proxy. The engine's resolver on an internal network answers nothing,
         # so a program's own lookups fail after 1 s instead of 10.
         kwargs["dns_opt"] = ["timeout:1", "attempts:1"]
-    if spec.container_env:
+    if spec.preloads:
         # A warm container whose preloaded interpreter imports while it waits: the lowest CPU weight
         # until a run takes it (DockerRuntime.resize gives the default back), so that its imports
         # only use CPU no run wants.
