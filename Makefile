@@ -42,14 +42,19 @@ test: images check
 	.venv/bin/pytest tests/unit tests/integration
 
 # Brings the compose stack up with three workers, runs tests/stack and langchain-tests' sandbox
-# suite (scripts/conformance) against it, takes it down.
+# suite (scripts/conformance) against it, takes it down. It replaces a running `make up` stack, on
+# data volumes of its own (EXECBOX_DATA), empty at the start and removed at the end: one run's
+# executions and files never fill the next run's Redis, and `make up`'s data stays.
+stack-test: export EXECBOX_DATA = execbox-test
 stack-test: images
+	scripts/stack down --data
 	scripts/stack up --scale worker=3
 	.venv/bin/pytest tests/stack -p no:cacheprovider; status=$$?; \
-	  scripts/conformance -q || status=1; scripts/stack down; exit $$status
+	  scripts/conformance -q || status=1; scripts/stack down --data; exit $$status
 	@test -z "$$(docker ps -aq --filter label=com.docker.compose.project=execbox)" || { echo "stack-test: containers left" >&2; exit 1; }
 	@test -z "$$(docker network ls -q --filter label=com.docker.compose.project=execbox)" || { echo "stack-test: network left" >&2; exit 1; }
 	@test -z "$$(docker ps -aq --filter label=execbox.deployment=execbox)" || { echo "stack-test: sandboxes left" >&2; exit 1; }
+	@test -z "$$(docker volume ls -q --filter label=execbox.deployment=execbox)" || { echo "stack-test: workspaces left" >&2; exit 1; }
 	@test -z "$$(docker images -q --filter dangling=true --filter label=org.execbox.built)" || { echo "stack-test: dangling images left" >&2; exit 1; }
 
 # The short default (< 10 min on 2 cores); BENCH=full for the long series (about 40 min).

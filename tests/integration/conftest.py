@@ -141,10 +141,13 @@ def no_sandbox_outlives_the_session(docker_client: docker.DockerClient, processe
     managed: dict[str, Any] = {"label": f"{MANAGED_LABEL}=true"}
     for container in docker_client.containers.list(all=True, filters=managed):
         if container.labels.get(DEPLOYMENT_LABEL, "").startswith(PREFIX):
-            container.remove(force=True)
+            container.remove(force=True, v=True)
     for network in docker_client.networks.list(filters=managed):
         if (network.attrs.get("Labels") or {}).get(DEPLOYMENT_LABEL, "").startswith(PREFIX):
             network.remove()
+    for volume in docker_client.volumes.list(filters=managed):
+        if (volume.attrs.get("Labels") or {}).get(DEPLOYMENT_LABEL, "").startswith(PREFIX):
+            volume.remove(force=True)
 
 
 @pytest.fixture(scope="session")

@@ -88,6 +88,8 @@ def test_sandbox_container_is_hardened(api: httpx.Client, docker_client: docker.
         assert workspace["Target"] == "/workspace" and workspace["Type"] == "volume" and not workspace.get("Source")
         assert workspace["VolumeOptions"]["DriverConfig"]["Options"]["type"] == "tmpfs"
         assert "size=64m" in workspace["VolumeOptions"]["DriverConfig"]["Options"]["o"]
+        (volume,) = [m["Name"] for m in attrs["Mounts"] if m["Destination"] == "/workspace"]
+        assert docker_client.api.inspect_volume(volume)["Labels"][MANAGED_LABEL] == "true"  # found if left behind
         assert not host["Binds"]
         assert host["LogConfig"]["Type"] == "none"
         limits = {u["Name"]: u["Hard"] for u in host["Ulimits"]}
@@ -96,6 +98,8 @@ def test_sandbox_container_is_hardened(api: httpx.Client, docker_client: docker.
     finally:
         api.post(f"/v1/executions/{body['id']}/cancel")
     assert api.get(f"/v1/executions/{body['id']}?wait=30").json()["status"] == "cancelled"
+    # The workspace goes with its container.
+    wait_until(lambda: not docker_client.volumes.list(filters={"name": volume}), 30, "the workspace volume removed")
 
 
 def test_trace_and_execution_ids_in_worker_json_logs(api: httpx.Client, stack: Stack) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 from docker.types import DriverConfig, Mount, Ulimit
 
 from execbox.core.settings import DockerSettings
-from execbox.sandbox.runtime import WORKDIR, RunSpec
+from execbox.sandbox.runtime import DEPLOYMENT_LABEL, MANAGED_LABEL, WORKDIR, RunSpec
 
 # Docker's own masked paths (20.10) and the ones its later releases and CIS guidance add: kernel
 # state a sandbox has no use for (interrupt counts leak other tenants' activity, powercap leaks
@@ -39,7 +39,10 @@ def host_config_kwargs(
     kwargs: dict[str, Any] = {
         "network_mode": network or "none",
         "read_only": True,
-        "mounts": [Mount(target=WORKDIR, source=None, type="volume", driver_config=workspace)],
+        # Labelled like the container, so a volume left by a container removed without its volumes
+        # (by hand, say) can be found and removed.
+        "mounts": [Mount(target=WORKDIR, source=None, type="volume", driver_config=workspace,
+                         labels={MANAGED_LABEL: "true", DEPLOYMENT_LABEL: spec.deployment})],  # fmt: skip
         "tmpfs": {"/tmp": f"size={lim.disk_mb}m,uid={uid},gid={uid},mode=1777,nosuid,nodev,noexec"},
         "shm_size": f"{min(lim.disk_mb, 64)}m",
         "mem_limit": f"{lim.memory_mb}m",
