@@ -25,17 +25,23 @@ print(memory, quota, os.environ['GREETING'])
 """
 
 
-def idle(docker_client: docker.DockerClient, worker: str) -> set[str]:
-    found = docker_client.api.containers(filters={"label": [f"{WORKER_LABEL}={worker}", f"{POOL_LABEL}=python"]})
-    return {c["Id"] for c in found}
+def idle(docker_client: docker.DockerClient, worker: str, pool_class: str = "python") -> set[str]:
+    labels = [f"{WORKER_LABEL}={worker}", f"{POOL_LABEL}={pool_class}"]
+    return {c["Id"] for c in docker_client.api.containers(filters={"label": labels})}
 
 
-def full_pool(docker_client: docker.DockerClient, worker: str, size: int, previous: set[str] | None = None) -> set[str]:
-    """Wait until the worker's pool holds `size` containers, other than `previous` (a taken one is
-    labelled like an idle one until its removal); their ids."""
+def full_pool(
+    docker_client: docker.DockerClient,
+    worker: str,
+    size: int,
+    previous: set[str] | None = None,
+    pool_class: str = "python",
+) -> set[str]:
+    """Wait until the worker's pool holds `size` containers of the class, other than `previous` (a
+    taken one is labelled like an idle one until its removal); their ids."""
 
     def ready() -> set[str] | None:
-        ids = idle(docker_client, worker)
+        ids = idle(docker_client, worker, pool_class)
         return ids if len(ids) == size and ids != previous else None
 
     found = wait_until(ready, 30, "the warm pool to fill")
@@ -53,10 +59,13 @@ def pooled(side_stack: Callable[..., Side]) -> Iterator[Callable[..., tuple[Side
     stopped (and so removes its pool) when the test ends."""
     workers: list[subprocess.Popen[bytes]] = []
 
-    def make(size: int = 2, **env: str) -> tuple[Side, str]:
+    def make(size: int = 2, classes: list[dict[str, Any]] | None = None, **env: str) -> tuple[Side, str]:
+        """`size` warm python containers of the default policy, or the given pool classes."""
         side = side_stack()
         name = f"{side.env['EXECBOX_QUEUE__NAME']}-pooled"
-        workers.append(side.worker("pooled", EXECBOX_POOL__SIZES=json.dumps({"python": size}), **env))
+        pool = {"EXECBOX_POOL__CLASSES": json.dumps(classes)} if classes else {
+            "EXECBOX_POOL__SIZES": json.dumps({"python": size})}  # fmt: skip
+        workers.append(side.worker("pooled", **pool, **env))
         return side, name
 
     yield make
@@ -232,3 +241,46 @@ def test_runs_leave_no_thread_behind(
         assert run(side, "print(1)")["stdout"] == "1\n"
     full_pool(docker_client, worker, 1, pool)
     wait_until(lambda: threads() <= before + 2, 10, "the runs' threads to end")  # a reader per run once leaked
+
+
+def test_named_policies_and_variants_have_warm_classes_of_their_own(
+    pooled: Callable[..., tuple[Side, str]], docker_client: docker.DockerClient
+) -> None:
+    side, worker = pooled(classes=[{"language": "python@slim", "min": 1, "max": 1},
+                                   {"language": "python", "policy": "large", "min": 1, "max": 1}])  # fmt: skip
+    full_pool(docker_client, worker, 1, pool_class="python@slim")
+    full_pool(docker_client, worker, 1, pool_class="python:large")
+    with side.client() as client:
+        slim = run_code(client, "import importlib.util as u; print(u.find_spec('pandas') is None)", "python@slim")
+        large = run_code(client, "print(2)", name="large")
+        default = run_code(client, "print(3)")
+    assert slim["timing"]["warm_start"] is True and slim["stdout"] == "True\n", slim  # the slim image's
+    assert large["timing"]["warm_start"] is True and large["stdout"] == "2\n", large
+    assert default["timing"]["warm_start"] is False, "no class holds the default policy's containers"
+
+
+def submit_burst(side: Side, n: int) -> list[dict[str, Any]]:
+    """n executions submitted at once (queued behind one another on the one worker), then their results."""
+    with side.client() as client:
+        ids = []
+        for i in range(n):
+            response = client.post("/v1/executions", json={"language": "python", "code": f"print({i})"})
+            assert response.status_code == 202, response.text
+            ids.append(response.json()["id"])
+        return [client.get(f"/v1/executions/{i}?wait=60").json() for i in ids]
+
+
+def test_the_pool_grows_for_a_burst_within_its_max_and_shrinks_when_arrivals_stop(
+    pooled: Callable[..., tuple[Side, str]], docker_client: docker.DockerClient
+) -> None:
+    side, worker = pooled(classes=[{"language": "python", "min": 1, "max": 3}], EXECBOX_POOL__WINDOW_S="15",
+                          EXECBOX_POOL__PRELOAD="false")  # fmt: skip
+    full_pool(docker_client, worker, 1)
+    first = submit_burst(side, 5)
+    assert [b["status"] for b in first] == ["succeeded"] * 5
+    assert [b["timing"]["warm_start"] for b in first] == [True, False, False, False, False], "one was warm"
+    full_pool(docker_client, worker, 3)  # five arrived at once: as many as the max wait now
+    second = submit_burst(side, 3)
+    assert [b["timing"]["warm_start"] for b in second] == [True, True, True], second
+    # Once the bursts leave the 15 s window the class falls back to its min.
+    wait_until(lambda: len(idle(docker_client, worker)) == 1, 60, "the pool to shrink to its min")

@@ -20,12 +20,14 @@ from execbox.executions.store import ExecutionStore
 from execbox.files.blobs import LocalArtifactStore
 from execbox.files.store import FileStore
 from execbox.fleet.registry import Heartbeat, WorkerRegistry
-from execbox.sandbox.pool import PoolClass, WarmPool
+from execbox.sandbox.pool import PoolClass, Sizing, WarmPool
+from execbox.sandbox.poolsize import Demand, within_budget
 from execbox.sandbox.runtime import Limits, RunSpec
 from execbox.sessions.store import SessionStore
 from execbox.tenancy.quotas import Slots
 from execbox.worker import reaper
 from execbox.worker.context import WorkerContext
+from tests.conftest import wait_until
 from tests.unit.fake_engine import FakeEngine
 
 pytestmark = pytest.mark.redis
@@ -100,7 +102,9 @@ def template(worker: str = "w1") -> RunSpec:
 def test_the_warm_pool_fills_hands_out_once_and_refills() -> None:
     engine = FakeEngine()
     takes: list[bool] = []
-    pool = WarmPool(engine, [PoolClass("python", 2, template())], "w1", "d", 300.0, lambda _, hit: takes.append(hit))
+    pool = WarmPool(
+        engine, [PoolClass("python", template(), 2, 2)], "w1", "d", 300.0, on_take=lambda _, hit: takes.append(hit)
+    )
     stop = threading.Event()
     pool.tick(stop)
     assert pool.idle() == {"python": 2}
@@ -120,8 +124,8 @@ def test_the_warm_pool_fills_hands_out_once_and_refills() -> None:
 
 
 def test_a_preloaded_class_never_shrinks_below_its_memory() -> None:
-    plain = PoolClass("python", 1, template())
-    preloaded = PoolClass("python", 1, dataclasses.replace(template(), container_env=(("EXECBOX_PRELOAD", "py"),)))
+    plain = PoolClass("python", template(), 1, 1)
+    preloaded = PoolClass("python", dataclasses.replace(template(), container_env=(("EXECBOX_PRELOAD", "py"),)), 1, 1)
     smaller = dataclasses.replace(template(), limits=dataclasses.replace(LIMITS, memory_mb=128))
     larger = dataclasses.replace(template(), limits=dataclasses.replace(LIMITS, memory_mb=512))
     assert plain.fits(smaller) and plain.fits(larger)
@@ -130,7 +134,7 @@ def test_a_preloaded_class_never_shrinks_below_its_memory() -> None:
 
 def test_the_warm_pool_replaces_dead_and_stale_containers() -> None:
     engine = FakeEngine()
-    pool = WarmPool(engine, [PoolClass("python", 2, template())], "w1", "d", max_idle_s=3600.0)
+    pool = WarmPool(engine, [PoolClass("python", template(), 2, 2)], "w1", "d", max_idle_s=3600.0)
     stop = threading.Event()
     pool.tick(stop)
     dead = next(iter(engine.containers))
@@ -140,7 +144,7 @@ def test_the_warm_pool_replaces_dead_and_stale_containers() -> None:
     handed = {pool.take(template()), pool.take(template())}
 
     assert None not in handed and dead not in handed, "a container that died while waiting is never handed out"
-    stale = WarmPool(engine, [PoolClass("python", 1, template("w2"))], "w2", "d", max_idle_s=0.0)
+    stale = WarmPool(engine, [PoolClass("python", template("w2"), 1, 1)], "w2", "d", max_idle_s=0.0)
     stale.tick(stop)
     (waited,) = [c for c, info in engine.containers.items() if info.worker == "w2"]
     stale.tick(stop)  # it waited longer than max_idle_s = 0: recycled, then replaced
@@ -153,10 +157,127 @@ def test_the_heartbeat_reports_the_warm_containers_waiting(
 ) -> None:
     engine = FakeEngine()
     ctx = context(settings, client, engine, tmp_path)
-    ctx.pool = WarmPool(engine, [PoolClass("python", 2, template(ctx.name))], ctx.name, "d", 300.0)
+    ctx.pool = WarmPool(engine, [PoolClass("python", template(ctx.name), 2, 2)], ctx.name, "d", 300.0)
     ctx.pool.tick(threading.Event())
 
     reaper.report_health(ctx)
 
     (beat,) = ctx.fleet.alive()
     assert (beat.name, beat.docker_ok, beat.warm, beat.runtimes) == (ctx.name, True, 2, ["runc"])
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_class_grows_with_a_burst_within_its_bounds_and_falls_back_when_quiet() -> None:
+    clock = Clock()
+    demand = Demand(window_s=60.0, clock=clock)
+    demand.refilled(0.3)  # the measured refill time replaces the first guess in steps
+    assert demand.target(1, 4) == 1, "a quiet class holds its floor"
+    for _ in range(3):  # three calls within one refill time
+        demand.took()
+        clock.now += 0.05
+    assert demand.target(1, 4) == 3
+    for _ in range(10):
+        demand.took()
+    assert demand.target(1, 4) == 4, "never above the ceiling"
+    clock.now += 61
+    assert demand.target(1, 4) == 1, "the burst left the window"
+    for _ in range(5):  # one call every two seconds is served by refills alone
+        demand.took()
+        clock.now += 2
+    assert demand.target(0, 4) == 1
+    clock.now += 61
+    for back in (4.0, 4.1, 4.2):  # a burst taken one by one behind a slow run: counted when it arrived
+        demand.took(arrived_at=clock.now - back)
+    assert demand.target(0, 4) == 3
+
+
+def test_a_pool_class_with_max_below_min_is_refused_naming_the_field() -> None:
+    with pytest.raises(ValueError, match=r"max \(1\) is below min \(2\)"):
+        Settings(pool={"classes": [{"language": "python", "min": 2, "max": 1}]})
+
+
+def test_a_budget_keeps_every_floor_and_shares_the_rest_round_robin() -> None:
+    assert within_budget([4, 4], [1, 1], [256, 256], 1024) == [2, 2]
+    assert within_budget([4, 1], [1, 1], [256, 256], 1024) == [3, 1]
+    assert within_budget([2, 2], [2, 2], [256, 256], 256) == [2, 2], "floors are kept above the budget"
+
+
+def test_the_pool_follows_its_arrivals_and_sheds_the_surplus() -> None:
+    engine, clock = FakeEngine(), Clock()
+    pool = WarmPool(engine, [PoolClass("python", template(), 1, 4)], "w1", "d", 300.0, Sizing(window_s=60.0),
+                    clock=clock)  # fmt: skip
+    stop = threading.Event()
+    pool.tick(stop)
+    assert pool.idle() == {"python": 1}
+    taken = [pool.take(template()) for _ in range(3)]  # a burst: one warm, two cold
+    assert taken[0] is not None and taken[1:] == [None, None]
+    pool.tick(stop)
+    assert pool.idle() == {"python": 3}, "the next burst of three finds three"
+    clock.now += 61
+    pool.tick(stop)
+    assert pool.idle() == {"python": 1} and len(engine.removed) == 2, "the surplus is removed once the burst is old"
+
+
+def test_a_budget_caps_what_the_arrivals_ask_for() -> None:
+    engine = FakeEngine()
+    pool = WarmPool(engine, [PoolClass("python", template(), 1, 8)], "w1", "d", 300.0, Sizing(budget_mb=3 * 256))
+    for _ in range(8):
+        pool.take(template())
+    pool.tick(threading.Event())
+    assert pool.idle() == {"python": 3} and pool.targets() == {"python": 3}
+
+
+def test_no_refill_starts_while_a_run_is_in_progress_unless_asked() -> None:
+    engine = FakeEngine()
+    pool = WarmPool(engine, [PoolClass("python", template(), 2, 2)], "w1", "d", 300.0)
+    pool.run_started()
+    pool.tick(threading.Event())
+    assert pool.idle() == {"python": 0}
+    pool.run_ended()
+    pool.tick(threading.Event())
+    assert pool.idle() == {"python": 2}
+    eager = WarmPool(engine, [PoolClass("python", template(), 2, 2)], "w1", "d", 300.0,
+                     Sizing(refill_during_runs=True))  # fmt: skip
+    eager.run_started()
+    eager.tick(threading.Event())
+    assert eager.idle() == {"python": 2}
+
+
+class BlockingEngine(FakeEngine):
+    """Creation blocks until released; counts how many creations are in flight at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.in_flight = 0
+        self.most = 0
+        self.lock = threading.Lock()
+
+    def create_pooled(self, spec: RunSpec, pool_class: str) -> str:
+        with self.lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+        self.release.wait(10)
+        with self.lock:
+            self.in_flight -= 1
+        return super().create_pooled(spec, pool_class)
+
+
+def test_refills_run_at_most_parallelism_at_once_and_a_take_never_waits_for_one() -> None:
+    engine = BlockingEngine()
+    pool = WarmPool(engine, [PoolClass("python", template(), 5, 5)], "w1", "d", 300.0, Sizing(parallelism=2))
+    stop = threading.Event()
+    filling = threading.Thread(target=pool.tick, args=(stop,))
+    filling.start()
+    wait_until(lambda: engine.in_flight == 2, 10, "two creations in flight", step_s=0.01)
+    assert pool.take(template()) is None, "an empty pool answers at once while refills are in flight"
+    engine.release.set()
+    filling.join(10)
+    assert pool.idle() == {"python": 5} and engine.most == 2

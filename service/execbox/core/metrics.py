@@ -121,6 +121,7 @@ class WorkerMetrics:
     running: Gauge
     pool_takes: Counter
     pool_refill: Histogram
+    pool_target: Gauge
     status_mismatches: Counter
     network_denials: Counter
     jobs_refused: Counter
@@ -128,15 +129,22 @@ class WorkerMetrics:
     def initialise(self, languages: Iterable[str], failure_reasons: Iterable[str]) -> None:
         """Export every labelled series the dashboard charts from the start, at zero: a counter that
         has not happened yet reads 0, not "no data" (a rate over a missing series is empty)."""
-        for language in languages:
+        names = list(languages)
+        for language in names:
             self.oom_kills.labels(language)
-            self.pool_refill.labels(language)
-            for result in ("hit", "miss"):
-                self.pool_takes.labels(language, result)
+        self.initialise_pool(names)  # a worker without a pool aims at none and takes none
         for reason in failure_reasons:
             self.sandbox_failures.labels(reason)
         for stream in ("stdout", "stderr"):
             self.output_bytes.labels(stream)
+
+    def initialise_pool(self, classes: Iterable[str]) -> None:
+        """The pool's series per class (its `language` label holds the class name), at zero."""
+        for name in classes:
+            self.pool_refill.labels(name)
+            self.pool_target.labels(name)
+            for result in ("hit", "miss"):
+                self.pool_takes.labels(name, result)
 
 
 def worker_metrics(registry: CollectorRegistry) -> WorkerMetrics:
@@ -158,10 +166,14 @@ def worker_metrics(registry: CollectorRegistry) -> WorkerMetrics:
         artifact_bytes=Counter("execbox_artifact_bytes_total", "Bytes of artifacts kept", registry=registry),
         running=Gauge("execbox_worker_busy", "Executions this worker process runs now (one-shot runs and "
                       "session calls)", registry=registry),
-        pool_takes=Counter("execbox_pool_takes_total", "Runs that fit a warm-pool class, by whether a warm "
-                           "container was ready (hit) or the run started cold (miss)", ["language", "result"],
+        pool_takes=Counter("execbox_pool_takes_total", "Runs that fit a warm-pool class (the `language` label: the "
+                           "class, e.g. python, python@slim, python:strict), by whether a warm container was ready "
+                           "(hit) or the run started cold (miss)", ["language", "result"],
                            registry=registry),
         pool_refill=seconds("execbox_pool_refill_seconds", "Creating and starting one warm-pool container"),
+        pool_target=Gauge("execbox_pool_target", "Warm containers this worker aims to keep per pool class (its recent "
+                          "arrivals within the class's min and max and the memory budget)", ["language"],
+                          registry=registry),
         status_mismatches=Counter("execbox_sandbox_status_mismatches_total", "Runs whose launcher-reported exit "
                                   "status or OOM flag the engine contradicted afterwards (expected: never)",
                                   registry=registry),

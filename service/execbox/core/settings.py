@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -72,13 +72,48 @@ class WorkerSettings(BaseModel):
     )
 
 
+class PoolClassSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    language: str = Field(description='A language or variant, e.g. "python" or "python@slim".')
+    policy: str = Field("default", description="The named policy whose limits the class's containers carry.")
+    min: int = Field(1, ge=0, description="Warm containers kept however quiet the class is.")
+    max: int = Field(4, ge=0, description="Warm containers kept however busy it is.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> PoolClassSettings:
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max}) is below min ({self.min}); make max at least min")
+        return self
+
+
 class PoolSettings(BaseModel):
+    classes: list[PoolClassSettings] = Field(
+        default_factory=list,
+        description='Warm-pool classes, e.g. [{"language": "python", "min": 1, "max": 4}, {"language": '
+        '"python@slim", "policy": "large", "min": 0, "max": 2}]: each worker keeps between min and max '
+        "started containers of that language with that policy's limits, as many as the class's arrivals "
+        "of the last `window_s` ask for (the most that came within one refill time). Runs whose image, disk, "
+        "CPU time and pids match a class take one. Empty (and no `sizes`): no pool.",
+    )
     sizes: dict[str, int] = Field(
         default_factory=dict,
-        description='Warm containers each worker keeps per language, e.g. {"python": 2}, made with the '
-        "default policy's limits; runs whose disk, CPU time and pids match take one. Empty: no pool "
-        "(every run creates its container). An idle python container holds about 57 MiB with its preloaded "
-        "modules, 5 MiB without.",
+        description='Shorthand for fixed-size classes of the default policy, e.g. {"python": 2} (min = max = 2). '
+        "An idle python container holds about 57 MiB with its preloaded modules, 5 MiB without.",
+    )
+    window_s: float = Field(60.0, gt=0, description="How far back a class's arrivals count toward its size.")
+    refill_parallelism: int = Field(2, ge=1, le=16, description="Warm containers a worker creates at once.")
+    refill_during_runs: bool = Field(
+        False,
+        description="Refill while one of the worker's runs is in progress; by default refills wait for the run "
+        "to end and its result to be stored, so that the engine's work never competes with a run.",
+    )
+    memory_budget_mb: int = Field(
+        2048,
+        ge=0,
+        description="Memory one worker's warm containers may hold, each counted at its class's memory limit (the "
+        "most it can hold once a run takes it); classes keep their min, and what is above it is granted while "
+        "the budget lasts. With N workers on a host, the host's share is N times this.",
     )
     max_idle_s: float = Field(600.0, gt=0, description="A warm container that waited this long is replaced.")
     preload: bool = Field(
@@ -86,6 +121,11 @@ class PoolSettings(BaseModel):
         description="Warm containers of a language whose metadata has `preload` start its interpreter and "
         'import its modules before any code arrives (docs/operations.md, "Warm pool").',
     )
+
+    def all_classes(self) -> list[PoolClassSettings]:
+        """`classes`, then `sizes` as fixed-size classes of the default policy."""
+        fixed = [PoolClassSettings(language=name, min=n, max=n) for name, n in self.sizes.items()]
+        return [*self.classes, *fixed]
 
 
 class EgressSettings(BaseModel):

@@ -1,13 +1,18 @@
 """The warm pool: containers created and started ahead of time, each used for one run only.
 
-A worker keeps, per pool class (a language with the limits that cannot change on a running
-container: image, command, disk, CPU time, pids; network always none), up to `size` containers
-that are already started with the full hardening and whose launcher waits for its frame on stdin.
-A run whose spec fits a class takes one (memory and CPU are then set to the run's own values) and
-the container is removed after that run like any other: never reused. A background thread refills
-what runs took (once the run's result is stored, so that the engine's work on a successor does
-not compete with the run for the CPU), recycles containers that waited longer than `max_idle_s`, and forgets containers
-that died. An empty pool is not an error: the run creates its container on the spot (cold).
+A worker keeps warm containers per pool class (a language or variant with a policy's limits that
+cannot change on a running container: image, command, disk, CPU time, pids; network always none),
+started with the full hardening, their launcher waiting for its frame on stdin. A run whose spec
+fits a class takes one (memory and CPU are then set to the run's own values) and the container is
+removed after that run like any other: never reused. How many a class holds follows its recent
+arrivals within the operator's floor and ceiling and the worker's memory budget (see poolsize).
+
+A background thread refills: after a run's result is stored (so that the engine's work on a
+successor does not compete with the run for the CPU), never while a run of this worker is in
+progress unless `refill_during_runs`, with at most `parallelism` creations at once. It also
+recycles containers that waited longer than `max_idle_s`, removes those above a fallen target, and
+forgets containers that died. An empty pool is not an error and never a wait: take() answers at
+once and the run creates its own container (cold) rather than wait for a refill in flight.
 
 Pools are per worker process: a worker takes only containers it made, so a take is a pop under a
 lock and two workers on one engine can never get the same container. Pool containers carry the
@@ -22,10 +27,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
 from execbox.core.errors import ServiceError
+from execbox.sandbox.poolsize import Demand, within_budget
 from execbox.sandbox.runtime import ContainerInfo, Limits, RunSpec
 
 log = logging.getLogger(__name__)
@@ -47,10 +54,13 @@ class PoolEngine(Protocol):
 @dataclass(frozen=True)
 class PoolClass:
     name: str
-    """The language; also the value of the containers' pool label."""
-    size: int
+    """The language (with `@variant` and `:policy` when not the default); the containers' pool label."""
     template: RunSpec
     """What a pooled container is made from: image, command, the class's limits, labels."""
+    floor: int
+    """Warm containers kept however quiet the class is."""
+    ceiling: int
+    """Warm containers kept however busy it is."""
 
     def fits(self, spec: RunSpec) -> bool:
         held, wanted = self.template.limits, spec.limits
@@ -70,6 +80,20 @@ class _Idle:
     made_at: float
 
 
+@dataclass(frozen=True)
+class Sizing:
+    """The operator's bounds on a worker's pool, besides each class's floor and ceiling."""
+
+    window_s: float = 60.0
+    """How far back arrivals count toward a class's target."""
+    parallelism: int = 2
+    """Containers created at once by the refill."""
+    budget_mb: int = 1 << 20
+    """Memory all of the worker's warm containers may hold, each counted at its class's limit."""
+    refill_during_runs: bool = False
+    """Refill while a run of this worker is in progress (otherwise between runs only)."""
+
+
 class WarmPool:
     def __init__(
         self,
@@ -78,27 +102,37 @@ class WarmPool:
         worker: str,
         deployment: str,
         max_idle_s: float,
-        on_take: Callable[[str, bool], None] = lambda language, hit: None,
-        on_refill: Callable[[str, float], None] = lambda language, seconds: None,
+        sizing: Sizing = Sizing(),
+        on_take: Callable[[str, bool], None] = lambda name, hit: None,
+        on_refill: Callable[[str, float], None] = lambda name, seconds: None,
+        on_target: Callable[[str, int], None] = lambda name, target: None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._engine = engine
-        self._classes = [c for c in classes if c.size > 0]
+        self._classes = [c for c in classes if c.ceiling > 0]
         self._worker = worker
         self._deployment = deployment
         self._max_idle_s = max_idle_s
+        self._sizing = sizing
         self._on_take = on_take
         self._on_refill = on_refill
+        self._on_target = on_target
+        self._clock = clock
         self._idle: dict[str, deque[_Idle]] = {c.name: deque() for c in self._classes}
+        self._demand = {c.name: Demand(sizing.window_s, clock) for c in self._classes}
+        self._running = 0
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._creators = ThreadPoolExecutor(max(1, sizing.parallelism), thread_name_prefix="warm-pool-create")
 
     def take(self, spec: RunSpec) -> str | None:
-        """A started container for spec, sized to its limits, or None (the caller goes cold)."""
+        """A started container for spec, sized to its limits, or None at once (the caller goes cold)."""
         pool_class = next((c for c in self._classes if c.fits(spec)), None)
         if pool_class is None:
             return None
         with self._lock:
+            self._demand[pool_class.name].took(spec.submitted_at or None)
             idle = self._idle[pool_class.name]
             taken = idle.popleft() if idle else None
         self._on_take(pool_class.name, taken is not None)
@@ -113,6 +147,15 @@ class WarmPool:
             raise
         return taken.id
 
+    def run_started(self) -> None:
+        """A run of this worker began (pooled or not): no new refill starts until it ends."""
+        with self._lock:
+            self._running += 1
+
+    def run_ended(self) -> None:
+        with self._lock:
+            self._running -= 1
+
     def refill(self) -> None:
         """Wake the refill loop shortly (the worker calls it once a run's result is stored)."""
         timer = threading.Timer(REFILL_DELAY_S, self._wake.set)
@@ -120,7 +163,7 @@ class WarmPool:
         timer.start()
 
     def run(self, stop: threading.Event) -> None:
-        """The refill loop: fill after every take; look for dead or stale containers every few seconds."""
+        """The refill loop: fill after every take; look for dead, stale or surplus containers every few seconds."""
         check_s = min(5.0, self._max_idle_s / 2)
         next_check = 0.0
         delay = 0.0
@@ -139,16 +182,30 @@ class WarmPool:
 
     def tick(self, stop: threading.Event, check: bool = True) -> None:
         """One round of the refill loop: with `check`, forget containers that died and remove those
-        that waited longer than max_idle_s; then fill every class up to its size."""
+        that waited longer than max_idle_s or stand above their class's target; then fill every
+        class up to its target."""
         if check:
             self._forget_dead()
             self._recycle_stale()
+            self._shed_surplus()
         self._fill(stop)
 
     def idle(self) -> dict[str, int]:
         """Containers waiting, per class."""
         with self._lock:
             return {name: len(idle) for name, idle in self._idle.items()}
+
+    def targets(self) -> dict[str, int]:
+        """What each class should hold now: its recent arrivals within its bounds and the budget."""
+        with self._lock:
+            wanted = [self._demand[c.name].target(c.floor, c.ceiling) for c in self._classes]
+        floors = [min(c.floor, c.ceiling) for c in self._classes]
+        memory = [c.template.limits.memory_mb for c in self._classes]
+        granted = within_budget(wanted, floors, memory, self._sizing.budget_mb)
+        targets = {c.name: n for c, n in zip(self._classes, granted, strict=True)}
+        for name, n in targets.items():
+            self._on_target(name, n)
+        return targets
 
     def start(self, stop: threading.Event) -> None:
         self._thread = threading.Thread(target=self.run, args=(stop,), name="warm-pool", daemon=True)
@@ -159,6 +216,7 @@ class WarmPool:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)  # a container being created is in the pool before we empty it
+        self._creators.shutdown(wait=True)
         with self._lock:
             taken = [item for idle in self._idle.values() for item in idle]
             for idle in self._idle.values():
@@ -167,20 +225,46 @@ class WarmPool:
             self._engine.remove(item.id)
 
     def _fill(self, stop: threading.Event) -> None:
-        for pool_class in self._classes:
-            while not stop.is_set() and self._waiting(pool_class.name) < pool_class.size:
-                began = time.monotonic()
-                container_id = self._engine.create_pooled(pool_class.template, pool_class.name)
-                self._on_refill(pool_class.name, time.monotonic() - began)
-                with self._lock:
-                    self._idle[pool_class.name].append(_Idle(container_id, time.monotonic()))
+        """Create what the targets ask for, `parallelism` at a time, between runs."""
+        while not stop.is_set():
+            with self._lock:
+                if self._running and not self._sizing.refill_during_runs:
+                    return  # refill() after the run's result wakes the loop again
+            targets = self.targets()
+            idle = self.idle()
+            batch: list[PoolClass] = []
+            for pool_class in self._classes:
+                missing = targets[pool_class.name] - idle[pool_class.name]
+                batch.extend([pool_class] * max(0, missing))
+            if not batch:
+                return
+            made = [self._creators.submit(self._create, c) for c in batch[: self._sizing.parallelism]]
+            for failure in [f.exception() for f in made]:
+                if failure is not None:
+                    raise failure  # after the batch: what the others made is in the pool
 
-    def _waiting(self, name: str) -> int:
+    def _create(self, pool_class: PoolClass) -> None:
+        began = time.monotonic()
+        container_id = self._engine.create_pooled(pool_class.template, pool_class.name)
+        seconds = time.monotonic() - began
+        self._on_refill(pool_class.name, seconds)
         with self._lock:
-            return len(self._idle[name])
+            self._demand[pool_class.name].refilled(seconds)
+            self._idle[pool_class.name].append(_Idle(container_id, self._clock()))
+
+    def _shed_surplus(self) -> None:
+        """Remove the oldest containers above a class's target (its arrivals fell off)."""
+        targets = self.targets()
+        surplus: list[_Idle] = []
+        with self._lock:
+            for name, idle in self._idle.items():
+                while len(idle) > targets[name]:
+                    surplus.append(idle.popleft())
+        for item in surplus:
+            self._engine.remove(item.id)
 
     def _recycle_stale(self) -> None:
-        cutoff = time.monotonic() - self._max_idle_s
+        cutoff = self._clock() - self._max_idle_s
         stale: list[_Idle] = []
         with self._lock:
             for idle in self._idle.values():

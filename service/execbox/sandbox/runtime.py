@@ -91,6 +91,9 @@ class RunSpec:
     container_env: tuple[tuple[str, str], ...] = ()
     """The container's own environment on top of the base one (the launcher's, and a preloaded
     interpreter's: warm-pool templates only); a run's environment travels in its frame."""
+    submitted_at: float = 0.0
+    """When the execution was accepted (Unix time): the warm pool sizes itself by arrivals, which
+    a busy worker's takes would spread out."""
 
     @property
     def preloads(self) -> bool:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 
 from execbox.catalog.languages import Languages
-from execbox.catalog.policies import PolicySet
+from execbox.catalog.policies import DEFAULT_POLICY, PolicySet
 from execbox.catalog.schemas import AppliedPolicy, PolicyRequest
 from execbox.core.errors import SANDBOX_FAILURE_REASONS, ServiceError
 from execbox.core.keys import Keys
@@ -26,7 +26,7 @@ from execbox.files.blobs import ArtifactStore, LocalArtifactStore
 from execbox.files.store import FileStore
 from execbox.fleet.registry import WorkerRegistry
 from execbox.sandbox.docker import DockerRuntime
-from execbox.sandbox.pool import PoolClass, WarmPool
+from execbox.sandbox.pool import PoolClass, Sizing, WarmPool
 from execbox.sandbox.runtime import Limits, RunSpec, Runtime
 from execbox.sandbox.uids import redis_uids
 from execbox.sessions.store import SessionStore
@@ -82,7 +82,7 @@ class WorkerContext:
         )
         runtime.on_status_mismatch = context.metrics.status_mismatches.inc
         context.metrics.initialise((lang.name for lang in context.languages), SANDBOX_FAILURE_REASONS)
-        if settings.pool.sizes:
+        if settings.pool.all_classes():
             context.pool = runtime.pool = build_pool(context, runtime)
         events.subscribe(store, context.metrics.outcomes)
         return context
@@ -95,31 +95,38 @@ def run_limits(policy: AppliedPolicy) -> Limits:
 
 
 def build_pool(ctx: WorkerContext, runtime: DockerRuntime) -> WarmPool:
-    """One pool class per configured language, with the default policy's limits."""
-    default = PolicySet.load(ctx.settings.policies_dir).resolve(PolicyRequest(), 0)
-    limits = run_limits(default)
+    """One pool class per configured language (or variant) and policy, with that policy's limits."""
+    settings = ctx.settings.pool
+    policies = PolicySet.load(ctx.settings.policies_dir)
     classes = []
-    for name, size in ctx.settings.pool.sizes.items():
+    for i, wanted in enumerate(settings.all_classes()):
         try:
-            language = ctx.languages.get(name)
+            language = ctx.languages.get(wanted.language)
+            policy = policies.resolve(PolicyRequest(name=wanted.policy), 0)
         except ServiceError as exc:
-            raise ValueError(f"EXECBOX_POOL__SIZES: {exc.message}") from exc
+            raise ValueError(f"EXECBOX_POOL__CLASSES.{i}: {exc.message}") from exc
         template = RunSpec(execution_id="", trace_id="", worker=ctx.name, image=language.image,
-                           command=language.command, files=(), env=(), limits=limits,
+                           command=language.command, files=(), env=(), limits=run_limits(policy),
                            language=language.name, deployment=ctx.settings.redis.key_prefix,
-                           runtime=default.runtime or ctx.settings.docker.runtime or "runc",
-                           seccomp_deny=tuple(default.seccomp_deny),
-                           container_env=language.preload_env() if ctx.settings.pool.preload else ())  # fmt: skip
-        classes.append(PoolClass(language.name, size, template))
+                           runtime=policy.runtime or ctx.settings.docker.runtime or "runc",
+                           seccomp_deny=tuple(policy.seccomp_deny),
+                           container_env=language.preload_env() if settings.preload else ())  # fmt: skip
+        name = language.name if wanted.policy == DEFAULT_POLICY else f"{language.name}:{wanted.policy}"
+        classes.append(PoolClass(name, template, wanted.min, wanted.max))
     metrics = ctx.metrics
+    metrics.initialise_pool([c.name for c in classes])
+    sizing = Sizing(settings.window_s, settings.refill_parallelism, settings.memory_budget_mb,
+                    settings.refill_during_runs)  # fmt: skip
     return WarmPool(
         runtime,
         classes,
         ctx.name,
         ctx.settings.redis.key_prefix,
-        ctx.settings.pool.max_idle_s,
-        on_take=lambda language, hit: metrics.pool_takes.labels(language, "hit" if hit else "miss").inc(),
-        on_refill=lambda language, seconds: metrics.pool_refill.labels(language).observe(seconds),
+        settings.max_idle_s,
+        sizing,
+        on_take=lambda name, hit: metrics.pool_takes.labels(name, "hit" if hit else "miss").inc(),
+        on_refill=lambda name, seconds: metrics.pool_refill.labels(name).observe(seconds),
+        on_target=lambda name, target: metrics.pool_target.labels(name).set(target),
     )
 
 

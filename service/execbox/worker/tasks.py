@@ -107,6 +107,8 @@ def run_and_finish(
         metrics.sandbox_starts.inc()  # a session call starts none
     registered: list[str] = []  # the proxy addresses this run's egress rule is stored under
     live = LiveOutput(ctx.store.redis, ctx.store.keys, record.id, limits.output_bytes, ctx.settings.retention_s)
+    if ctx.pool is not None:
+        ctx.pool.run_started()  # no refill starts while the run is in progress
     try:
         spec = dataclasses.replace(_spec(ctx, record, limits, collector, registered), on_output=live.write)
         outcome = ctx.runtime.run(spec, control) if session is None else session.run_cell(spec, record.code, control)
@@ -130,6 +132,8 @@ def run_and_finish(
         ctx.store.signal(record.id, "stop")  # wakes the watcher out of its blocking wait
         watcher.join(timeout=5)
         metrics.running.dec()
+        if ctx.pool is not None:
+            ctx.pool.run_ended()
     _observe_run(ctx, record.language, outcome, failure, collector)
     _trace_run(ctx, record, outcome, parent)
     denials = ctx.egress.denials(record.id) if isinstance(record.policy.network, NetworkAllowlist) else []
@@ -239,6 +243,7 @@ def _spec(
         egress=egress,
         runtime=record.policy.runtime,
         seccomp_deny=tuple(record.policy.seccomp_deny),
+        submitted_at=record.created_at,
     )
 
 

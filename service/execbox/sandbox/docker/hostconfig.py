@@ -41,8 +41,15 @@ def host_config_kwargs(
         "read_only": True,
         # Labelled like the container, so a volume left by a container removed without its volumes
         # (by hand, say) can be found and removed.
-        "mounts": [Mount(target=WORKDIR, source=None, type="volume", driver_config=workspace,
-                         labels={MANAGED_LABEL: "true", DEPLOYMENT_LABEL: spec.deployment})],  # fmt: skip
+        "mounts": [
+            Mount(
+                target=WORKDIR,
+                source=None,
+                type="volume",
+                driver_config=workspace,
+                labels={MANAGED_LABEL: "true", DEPLOYMENT_LABEL: spec.deployment},
+            )
+        ],  # fmt: skip
         "tmpfs": {"/tmp": f"size={lim.disk_mb}m,uid={uid},gid={uid},mode=1777,nosuid,nodev,noexec"},
         "shm_size": f"{min(lim.disk_mb, 64)}m",
         "mem_limit": f"{lim.memory_mb}m",
