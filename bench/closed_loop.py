@@ -1,22 +1,26 @@
-"""What an agent sees: warm runs in a closed loop (each client sends its next request as soon as the
+"""What an agent sees: runs in a closed loop (each client sends its next request as soon as the
 previous one answers; nobody lets the engine settle), with 1 and 8 clients, against the native
-floor, in one run. A benchmark: it prints figures and asserts nothing.
+floor and `docker run`, in one run. A benchmark: it prints figures and asserts nothing.
 
-Per series and workload: p50/p95/p99 as the client measures it, the fraction of runs that found
-the pool empty and started cold, the fraction that ran in a preloaded interpreter (python), and
-where the time went, from each run's own record (median of queue wait, sandbox start or take, run,
-collect, and the rest: storing and answering). Host processes (the bench's own Redis, API and
-workers, like bench/compare.py) always; the compose stack too with --stack (after `make up`).
+Series: native `python3 -c` inside the image (the floor); `docker run --rm` of the image with the
+sandbox's hardening, back to back; execbox with the pool the stack ships (python, 1 to 4 per
+worker, sized by arrivals), and with no pool (every run cold); with --orderings also a pool that
+refills during runs and a fixed pool of --pool; with --preload-off the shipped pool without
+preloading; with --stack the compose stack on :8000 (after `make up`). Per series and workload:
+p50/p95/p99 as the client measures it, the fraction of runs that found the pool empty and started
+cold, runs/s, errors, and where the time went, from each run's own record (median of queue wait,
+sandbox start or take, run, collect, and the rest: storing and answering). One client that pauses
+--think seconds between calls, as an agent reading each answer does, for the shipped pool. With 8
+clients each sends a quarter of --runs. Writes bench/results/closed_loop.json and .png.
 
-Also one client that pauses --think seconds between calls, as an agent reading each answer does.
-
-Usage: python bench/closed_loop.py [--runs 60] [--clients 1 8] [--think 1] [--workers 2] [--pool 2] [--stack]
-       [--preload-off]
+Usage: python bench/closed_loop.py [--runs 60] [--clients 1 8] [--think 1] [--workers 2] [--pool 2]
+       [--orderings] [--preload-off] [--stack]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -30,10 +34,11 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import IMAGE, WORKLOADS, Engine, Service, redis_server, run_all, summary
+from compare import IMAGE, WORKLOADS, Engine, Service, docker_run, redis_server, run_all, summary, timed
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("queue_wait_ms", "sandbox_start_ms", "run_ms", "collect_ms")
+SHIPPED = json.dumps([{"language": "python", "min": 1, "max": 4}])  # docker-compose.yml's
 
 
 def native_in_image(code: str, runs: int) -> list[float]:
@@ -96,7 +101,12 @@ def show(name: str, row: dict[str, Any]) -> None:
           f"{row['per_s']:5.1f}/s  errors {row['errors']}  | median ms: {phases}", flush=True)  # fmt: skip
 
 
-def series(label: str, url: str, headers: dict[str, str], args: argparse.Namespace, out: dict[str, Any]) -> None:
+def per_client(runs: int, clients: int) -> int:
+    return runs if clients == 1 else max(5, runs // 4)
+
+
+def series(label: str, url: str, headers: dict[str, str], args: argparse.Namespace, out: dict[str, Any],
+           think: bool = True) -> None:  # fmt: skip
     def make() -> httpx.Client:
         return httpx.Client(base_url=url, timeout=120, headers=headers)
 
@@ -109,42 +119,91 @@ def series(label: str, url: str, headers: dict[str, str], args: argparse.Namespa
             for _ in range(3):
                 post(client, code)  # warm-up: connections, page cache
         for clients in args.clients:
-            row = closed_loop(post, make, code, expected, clients, args.runs)
+            row = closed_loop(post, make, code, expected, clients, per_client(args.runs, clients))
             out.setdefault(workload, {})[f"{label}, {clients} client(s)"] = row
             show(f"{workload}: {label}, {clients} cl.", row)
-        if args.think:  # an agent that reads each answer before its next call
+        if think and args.think:  # an agent that reads each answer before its next call
             row = closed_loop(post, make, code, expected, 1, max(10, args.runs // 2), args.think)
             out[workload][f"{label}, 1 client, {args.think:g} s apart"] = row
             show(f"{workload}: {label}, {args.think:g} s apart", row)
 
 
+def docker_series(args: argparse.Namespace, out: dict[str, Any]) -> None:
+    """`docker run --rm` back to back, one client: what a hand-rolled sandbox costs per call."""
+    for workload, (code, expected) in WORKLOADS.items():
+        action = docker_run(code, expected)
+        samples = [timed(action) for _ in range(max(10, args.runs // 2))]
+        row = {"latency": summary([ms for ms, ok in samples if ok]), "errors": sum(not ok for _, ok in samples)}
+        out[workload]["docker run, 1 client"] = row
+        lat = row["latency"]
+        print(f"  {workload}: docker run, 1 cl.: p50 {lat['p50_ms']:.1f}  p95 {lat['p95_ms']:.1f}  "
+              f"p99 {lat['p99_ms']:.1f} ms  errors {row['errors']}", flush=True)  # fmt: skip
+
+
+def variants(args: argparse.Namespace) -> dict[str, tuple[int, dict[str, str], bool]]:
+    """Label: (fixed pool size, worker env, with the think-time series)."""
+    shipped = {"EXECBOX_POOL__CLASSES": SHIPPED}
+    chosen = {"pool 1-4 (shipped)": (0, shipped, True), "no pool (cold)": (0, {}, False)}
+    if args.orderings:
+        chosen["pool 1-4, refill during runs"] = (0, {**shipped, "EXECBOX_POOL__REFILL_DURING_RUNS": "true"}, False)
+        chosen[f"pool {args.pool} fixed"] = (args.pool, {}, False)
+    if args.preload_off:
+        chosen["pool 1-4, no preload"] = (0, {**shipped, "EXECBOX_POOL__PRELOAD": "false"}, False)
+    return chosen
+
+
+def chart(out: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(WORKLOADS), 1, figsize=(14, 5 * len(WORKLOADS)))
+    for ax, workload in zip(axes, WORKLOADS, strict=True):
+        rows = {n: r.get("latency", r) for n, r in out[workload].items()}
+        names = list(rows)
+        width = 0.27
+        for i, q in enumerate(("p50_ms", "p95_ms", "p99_ms")):
+            ax.bar([x + i * width for x in range(len(names))], [rows[n].get(q, 0) for n in names], width, label=q)
+        ax.set_xticks([x + width for x in range(len(names))], names, rotation=20, ha="right", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel("ms (log)")
+        ax.set_title(f"closed loop: {workload}")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=60, help="requests per client and series")
+    parser.add_argument("--runs", type=int, default=60, help="requests per series (per client with 1 client)")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--pool", type=int, default=2, help="warm python containers per worker")
+    parser.add_argument("--pool", type=int, default=2, help="the fixed pool's size per worker (--orderings)")
     parser.add_argument("--think", type=float, default=1.0, help="also 1 client with this pause (0: not)")
+    parser.add_argument("--orderings", action="store_true", help="also refills during runs, and a fixed pool")
+    parser.add_argument("--preload-off", action="store_true", help="also the shipped pool without preloading")
     parser.add_argument("--stack", action="store_true", help="also through the compose stack on :8000")
-    parser.add_argument("--preload-off", action="store_true", help="also host processes without preloading")
     args = parser.parse_args()
     out: dict[str, Any] = {}
     for workload, (code, _) in WORKLOADS.items():
         floor = summary(native_in_image(code, args.runs))
         out.setdefault(workload, {})["native (python3 -c, in the image)"] = floor
         print(f"  {workload}: native python3 -c in the image: p50 {floor['p50_ms']:.1f}  p95 {floor['p95_ms']:.1f} ms")
-    variants = {"": {}, ", no preload": {"EXECBOX_POOL__PRELOAD": "false"}} if args.preload_off else {"": {}}
+    docker_series(args, out)
     with tempfile.TemporaryDirectory(prefix="execbox-loop-") as tmp, redis_server(Path(tmp)) as redis_url:
-        for suffix, extra in variants.items():
-            service = Service(args.workers, args.pool, Path(tmp), redis_url, extra)
+        for label, (pool, extra, think) in variants(args).items():
+            service = Service(args.workers, pool, Path(tmp), redis_url, extra)
+            service.pool_total = args.workers * (pool or (1 if extra.get("EXECBOX_POOL__CLASSES") else 0))
             try:
                 engine = Engine()
                 engine.settle(service)
-                time.sleep(5)  # a preloading container finishes its imports (no signal reaches the host)
-                idle = engine.pool_container_mib(service.prefix)
-                print(f"  idle warm container{suffix or ', preloaded'}: {idle or float('nan'):.1f} MiB")
-                out[f"idle warm container MiB{suffix}"] = idle
-                series(f"host processes, pool {args.pool}/worker{suffix}", service.url, {}, args, out)
+                if service.pool_total:
+                    time.sleep(5)  # a preloading container finishes its imports (no signal reaches the host)
+                    idle = engine.pool_container_mib(service.prefix)
+                    print(f"  {label}: idle warm container {idle or float('nan'):.1f} MiB")
+                    out[f"idle warm container MiB, {label}"] = idle
+                series(f"host processes, {label}", service.url, {}, args, out, think)
             finally:
                 service.stop()
     if args.stack:
@@ -154,11 +213,18 @@ def main() -> int:
     for workload in WORKLOADS:
         rows = out[workload]
         floor = rows["native (python3 -c, in the image)"]["p50_ms"]
+        docker_p50 = rows["docker run, 1 client"]["latency"]["p50_ms"]
         for name, row in rows.items():
-            if "latency" in row:
+            if "phases" in row:
                 lat = row["latency"]
                 print(f"  {workload}: {name}: p50 / native p50 {lat['p50_ms'] / floor:5.2f}, "
+                      f"p50 / docker run p50 {lat['p50_ms'] / docker_p50:4.2f}, "
                       f"p95 / own p50 {lat['p95_ms'] / lat['p50_ms']:4.2f}")  # fmt: skip
+    results = ROOT / "bench" / "results"
+    results.mkdir(exist_ok=True)
+    (results / "closed_loop.json").write_text(json.dumps(out, indent=2))
+    chart(out, results / "closed_loop.png")
+    print(f"wrote {results / 'closed_loop.json'} and closed_loop.png")
     return 0
 
 
