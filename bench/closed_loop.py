@@ -133,11 +133,10 @@ def docker_series(args: argparse.Namespace, out: dict[str, Any]) -> None:
     for workload, (code, expected) in WORKLOADS.items():
         action = docker_run(code, expected)
         samples = [timed(action) for _ in range(max(10, args.runs // 2))]
-        row = {"latency": summary([ms for ms, ok in samples if ok]), "errors": sum(not ok for _, ok in samples)}
-        out[workload]["docker run, 1 client"] = row
-        lat = row["latency"]
+        lat, errors = summary([ms for ms, ok in samples if ok]), sum(not ok for _, ok in samples)
+        out[workload]["docker run, 1 client"] = {"latency": lat, "errors": errors}
         print(f"  {workload}: docker run, 1 cl.: p50 {lat['p50_ms']:.1f}  p95 {lat['p95_ms']:.1f}  "
-              f"p99 {lat['p99_ms']:.1f} ms  errors {row['errors']}", flush=True)  # fmt: skip
+              f"p99 {lat['p99_ms']:.1f} ms  errors {errors}", flush=True)  # fmt: skip
 
 
 def variants(args: argparse.Namespace) -> dict[str, tuple[int, dict[str, str], bool]]:
