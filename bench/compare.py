@@ -162,6 +162,7 @@ class Service:
 class Engine:
     def __init__(self) -> None:
         self.docker = docker.from_env(version="auto")
+        self._pooled: dict[str, set[str]] = {}
 
     def containers(self, prefix: str) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = self.docker.api.containers(
@@ -169,13 +170,18 @@ class Engine:
         )
         return found
 
-    def settle(self, service: Service, timeout_s: float = 30) -> None:
-        """Wait until the service's engine work is done: no run container left, the pool full."""
+    def settle(self, service: Service, taken: int = 0, timeout_s: float = 30) -> None:
+        """Wait until the service's engine work is done: no run container left, the pool full.
+        `taken`: warm runs since the last settle. A taken container keeps its pool label until it
+        is removed, so the pool is full only when that many of the last settle's containers are gone."""
         deadline = time.monotonic() + timeout_s
+        previous = self._pooled.get(service.prefix, set())
         while time.monotonic() < deadline:
             found = self.containers(service.prefix)
-            pooled = [c for c in found if "execbox.pool" in (c.get("Labels") or {}) and c["State"] == "running"]
-            if len(found) == len(pooled) == service.pool_total:
+            pooled = {c["Id"] for c in found if "execbox.pool" in (c.get("Labels") or {}) and c["State"] == "running"}
+            full = len(found) == len(pooled) == service.pool_total
+            if full and len(pooled & previous) <= service.pool_total - taken:
+                self._pooled[service.prefix] = pooled
                 return
             time.sleep(0.02)
 
@@ -233,7 +239,7 @@ def latency_phase(engine: Engine, service: Service, series: str, runs: int, resu
                    "docker": docker_run(code, expected)}  # fmt: skip
         for action in actions.values():
             action()  # warm-up: page cache, image layers, connections
-        engine.settle(service)
+        engine.settle(service, taken=1 if service.pool_total else 0)  # the warm-up took one
         for _ in range(runs):
             for name, action in actions.items():
                 elapsed, ok = timed(action)
@@ -242,7 +248,7 @@ def latency_phase(engine: Engine, service: Service, series: str, runs: int, resu
                     row["ms"].append(elapsed)
                 else:
                     row["errors"] += 1
-                engine.settle(service)
+                engine.settle(service, taken=1 if name == series and service.pool_total else 0)
 
 
 def run_all(threads: list[threading.Thread]) -> float:

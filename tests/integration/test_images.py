@@ -58,7 +58,7 @@ def test_r_runs_end_to_end_with_the_categories_that_apply(api: httpx.Client) -> 
     out = 'file.path(Sys.getenv("EXECBOX_OUTPUT_DIR"), "r.txt")'
     code = f'x <- c(3, 4)\ncat(sqrt(sum(x^2)), "\\n")\nwriteLines("done", {out})'
     ok = run_code(api, code, language="r")
-    assert (ok["status"], ok["stdout"]) == ("succeeded", "5 \n"), ok["stderr"]
+    assert (ok["status"], ok["stdout"]) == ("succeeded", "5 \n"), (ok["error"], ok["stderr"])
     assert [a["name"] for a in ok["artifacts"]] == ["r.txt"]
     stopped = run_code(api, 'f <- function() stop("boom")\nf()', language="r")["error"]
     assert (stopped["category"], stopped["details"]["message"]) == ("code.exception", "boom")

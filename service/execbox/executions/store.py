@@ -74,13 +74,14 @@ class ExecutionStore:
         )
 
     def transition(
-        self, execution_id: str, allowed: set[ExecutionStatus], by: str, mutate: Mutation
+        self, execution_id: str, allowed: set[ExecutionStatus], by: str, mutate: Mutation, lease: bool = False
     ) -> ExecutionRecord | None:
         """Move an execution out of one of the `allowed` statuses atomically.
 
         `mutate` edits the record and returns the new status, or None to abandon the change.
         Returns the new record, or None when the execution is missing, not in an allowed
-        status, or the change was abandoned.
+        status, or the change was abandoned. With `lease`, a move to running also takes the run's
+        lease for `by`; a terminal status is published to its waiters, both in the same transaction.
         """
 
         def change(record: ExecutionRecord, pipe: redis.client.Pipeline) -> bool:
@@ -93,12 +94,14 @@ class ExecutionStore:
             record.status = new
             record.transitions.append(Transition(status=new, at=now, by=by))
             self._write(pipe, record, now)
+            if lease and new is ExecutionStatus.RUNNING:
+                pipe.set(self.keys.lease(execution_id), by, px=int(self._lease_s * 1000))
+            if new.terminal:
+                pipe.publish(self.done_channel(execution_id), new.value)
             return True
 
         record = self._compare_and_set(execution_id, change)
         if record is not None and record.status.terminal:
-            with redis_errors():
-                self.redis.publish(self.done_channel(execution_id), record.status.value)
             for listener in self.listeners:
                 listener(record)
         return record
@@ -140,18 +143,7 @@ class ExecutionStore:
     # -- terminal transitions that the API, workers and the reaper share --------------------
 
     def expire_if_due(self, execution_id: str, by: str) -> ExecutionRecord | None:
-        def due(record: ExecutionRecord) -> ExecutionStatus | None:
-            if time.time() < record.queue_deadline:
-                return None
-            record.error = ExecutionError(
-                category=ErrorCategory.EXPIRED,
-                message=f"no worker started it within its queue deadline of {record.policy.queue_timeout_s:g} s; "
-                "submit again, or raise policy.queue_timeout_s",
-                retryable=True,
-            )
-            return ExecutionStatus.EXPIRED
-
-        return self.transition(execution_id, {ExecutionStatus.QUEUED}, by, due)
+        return self.transition(execution_id, {ExecutionStatus.QUEUED}, by, mark_expired_if_due)
 
     def fail_if_lost(self, execution_id: str, by: str) -> ExecutionRecord | None:
         def lost(record: ExecutionRecord) -> ExecutionStatus | None:
@@ -200,3 +192,16 @@ class ExecutionStore:
     def running(self) -> list[str]:
         with redis_errors():
             return sorted(text(i) for i in self.redis.smembers(self.keys.running))
+
+
+def mark_expired_if_due(record: ExecutionRecord) -> ExecutionStatus | None:
+    """A mutation: expired when the queued record's deadline has passed, otherwise unchanged."""
+    if time.time() < record.queue_deadline:
+        return None
+    record.error = ExecutionError(
+        category=ErrorCategory.EXPIRED,
+        message=f"no worker started it within its queue deadline of {record.policy.queue_timeout_s:g} s; "
+        "submit again, or raise policy.queue_timeout_s",
+        retryable=True,
+    )
+    return ExecutionStatus.EXPIRED

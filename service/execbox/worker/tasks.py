@@ -26,6 +26,7 @@ from execbox.executions.live import LiveOutput
 from execbox.executions.queue import take_next
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, NetworkDenial, NetworkReport
+from execbox.executions.store import mark_expired_if_due
 from execbox.files.collect import RESULT_FILE, ArtifactCaps, Collector
 from execbox.files.schemas import InputFileRef
 from execbox.sandbox.runtime import WORKDIR, EgressSpec, Limits, RunControl, RunOutcome, RunSpec, SessionSandbox
@@ -55,12 +56,12 @@ def run_next(_: dict[str, Any]) -> str:
 
 
 def start(ctx: WorkerContext, execution_id: str) -> ExecutionRecord | None:
-    """queued → running; None when it expired, was cancelled, or is gone."""
-    if ctx.store.expire_if_due(execution_id, ctx.name) is not None:
-        log.info("execution expired in the queue")
-        return None
+    """queued → running, with the run's lease, in one transaction; None when it expired, was
+    cancelled, or is gone."""
 
-    def take(record: ExecutionRecord) -> ExecutionStatus:
+    def take(record: ExecutionRecord) -> ExecutionStatus | None:
+        if mark_expired_if_due(record) is not None:
+            return ExecutionStatus.EXPIRED
         record.started_at = time.time()
         record.worker = ctx.name
         record.policy.runtime = record.policy.runtime or ctx.settings.docker.runtime or "runc"
@@ -68,10 +69,12 @@ def start(ctx: WorkerContext, execution_id: str) -> ExecutionRecord | None:
         record.timing.queue_wait_ms = round((record.started_at - record.created_at) * 1000, 1)
         return ExecutionStatus.RUNNING
 
-    ctx.store.renew_lease(execution_id, ctx.name)
-    record = ctx.store.transition(execution_id, {ExecutionStatus.QUEUED}, ctx.name, take)
+    record = ctx.store.transition(execution_id, {ExecutionStatus.QUEUED}, ctx.name, take, lease=True)
     if record is None:
-        log.info("execution not queued any more (cancelled, expired or gone); skipped")
+        log.info("execution not queued any more (cancelled or gone); skipped")
+    elif record.status is ExecutionStatus.EXPIRED:
+        log.info("execution expired in the queue")
+        return None
     return record
 
 
@@ -347,14 +350,14 @@ def _watch(ctx: WorkerContext, execution_id: str, control: RunControl, stop: thr
     interval = max(ctx.settings.worker.lease_s / 3, 0.2)
     while not stop.is_set():
         try:
-            ctx.store.renew_lease(execution_id, ctx.name)
-            message = ctx.store.wait_signal(execution_id, interval)
+            message = ctx.store.wait_signal(execution_id, interval)  # start() took the lease
             if message == "cancel":
                 log.info("cancel requested; stopping the sandbox")
                 control.cancel()
                 return
             if message == "stop":
                 return
+            ctx.store.renew_lease(execution_id, ctx.name)
         except ServiceError as exc:
             log.warning("lease renewal failed: %s", exc.message)
             stop.wait(interval)
