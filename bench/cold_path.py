@@ -7,7 +7,7 @@ the program (its run is not what is measured). The settings come from execbox's 
 `host_config_kwargs`, so "full" is what a worker asks for. Prints the median of create, start and
 remove per variant and each variant's share of the full start.
 
-Usage: python bench/cold_path.py [--rounds 20]
+Usage: python bench/cold_path.py [--rounds 20] [--image IMAGE]
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ def spec() -> RunSpec:
                    env=(), limits=limits, language="python", deployment="bench-cold-path", runtime="runc")  # fmt: skip
 
 
+def unchanged(kwargs: dict[str, Any]) -> None:
+    pass
+
+
 def variants() -> dict[str, Callable[[dict[str, Any]], None]]:
     def without(*keys: str) -> Callable[[dict[str, Any]], None]:
         def change(kwargs: dict[str, Any]) -> None:
@@ -55,10 +59,10 @@ def variants() -> dict[str, Callable[[dict[str, Any]], None]]:
         kwargs["security_opt"] = ["no-new-privileges"]
 
     return {
-        "full (what a worker asks for)": lambda kwargs: None,
+        "full (what a worker asks for)": unchanged,
         "workspace as a plain tmpfs, not a volume": plain_tmpfs_workspace,
         "the engine's default seccomp profile": default_seccomp,
-        UNMASKED: lambda kwargs: None,
+        UNMASKED: unchanged,
         "no ulimits": without("ulimits"),
         "no private cgroup namespace": without("cgroupns"),
         "no /tmp tmpfs": without("tmpfs"),
@@ -71,13 +75,19 @@ def variants() -> dict[str, Callable[[dict[str, Any]], None]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--image", default=IMAGE, help="also this image, full settings (e.g. one of fewer layers)")
     args = parser.parse_args()
     api = docker.APIClient(version="auto")
     seccomp = SeccompProfiles(ROOT / "policies" / "seccomp.json").json((), gvisor=False)
     run = spec()
+    changes = variants()
+    images = dict.fromkeys(changes, IMAGE)
+    if args.image != IMAGE:
+        images[f"full, {args.image}"] = args.image
     times: dict[str, dict[str, list[float]]] = {}
     for _ in range(args.rounds):
-        for name, change in variants().items():
+        for name, image in images.items():
+            change = changes.get(name, unchanged)
             kwargs = host_config_kwargs(run, DockerSettings(), 250000, seccomp)
             change(kwargs)
             host_config = api.create_host_config(**kwargs)
@@ -85,7 +95,7 @@ def main() -> int:
                 host_config["MaskedPaths"] = list(MASKED_PATHS)
             row = times.setdefault(name, {"create": [], "start": [], "remove": []})
             t0 = time.perf_counter()
-            cid = api.create_container(IMAGE, ["true"], user="250000:250000", labels=LABEL,
+            cid = api.create_container(image, ["true"], user="250000:250000", labels=LABEL,
                                        host_config=host_config)["Id"]  # fmt: skip
             t1 = time.perf_counter()
             api.start(cid)

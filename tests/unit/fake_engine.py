@@ -18,14 +18,18 @@ class FakeEngine:
     resized: list[tuple[str, Limits]] = field(default_factory=list)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
-    def add(self, execution_id: str | None = None, age_s: float = 3600.0, **labels: str | None) -> str:
+    def add(
+        self, execution_id: str | None = None, age_s: float = 3600.0, pool_memory_mb: int = 0, **labels: str | None
+    ) -> str:
         cid = f"c{next(self._ids)}"
-        self.containers[cid] = ContainerInfo(cid, execution_id, time.time() - age_s, True, **labels)
+        self.containers[cid] = ContainerInfo(
+            cid, execution_id, time.time() - age_s, True, **labels, pool_memory_mb=pool_memory_mb
+        )
         return cid
 
     # the Runtime and PoolEngine protocols
     def create_pooled(self, spec: RunSpec, pool_class: str) -> str:
-        return self.add(age_s=0.0, worker=spec.worker, pool=pool_class)
+        return self.add(age_s=0.0, pool_memory_mb=spec.limits.memory_mb, worker=spec.worker, pool=pool_class)
 
     def resize(self, container_id: str, held: Limits, wanted: Limits, full_weight: bool = False) -> None:
         self.resized.append((container_id, wanted))

@@ -281,3 +281,14 @@ def test_refills_run_at_most_parallelism_at_once_and_a_take_never_waits_for_one(
     engine.release.set()
     filling.join(10)
     assert pool.idle() == {"python": 5} and engine.most == 2
+
+
+def test_the_budget_is_shared_with_the_other_workers_on_the_engine() -> None:
+    engine = FakeEngine()
+    for _ in range(2):  # another worker's warm containers, 256 MiB each by their label
+        engine.add(worker="w2", pool="python", pool_memory_mb=256)
+    pool = WarmPool(engine, [PoolClass("python", template(), 1, 8)], "w1", "d", 300.0, Sizing(budget_mb=5 * 256))
+    for _ in range(8):
+        pool.take(template())
+    pool.tick(threading.Event())
+    assert pool.idle() == {"python": 3}, "five fit the budget, two of them are the other worker's"

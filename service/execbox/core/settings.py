@@ -111,9 +111,10 @@ class PoolSettings(BaseModel):
     memory_budget_mb: int = Field(
         2048,
         ge=0,
-        description="Memory one worker's warm containers may hold, each counted at its class's memory limit (the "
-        "most it can hold once a run takes it); classes keep their min, and what is above it is granted while "
-        "the budget lasts. With N workers on a host, the host's share is N times this.",
+        description="Memory the warm containers on one engine (every worker of the deployment on that host) may "
+        "hold, each counted at its class's memory limit (the most it can hold once a run takes it); classes keep "
+        "their min, and what is above it is granted while the budget lasts. A worker learns what the others hold "
+        "every few seconds (from the containers' labels).",
     )
     max_idle_s: float = Field(600.0, gt=0, description="A warm container that waited this long is replaced.")
     preload: bool = Field(

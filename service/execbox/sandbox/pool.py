@@ -5,7 +5,7 @@ cannot change on a running container: image, command, disk, CPU time, pids; netw
 started with the full hardening, their launcher waiting for its frame on stdin. A run whose spec
 fits a class takes one (memory and CPU are then set to the run's own values) and the container is
 removed after that run like any other: never reused. How many a class holds follows its recent
-arrivals within the operator's floor and ceiling and the worker's memory budget (see poolsize).
+arrivals within the operator's floor and ceiling and the host's memory budget (see poolsize).
 
 A background thread refills: after a run's result is stored (so that the engine's work on a
 successor does not compete with the run for the CPU), never while a run of this worker is in
@@ -89,7 +89,8 @@ class Sizing:
     parallelism: int = 2
     """Containers created at once by the refill."""
     budget_mb: int = 1 << 20
-    """Memory all of the worker's warm containers may hold, each counted at its class's limit."""
+    """Memory the warm containers on this engine (every worker of the deployment) may hold, each
+    counted at its class's limit: this worker grows into what the others' leave."""
     refill_during_runs: bool = False
     """Refill while a run of this worker is in progress (otherwise between runs only)."""
 
@@ -121,6 +122,8 @@ class WarmPool:
         self._idle: dict[str, deque[_Idle]] = {c.name: deque() for c in self._classes}
         self._demand = {c.name: Demand(sizing.window_s, clock) for c in self._classes}
         self._running = 0
+        self._others_mb = 0
+        """What the other workers' warm containers on this engine hold (as of the last check)."""
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -201,7 +204,7 @@ class WarmPool:
             wanted = [self._demand[c.name].target(c.floor, c.ceiling) for c in self._classes]
         floors = [min(c.floor, c.ceiling) for c in self._classes]
         memory = [c.template.limits.memory_mb for c in self._classes]
-        granted = within_budget(wanted, floors, memory, self._sizing.budget_mb)
+        granted = within_budget(wanted, floors, memory, self._sizing.budget_mb - self._others_mb)
         targets = {c.name: n for c, n in zip(self._classes, granted, strict=True)}
         for name, n in targets.items():
             self._on_target(name, n)
@@ -274,12 +277,12 @@ class WarmPool:
             self._engine.remove(item.id)
 
     def _forget_dead(self) -> None:
-        alive = {
-            c.id
-            for c in self._engine.managed_containers(self._deployment)
-            if c.running and c.worker == self._worker and c.pool is not None
-        }
+        """Forget this worker's containers that died; note what the other workers' hold."""
+        pooled = [c for c in self._engine.managed_containers(self._deployment) if c.running and c.pool is not None]
+        alive = {c.id for c in pooled if c.worker == self._worker}
+        others_mb = sum(c.pool_memory_mb for c in pooled if c.worker != self._worker)
         with self._lock:
+            self._others_mb = others_mb
             for name, idle in self._idle.items():
                 kept = deque(item for item in idle if item.id in alive)
                 if len(kept) != len(idle):

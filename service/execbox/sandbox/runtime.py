@@ -14,6 +14,8 @@ WORKER_LABEL = "execbox.worker"
 DEPLOYMENT_LABEL = "execbox.deployment"
 POOL_LABEL = "execbox.pool"
 """On warm-pool containers: the class they were made for (they carry no execution label)."""
+POOL_MEMORY_LABEL = "execbox.pool.memory_mb"
+"""On warm-pool containers: their class's memory limit, which the host's pool budget counts."""
 SESSION_LABEL = "execbox.session"
 """On a session's container: the session it holds (it carries no execution label)."""
 UID_LABEL = "execbox.uid"
@@ -147,6 +149,8 @@ class ContainerInfo:
     worker: str | None = None
     pool: str | None = None
     session: str | None = None
+    pool_memory_mb: int = 0
+    """A warm-pool container's class memory limit (0: not one)."""
 
 
 @dataclass

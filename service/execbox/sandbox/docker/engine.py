@@ -18,6 +18,7 @@ from execbox.sandbox.runtime import (
     EXECUTION_LABEL,
     MANAGED_LABEL,
     POOL_LABEL,
+    POOL_MEMORY_LABEL,
     SESSION_LABEL,
     WORKER_LABEL,
     ContainerInfo,
@@ -61,6 +62,7 @@ def listed_containers(api: docker.APIClient, deployment: str) -> list[ContainerI
             worker=(c.get("Labels") or {}).get(WORKER_LABEL),
             pool=(c.get("Labels") or {}).get(POOL_LABEL),
             session=(c.get("Labels") or {}).get(SESSION_LABEL),
+            pool_memory_mb=int((c.get("Labels") or {}).get(POOL_MEMORY_LABEL) or 0),
         )
         for c in found
     ]

@@ -53,6 +53,7 @@ from execbox.sandbox.runtime import (
     EXECUTION_LABEL,
     MANAGED_LABEL,
     POOL_LABEL,
+    POOL_MEMORY_LABEL,
     TRACE_LABEL,
     UID_LABEL,
     WORKDIR,
@@ -243,7 +244,8 @@ class DockerRuntime:
     def create_pooled(self, spec: RunSpec, pool_class: str) -> str:
         """A warm-pool container: created and started, its launcher waiting for a frame on stdin."""
         with docker_errors():
-            cid = self.create_labelled(spec, self.labels(spec, {POOL_LABEL: pool_class}))
+            labels = {POOL_LABEL: pool_class, POOL_MEMORY_LABEL: str(spec.limits.memory_mb)}
+            cid = self.create_labelled(spec, self.labels(spec, labels))
             try:
                 self.api.start(cid)
             except BaseException:
