@@ -101,14 +101,14 @@ class ExecboxSandbox(BaseSandbox):
                                       "memory_mb": 1024, "input_file_bytes": 50 << 20, "input_total_bytes": 100 << 20,
                                       "artifact_file_bytes": 50 << 20, "artifact_total_bytes": 100 << 20})  # fmt: skip
         session.setdefault("idle_timeout_s", 1800)
-        return cls(client, client.open_session("python", **session))
+        return cls(client, client.create_session("python", **session)["id"])
 
     @property
     def id(self) -> str:
         return self._session
 
     def delete(self) -> None:
-        self._client.close_session(self._session)
+        self._client.delete_session(self._session)
 
     def _call(self, code: str, timeout_s: int, files: list[dict[str, str]] | None = None) -> dict[str, Any]:
         execution = self._client.run(code, session=self._session, wait_s=timeout_s + 60,
