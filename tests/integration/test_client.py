@@ -127,7 +127,7 @@ def test_the_async_client_runs_and_streams(stack: Stack) -> None:
 def test_the_client_is_a_light_install() -> None:
     project = tomllib.loads((CLIENT / "pyproject.toml").read_text())["project"]
     names = {dep.split(">")[0].split("<")[0].split("=")[0].strip() for dep in project["dependencies"]}
-    assert names == {"httpx", "httpx-sse"}
+    assert names == {"httpx", "httpx-sse", "click"}
     probe = "import sys, execbox_client; print(any(m == 'execbox' or m.startswith('execbox.') for m in sys.modules))"
     imported = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert imported.stdout.strip() == "False", "importing the client loads nothing of the server"
