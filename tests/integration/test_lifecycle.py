@@ -104,12 +104,14 @@ def test_sandbox_container_is_hardened(api: httpx.Client, docker_client: docker.
 
 def test_trace_and_execution_ids_in_worker_json_logs(api: httpx.Client, stack: Stack) -> None:
     body = run_code(api, "print('traced')")
-    lines = []
-    for name in ("worker-1.log", "worker-2.log"):
-        for line in (stack.logs / name).read_text().splitlines():
-            if body["id"] in line:
-                lines.append(json.loads(line))
-    assert lines, "no worker log line names the execution"
+
+    def logged() -> list[dict[str, Any]]:  # the worker logs "execution finished" just after it published the result
+        lines = [json.loads(line) for name in ("worker-1.log", "worker-2.log")
+                 for line in (stack.logs / name).read_text().splitlines() if body["id"] in line]  # fmt: skip
+        return lines if any(entry["message"] == "execution finished" for entry in lines) else []
+
+    lines = wait_until(logged, 10, "the worker's log line of the finished execution")
+    assert isinstance(lines, list)
     assert all(entry["execution_id"] == body["id"] for entry in lines)
     ours = [entry for entry in lines if entry["logger"].startswith("execbox.")]
     assert ours and all(entry["trace_id"] == body["trace_id"] for entry in ours)

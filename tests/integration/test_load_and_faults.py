@@ -81,7 +81,8 @@ def test_three_hundred_waiting_clients_do_not_stall_the_api(roomy: tuple[Side, d
     assert sorted({a.status_code for a in answers}) <= [200, 202], [a.text for a in answers if a.status_code > 202][:2]
     finished = [a.json() for a in answers if a.status_code == 200]
     assert finished and all(f["status"] == "succeeded" and f["stdout"] == "ok\n" for f in finished)
-    assert len(probes) > 50 and max(probes) < 0.2, (len(probes), max(probes), sorted(probes)[-5:])
+    # A stall is what this guards against (27 s before); 0.2 s was within reach of a busy 2-core host's noise.
+    assert len(probes) > 50 and max(probes) < 0.5, (len(probes), max(probes), sorted(probes)[-5:])
 
 
 def test_a_crashed_first_attempt_does_not_lock_its_idempotency_key(stack: Stack, redis_server: Redis) -> None:
