@@ -11,7 +11,6 @@ import asyncio
 import secrets
 import time
 from collections.abc import Iterator
-from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +77,15 @@ class InProcess:
     def __init__(self, app: FastAPI) -> None:
         self.app = app
         self._loop = asyncio.new_event_loop()
-        self._lifespan: AbstractAsyncContextManager[Any] = app.router.lifespan_context(app)
-        self._loop.run_until_complete(self._lifespan.__aenter__())
+        ready, self._stop = asyncio.Event(), asyncio.Event()
+
+        async def lifespan() -> None:  # entered and left in one task, as a server does (anyio requires it)
+            async with app.router.lifespan_context(app):
+                ready.set()
+                await self._stop.wait()
+
+        self._lifespan = self._loop.create_task(lifespan())
+        self._loop.run_until_complete(ready.wait())
         self._http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://execbox.test")
 
     def get(self, url: str, **kwargs: Any) -> httpx.Response:
@@ -99,7 +105,8 @@ class InProcess:
 
     def close(self) -> None:
         self._loop.run_until_complete(self._http.aclose())
-        self._loop.run_until_complete(self._lifespan.__aexit__(None, None, None))
+        self._stop.set()
+        self._loop.run_until_complete(self._lifespan)
         self._loop.close()
 
 

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from rq import Queue
 
 from execbox import __version__
-from execbox.api import problems
+from execbox.api import mcp, problems
 from execbox.api.deps import Services
 from execbox.api.routes import admin, executions, files, health, languages, runs, schedules, scripts
 from execbox.api.routes import sessions as sessions_routes
@@ -73,7 +73,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             services.surprises.start(stop, _process_name()),
         ]
         try:
-            yield
+            async with app.state.mcp_sessions:
+                yield
         finally:
             stop.set()
             for thread in threads:
@@ -151,6 +152,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(languages.router)
     app.include_router(health.router)
     _document_request_models(app)
+    app.state.mcp_sessions = mcp.mount(app)
     return app
 
 

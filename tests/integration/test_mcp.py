@@ -1,0 +1,82 @@
+"""The MCP endpoint (/mcp, Streamable HTTP) with the SDK's own ClientSession against the live
+service: the tools are listed, code runs, a chart comes back as an image, a session keeps state,
+and a caller without a key is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.types import ImageContent, TextContent
+
+from tests.conftest import Stack
+
+pytestmark = [pytest.mark.docker, pytest.mark.redis]
+PLOT = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()\nprint('drawn')\n"
+
+
+def with_session(stack: Stack, body: Callable[[ClientSession], Awaitable[Any]], key: str | None = None) -> Any:
+    async def scenario() -> Any:
+        headers = {"Authorization": f"Bearer {key or stack.keys['alpha']}"}
+        async with (
+            create_mcp_http_client(headers, httpx.Timeout(120.0)) as http,
+            streamable_http_client(f"{stack.base_url}/mcp/", http_client=http) as (read, write, _),
+        ):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                return await body(session)
+
+    return asyncio.run(scenario())
+
+
+def summary(result: Any) -> dict[str, Any]:
+    (text,) = [c for c in result.content if isinstance(c, TextContent)]
+    found: dict[str, Any] = json.loads(text.text)
+    return found
+
+
+def test_the_tools_are_listed_and_code_runs(stack: Stack) -> None:
+    async def body(session: ClientSession) -> tuple[set[str], Any, Any]:
+        tools = {tool.name for tool in (await session.list_tools()).tools}
+        ran = await session.call_tool("run_code", {"code": "print(6 * 7)"})
+        failed = await session.call_tool("run_code", {"code": "import time\ntime.sleep(5)", "policy": {"timeout_s": 1}})
+        return tools, ran, failed
+
+    tools, ran, failed = with_session(stack, body)
+    assert {"run_code", "create_session", "close_session", "upload_file", "fetch_artifact", "validate_plan",
+            "run_plan", "search_scripts", "invoke_script"} <= tools  # fmt: skip
+    assert summary(ran)["stdout"] == "42\n" and summary(ran)["status"] == "succeeded"
+    assert summary(failed)["error"] == {"category": "limit.timeout", "message": summary(failed)["error"]["message"],
+                                        "retryable": False}  # fmt: skip
+
+
+def test_a_chart_comes_back_as_an_image_and_a_session_keeps_state(stack: Stack) -> None:
+    async def body(session: ClientSession) -> tuple[Any, Any]:
+        drawn = await session.call_tool("run_code", {"code": PLOT})
+        opened = json.loads((await session.call_tool("create_session", {})).content[0].text)  # type: ignore[union-attr]
+        await session.call_tool("run_code", {"code": "x = 41", "session": opened["id"]})
+        answer = await session.call_tool("run_code", {"code": "print(x + 1)", "session": opened["id"]})
+        await session.call_tool("close_session", {"session_id": opened["id"]})
+        return drawn, answer
+
+    drawn, answer = with_session(stack, body)
+    images = [c for c in drawn.content if isinstance(c, ImageContent)]
+    assert summary(drawn)["stdout"] == "drawn\n" and len(images) == 1 and images[0].mimeType == "image/png"
+    assert base64.b64decode(images[0].data).startswith(b"\x89PNG")
+    assert summary(answer)["stdout"] == "42\n"
+
+
+def test_a_caller_without_a_known_key_is_refused(stack: Stack) -> None:
+    for headers in ({}, {"Authorization": "Bearer ebx_nobody_0000"}):
+        accept = {"Accept": "application/json, text/event-stream"}
+        answer = httpx.post(f"{stack.base_url}/mcp/", headers={**headers, **accept},
+                            json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, timeout=30)  # fmt: skip
+        assert answer.status_code == 401, answer.text
