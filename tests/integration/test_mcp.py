@@ -7,17 +7,19 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
 import pytest
-from mcp import ClientSession
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.types import ImageContent, TextContent
 
-from tests.conftest import Stack
+from tests.conftest import ROOT, Stack
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 PLOT = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()\nprint('drawn')\n"
@@ -80,3 +82,18 @@ def test_a_caller_without_a_known_key_is_refused(stack: Stack) -> None:
         answer = httpx.post(f"{stack.base_url}/mcp/", headers={**headers, **accept},
                             json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, timeout=30)  # fmt: skip
         assert answer.status_code == 401, answer.text
+
+
+def test_ebx_mcp_forwards_stdio_to_the_service(stack: Stack) -> None:
+    server = StdioServerParameters(command=str(ROOT / ".venv" / "bin" / "ebx"), args=["mcp", "--stdio"],
+                                   env={"EXECBOX_URL": stack.base_url, "EXECBOX_API_KEY": stack.keys["alpha"],
+                                        "EXECBOX_CONFIG": "/nonexistent", "PATH": os.environ["PATH"]})  # fmt: skip
+
+    async def scenario() -> tuple[set[str], Any]:
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            tools = {tool.name for tool in (await session.list_tools()).tools}
+            return tools, await session.call_tool("run_code", {"code": "print(6 * 7)"})
+
+    tools, ran = asyncio.run(scenario())
+    assert "run_code" in tools and summary(ran)["stdout"] == "42\n"

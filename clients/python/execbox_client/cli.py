@@ -20,7 +20,7 @@ from typing import Any
 import click
 import httpx
 
-from execbox_client.client import TERMINAL, Client
+from execbox_client.client import TERMINAL, AsyncClient, Client
 from execbox_client.errors import ExecboxError
 
 EXIT_CODES = {
@@ -346,3 +346,19 @@ def events(ctx: Context, kind: str | None) -> None:
     with ctx.client() as box:
         found = box.list_events(type=kind)
     ctx.show(found, "\n".join(json.dumps(e) for e in found))
+
+
+@main.command("mcp")
+@click.option(
+    "--stdio", is_flag=True, required=True, help="Serve on stdin and stdout (the transport desktop agents use)."
+)
+@pass_context
+def mcp_command(ctx: Context, stdio: bool) -> None:
+    """Serve execbox's MCP tools on stdio, each call forwarded to the configured execbox."""
+    try:
+        from mcp.server.fastmcp import FastMCP
+
+        from execbox_client.mcp import build
+    except ImportError as exc:
+        raise click.ClickException(f"needs the mcp extra: pip install 'execbox-client[mcp]' ({exc})") from exc
+    build(FastMCP("execbox"), lambda _: AsyncClient(ctx.url, ctx.key)).run("stdio")

@@ -1,57 +1,30 @@
-"""The Model Context Protocol endpoint: execbox's tools for agents, over Streamable HTTP, mounted
-on the API at /mcp behind the same API keys.
+"""The Model Context Protocol endpoint: execbox's tools (execbox_client.mcp) over Streamable HTTP,
+mounted on the API at /mcp behind the same API keys.
 
-Each tool is a call of the REST API made in this process (an ASGI transport to this same app, no
-socket) with the caller's own key, through execbox's Python client: every check, quota, limit and
-tenant boundary is the API's own, written once. A request without a key the API knows is refused
-(401) before the protocol starts. Results carry stdout, stderr, the status, the error's category
-and whether it is retryable; images a run shows come back as image content.
+Each tool call is a call of the REST API made in this process (an ASGI transport to this same app,
+no socket) with the caller's own key: every check, quota, limit and tenant boundary is the API's
+own, written once. A request without a key the API knows is refused (401) before the protocol
+starts.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import httpx
 from execbox_client import AsyncClient, ExecboxError
+from execbox_client.mcp import build
 from fastapi import FastAPI
 from mcp.server.fastmcp import Context, FastMCP
-from mcp.types import ContentBlock, ImageContent, TextContent
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 INTERNAL_URL = "http://execbox.internal"
-MAX_TEXT = 64 << 10
-"""Output a tool result quotes inline; the rest is in the execution (get it by id)."""
 
 
-def _key(ctx: Context[Any, Any, Any]) -> str | None:
-    request = ctx.request_context.request
-    value = request.headers.get("authorization", "") if request is not None else ""
+def _bearer(value: str) -> str | None:
     return value.removeprefix("Bearer ").strip() or None
-
-
-def _summary(execution: dict[str, Any]) -> dict[str, Any]:
-    error = execution.get("error") or {}
-    return {
-        "id": execution["id"], "status": execution["status"], "exit_code": execution.get("exit_code"),
-        "stdout": (execution.get("stdout") or "")[:MAX_TEXT], "stderr": (execution.get("stderr") or "")[:MAX_TEXT],
-        "outputs": execution.get("outputs") or {},
-        "results": [r["data"]["text/plain"].get("text") for r in execution.get("results") or []
-                    if "text/plain" in r["data"]],
-        "error": {"category": error.get("category"), "message": error.get("message"),
-                  "retryable": error.get("retryable")} if error else None,
-        "artifacts": [{"name": a["name"], "size": a["size"], "media_type": a["media_type"]}
-                      for a in execution.get("artifacts") or []],
-    }  # fmt: skip
-
-
-def _refusal(exc: ExecboxError) -> list[ContentBlock]:
-    problem = {"status": exc.status, "code": exc.code, "detail": exc.detail,
-               "errors": [{"field": e.field, "message": e.message} for e in exc.errors]}  # fmt: skip
-    return [TextContent(type="text", text=json.dumps({"refused": problem}))]
 
 
 class _KeyRequired:
@@ -64,8 +37,7 @@ class _KeyRequired:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-            key = headers.get("authorization", "").removeprefix("Bearer ").strip() or None
-            async with _client(self.api, key) as box:
+            async with _client(self.api, _bearer(headers.get("authorization", ""))) as box:
                 try:
                     await box.languages()  # the API's own authentication
                 except ExecboxError as exc:
@@ -84,97 +56,11 @@ def _client(api: FastAPI, key: str | None) -> AsyncClient:
 def mount(api: FastAPI) -> AbstractAsyncContextManager[None]:
     """Add /mcp to the API; the returned context runs the protocol's session manager (the API's
     lifespan enters it)."""
-    server = FastMCP("execbox", stateless_http=True, json_response=True, streamable_http_path="/")
 
-    async def call(ctx: Context[Any, Any, Any], method: str, *args: Any, **kwargs: Any) -> Any:
-        async with _client(api, _key(ctx)) as box:
-            return await getattr(box, method)(*args, **kwargs)
+    def connect(ctx: Context[Any, Any, Any]) -> AsyncClient:
+        request = ctx.request_context.request
+        return _client(api, _bearer(request.headers.get("authorization", "")) if request is not None else None)
 
-    @server.tool()
-    async def run_code(ctx: Context[Any, Any, Any], code: str, language: str = "python",
-                       session: str | None = None, policy: dict[str, Any] | None = None,
-                       files: list[dict[str, Any]] | None = None) -> list[ContentBlock]:  # fmt: skip
-        """Run code in a fresh sandbox (or in `session`) and return its outcome: status, stdout,
-        stderr, declared outputs, the error's category and whether retrying can help; charts the
-        code shows come back as images. `files`: [{"path", "file_id" or "content_b64"}]."""
-        fields: dict[str, Any] = {"policy": policy or {}, "files": files or []}
-        if session:
-            fields["session"] = session
-        try:
-            async with _client(api, _key(ctx)) as box:
-                execution = await box.run(code, language, wait_s=600, **fields)
-                pngs = [
-                    r["data"]["image/png"]["url"] for r in execution.get("results") or [] if "image/png" in r["data"]
-                ]
-                images = [await box.download(url) for url in pngs]
-        except ExecboxError as exc:
-            return _refusal(exc)
-        blocks: list[ContentBlock] = [TextContent(type="text", text=json.dumps(_summary(execution)))]
-        blocks += [ImageContent(type="image", data=base64.b64encode(png).decode(), mimeType="image/png")
-                   for png in images]  # fmt: skip
-        return blocks
-
-    @server.tool()
-    async def create_session(ctx: Context[Any, Any, Any], language: str = "python",
-                             idle_timeout_s: int = 600) -> dict[str, Any]:  # fmt: skip
-        """Open a session: a sandbox whose variables and files persist across run_code calls that name it."""
-        created: dict[str, Any] = await call(ctx, "create_session", language, idle_timeout_s=idle_timeout_s)
-        return {"id": created["id"], "status": created["status"], "expires_at": created.get("expires_at")}
-
-    @server.tool()
-    async def close_session(ctx: Context[Any, Any, Any], session_id: str) -> dict[str, Any]:
-        """End a session now (its sandbox is removed)."""
-        ended: dict[str, Any] = await call(ctx, "delete_session", session_id)
-        return {"id": ended["id"], "status": ended["status"]}
-
-    @server.tool()
-    async def upload_file(ctx: Context[Any, Any, Any], name: str, content_b64: str) -> dict[str, Any]:
-        """Store a file for later runs; pass {"path": ..., "file_id": <id>} in run_code's files."""
-        stored: dict[str, Any] = await call(ctx, "upload_file", name, base64.b64decode(content_b64))
-        return {"file_id": stored["id"], "size": stored["size"], "sha256": stored["sha256"]}
-
-    @server.tool()
-    async def fetch_artifact(ctx: Context[Any, Any, Any], execution_id: str, name: str) -> list[ContentBlock]:
-        """An artifact a run left: an image as image content, text as text, anything else as base64."""
-        data: bytes = await call(ctx, "artifact", execution_id, name)
-        if name.lower().endswith(".png"):
-            return [ImageContent(type="image", data=base64.b64encode(data).decode(), mimeType="image/png")]
-        try:
-            return [TextContent(type="text", text=data.decode("utf-8"))]
-        except UnicodeDecodeError:
-            return [TextContent(type="text", text=json.dumps({"base64": base64.b64encode(data).decode()}))]
-
-    @server.tool()
-    async def validate_plan(ctx: Context[Any, Any, Any], plan: dict[str, Any]) -> Any:
-        """Check a plan (format plan/v1) without running it; refusals name each field at fault."""
-        try:
-            return await call(ctx, "validate_plan", plan)
-        except ExecboxError as exc:
-            return json.loads(_refusal(exc)[0].text)  # type: ignore[union-attr]
-
-    @server.tool()
-    async def run_plan(ctx: Context[Any, Any, Any], plan: dict[str, Any]) -> dict[str, Any]:
-        """Run a plan until it ends or stops for an approval or a re-plan; a re-plan comes with its
-        hand-off (what succeeded, what failed and why, what it invalidated)."""
-        async with _client(api, _key(ctx)) as box:
-            run = await box.start_run({"plan": plan})
-            run = await box.get_run(run["id"], wait_s=60)
-            handoff = await box.run_handoff(run["id"]) if run["status"] == "needs_replan" else None
-        steps = {k: {"status": v["status"], "outputs": v.get("outputs")} for k, v in run["steps"].items()}
-        return {"id": run["id"], "status": run["status"], "handoff": handoff, "steps": steps}
-
-    @server.tool()
-    async def search_scripts(ctx: Context[Any, Any, Any], query: str = "") -> Any:
-        """Proven scripts in the library whose name, description or tags match."""
-        return await call(ctx, "list_scripts", q=query or None)
-
-    @server.tool()
-    async def invoke_script(ctx: Context[Any, Any, Any], name: str, inputs: dict[str, Any]) -> dict[str, Any]:
-        """Run a library script (its newest proven version) with inputs; its outcome as run_code's."""
-        async with _client(api, _key(ctx)) as box:
-            started = await box.invoke_script(name, {"inputs": inputs})
-            execution = await box.get_execution(started["id"], wait_s=60)
-        return _summary(execution)
-
+    server = build(FastMCP("execbox", stateless_http=True, json_response=True, streamable_http_path="/"), connect)
     api.mount("/mcp", _KeyRequired(server.streamable_http_app(), api))
     return server.session_manager.run()
