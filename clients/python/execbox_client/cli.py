@@ -60,6 +60,10 @@ class Context:
     def show(self, value: Any, text: str | None = None) -> None:
         click.echo(json.dumps(value, indent=2) if self.json or text is None else text)
 
+    def show_status(self, resource: dict[str, Any]) -> None:
+        """An execution or session: all of it with --json, else its id and status."""
+        self.show(resource, f"{resource['id']} {resource['status']}")
+
 
 pass_context = click.make_pass_decorator(Context)
 
@@ -192,7 +196,7 @@ def get(ctx: Context, execution_id: str, wait_s: float | None) -> None:
     """An execution as the service has it."""
     with ctx.client() as box:
         execution = box.get_execution(execution_id, wait_s=wait_s)
-    ctx.show(execution, f"{execution['id']} {execution['status']}")
+    ctx.show_status(execution)
 
 
 @main.command()
@@ -202,7 +206,7 @@ def cancel(ctx: Context, execution_id: str) -> None:
     """Cancel a queued or running execution."""
     with ctx.client() as box:
         execution = box.cancel_execution(execution_id)
-    ctx.show(execution, f"{execution['id']} {execution['status']}")
+    ctx.show_status(execution)
 
 
 @main.command()
@@ -273,7 +277,7 @@ def session_exec(ctx: Context, session_id: str, code: str) -> None:
 def session_rm(ctx: Context, session_id: str) -> None:
     with ctx.client() as box:
         ended = box.delete_session(session_id)
-    ctx.show(ended, f"{ended['id']} {ended['status']}")
+    ctx.show_status(ended)
 
 
 @main.group()

@@ -41,10 +41,9 @@ def _summary(execution: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _refusal(exc: ExecboxError) -> list[ContentBlock]:
-    problem = {"status": exc.status, "code": exc.code, "detail": exc.detail,
-               "errors": [{"field": e.field, "message": e.message} for e in exc.errors]}  # fmt: skip
-    return [TextContent(type="text", text=json.dumps({"refused": problem}))]
+def _problem(exc: ExecboxError) -> dict[str, Any]:
+    return {"refused": {"status": exc.status, "code": exc.code, "detail": exc.detail,
+                        "errors": [{"field": e.field, "message": e.message} for e in exc.errors]}}  # fmt: skip
 
 
 def build(server: FastMCP, connect: Connect) -> FastMCP:
@@ -72,7 +71,7 @@ def build(server: FastMCP, connect: Connect) -> FastMCP:
                 ]
                 images = [await box.download(url) for url in pngs]
         except ExecboxError as exc:
-            return _refusal(exc)
+            return [TextContent(type="text", text=json.dumps(_problem(exc)))]
         blocks: list[ContentBlock] = [TextContent(type="text", text=json.dumps(_summary(execution)))]
         blocks += [ImageContent(type="image", data=base64.b64encode(png).decode(), mimeType="image/png")
                    for png in images]  # fmt: skip
@@ -114,7 +113,7 @@ def build(server: FastMCP, connect: Connect) -> FastMCP:
         try:
             return await call(ctx, "validate_plan", plan)
         except ExecboxError as exc:
-            return json.loads(_refusal(exc)[0].text)  # type: ignore[union-attr]
+            return _problem(exc)
 
     @server.tool()
     async def run_plan(ctx: Context[Any, Any, Any], plan: dict[str, Any]) -> dict[str, Any]:
