@@ -37,6 +37,15 @@ context = {
 }
 
 
+def _reset():
+    """A session's kernel calls this before each cell: outputs, a failed check and inputs belong
+    to one call, never to the next."""
+    global inputs
+    _state["outputs"] = {}
+    _state["check"] = None
+    inputs = _load_inputs()
+
+
 def idempotency_key():
     """The step's idempotency key (stable across its attempts); None outside a plan's step."""
     return context.get("idempotency_key")

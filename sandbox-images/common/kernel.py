@@ -49,6 +49,9 @@ def _clear_reserved():
     except OSError:
         pass
     execbox_rich.reset()
+    helper = sys.modules.get("execbox")
+    if helper is not None:  # imported by an earlier cell: its outputs and check are that cell's
+        helper._reset()
 
 
 def _shell():

@@ -125,6 +125,15 @@ def test_artifacts_are_what_each_call_wrote(api: httpx.Client, session: dict[str
     assert third["outputs"] == {"total": 3}, third
 
 
+def test_outputs_and_a_failed_check_belong_to_their_call(api: httpx.Client, session: dict[str, Any]) -> None:
+    sid = session["id"]
+    failed = call(api, sid, "import execbox\nexecbox.emit('a', 1)\nexecbox.check(False, 'not yet', n=2)")
+    assert failed["error"]["category"] == "check.failed" and failed["outputs"] == {"a": 1}, failed
+    later = call(api, sid, "import execbox\nexecbox.emit('b', 2)")
+    assert later["status"] == "succeeded", "the earlier call's failed check is not reported again"
+    assert later["outputs"] == {"b": 2}, "the earlier call's outputs are not this call's"
+
+
 def test_a_call_past_its_timeout_fails_and_the_session_goes_on(api: httpx.Client, session: dict[str, Any]) -> None:
     sid = session["id"]
     call(api, sid, "x = 41")
