@@ -229,8 +229,9 @@ class Endpoints:
     def promote_script(self, name: str, version: str, body: dict[str, Any] | None = None) -> Any:
         return self._send(Call("POST", f"/v1/scripts/{name}/versions/{version}/promote", json=body or {}))
 
-    def invoke_script(self, name: str, body: dict[str, Any] | None = None) -> Any:
-        return self._send(Call("POST", f"/v1/scripts/{name}/invoke", json=body or {}, creates=True))
+    def invoke_script(self, name: str, body: dict[str, Any] | None = None, *, wait_s: float | None = None) -> Any:
+        """Run a version of a script (body: version, inputs, files, labels); `wait_s` as for submit."""
+        return self._send(Call("POST", f"/v1/scripts/{name}/invoke", _wait(wait_s), body or {}, creates=True))
 
     def create_schedule(self, body: dict[str, Any]) -> Any:
         return self._send(Call("POST", "/v1/schedules", json=body))
