@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,20 @@ def test_plans_validate_and_run(stack: Stack, tmp_path: Path) -> None:
     ran = ebx(stack, "--json", "plan", "run", "good.json", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
     assert {s: v["status"] for s, v in json.loads(ran.stdout)["steps"].items()} == {"a": "succeeded", "b": "succeeded"}
+
+
+def test_plan_run_shows_each_step_as_it_changes(stack: Stack, tmp_path: Path) -> None:
+    steps = [{"id": "a", "run": {"code": "print(1)"}},
+             {"id": "b", "run": {"code": "import time\ntime.sleep(4)"}, "depends_on": ["a"]}]  # fmt: skip
+    (tmp_path / "slow.json").write_text(json.dumps({"format": "plan/v1", "steps": steps}))
+    with subprocess.Popen([EBX, "plan", "run", "slow.json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=env(stack), cwd=tmp_path) as proc:  # fmt: skip
+        assert proc.stderr is not None
+        lines = []
+        while "  a: succeeded\n" not in lines:
+            lines.append(proc.stderr.readline())
+            assert lines[-1], f"ebx ended before showing a's end: {lines}"
+        shown = time.monotonic()
+        assert proc.wait(60) == 0
+        assert time.monotonic() - shown > 2, "a's end was shown while b (4 s) still ran, not with the run's end"
+        assert "  b: succeeded\n" in lines + proc.stderr.readlines()

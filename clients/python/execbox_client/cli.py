@@ -308,8 +308,8 @@ def plan_run(ctx: Context, file: str) -> None:
     with ctx.client() as box:
         run_ = box.start_run({"plan": _plan_file(file)})
         seen: dict[str, str] = {}
-        while True:
-            run_ = box.get_run(run_["id"], wait_s=10)
+        while True:  # each answer comes as soon as a step changed
+            run_ = box.get_run(run_["id"], wait_s=30, after=len(run_["events"]))
             for step_id, step in sorted(run_["steps"].items()):
                 if seen.get(step_id) != step["status"] and not ctx.json:
                     click.echo(f"  {step_id}: {step['status']}", err=True)

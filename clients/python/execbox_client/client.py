@@ -185,8 +185,11 @@ class Endpoints:
     def list_runs(self, **params: Any) -> Any:
         return self._send(Call("GET", "/v1/runs", _drop_none(**params)))
 
-    def get_run(self, run_id: str, *, wait_s: float | None = None) -> Any:
-        return self._send(Call("GET", f"/v1/runs/{run_id}", _wait(wait_s)))
+    def get_run(self, run_id: str, *, wait_s: float | None = None, after: int | None = None) -> Any:
+        """With `wait_s`, the run once it stops running; with `after` too, as soon as it has more
+        than that many events (a step changed)."""
+        params = _wait(wait_s) | ({} if after is None else {"after": after})
+        return self._send(Call("GET", f"/v1/runs/{run_id}", params))
 
     def run_handoff(self, run_id: str) -> Any:
         """What a run that needs a re-plan hands back to the planner."""

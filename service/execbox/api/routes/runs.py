@@ -126,21 +126,29 @@ async def get_run(
     tenant: TenantDep,
     wait: WaitQuery = None,
     prefer: PreferHeader = None,
+    after: Annotated[
+        int | None,
+        Query(
+            ge=0,
+            description="With `wait`: answer as soon as the run has more than this many `events` "
+            "(a step changed), not only once it stops running. Give the count of the events you have seen.",
+        ),
+    ] = None,
 ) -> RunPublic:
-    """With ?wait=S, answers once the run is no longer `running` (or S passed)."""
+    """With ?wait=S, answers once the run is no longer `running` (or S passed); with ?after=N too,
+    as soon as it has more than N events: a live progress display waits on it, never a poll."""
     wait_s = wait_seconds(services, wait, prefer)
+
+    def settled(r: RunRecord) -> bool:
+        return r.status not in WAITING or (after is not None and len(r.events) > after)
+
     run = await to_thread.run_sync(services.runs.get, tenant, run_id)
-    if wait_s > 0 and run.status in WAITING:
+    if wait_s > 0 and not settled(run):
 
         async def read() -> RunRecord | None:
             return await to_thread.run_sync(services.runs.get, tenant, run_id)
 
-        run = (
-            await services.waiters.wait_for(
-                run_id, read, lambda r: r.status not in WAITING, wait_s, disconnected(request)
-            )
-            or run
-        )
+        run = await services.waiters.wait_for(run_id, read, settled, wait_s, disconnected(request)) or run
     return run.public()
 
 
