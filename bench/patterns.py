@@ -68,6 +68,14 @@ BRANCHES = [(2, 21), (3, 31), (4, 31), (5, 30)]
 CURRENCIES = ["USD", "EUR", "GBP", "NOK", "JPY"]
 TOOL_POLICY = {"timeout_s": 2}
 PATTERNS = ["fused", "planner", "code", "direct"]
+ATTEMPTS = 3
+"""Budgets, the same spirit for each pattern: a tool call (fused) or a step (planner, retried in
+place by the service) is tried at most ATTEMPTS times on a transient failure; the planner may
+re-plan at most REPLANS times; the script is run at most SCRIPT_RUNS times in all (it stops at its
+first failing call, so each fault costs it a run)."""
+REPLANS = 2
+SCRIPT_RUNS = 4
+STEP_RETRY = {"on": ["limit.timeout"], "max_attempts": ATTEMPTS, "interval_s": 0}
 
 SYSTEM = (
     "You are an assistant that answers questions about portfolios. You can call tools by writing "
@@ -284,7 +292,7 @@ def fused(box: Client, task: Task, tools: str, outcome: Outcome) -> float | None
             category = done["error"]["category"]
             if category == "check.failed" and not backup:
                 backup, outcome.replanned = True, True
-            elif category == "limit.timeout" and attempt < 3:
+            elif category == "limit.timeout" and attempt < ATTEMPTS:
                 attempt += 1
             else:
                 outcome.errors.append(category)
@@ -326,7 +334,7 @@ def plan_steps(task: Task, backups: frozenset[str] = frozenset(), suffix: str = 
         name = f"{kind}_backup" if call in backups else kind
         step_id = f"{kind[0]}{args[0]}{'_b' if call in backups else ''}".lower()  # a backup step keeps its id
         steps.append({"id": step_id, "run": {"script": f"bench.{name}@1.0.0"}, "args": {"a": args}, "files": tools,
-                      "policy": TOOL_POLICY, "retry": {"on": ["limit.timeout"], "interval_s": 0}})  # fmt: skip
+                      "policy": TOOL_POLICY, "retry": STEP_RETRY})  # fmt: skip
         (quote_refs if kind == "quote" else rate_refs)[args[0]] = {"$ref": f"/steps/{step_id}/outputs/v"}
     steps.append({"id": f"total{suffix}", "run": {"script": "bench.combine@1.0.0"}, "files": tools,
                   "args": {"quotes": quote_refs, "holdings": task.holdings, "rates": rate_refs}})  # fmt: skip
@@ -340,13 +348,13 @@ def with_tools(document: Any, tools: str) -> Any:
 def planner(box: Client, task: Task, tools: str, outcome: Outcome) -> float | None:
     model = Model(outcome)
     prompt = f"{SYSTEM}\n\n{TOOLS_DOC}\n\n{FEW_SHOT['planner']}\n\nQuestion: {task.question}\n"
-    plan = {"format": "plan/v1", "objective": task.question, "budgets": {"max_replans": 2},
+    plan = {"format": "plan/v1", "objective": task.question, "budgets": {"max_replans": REPLANS},
             "steps": plan_steps(task)}  # fmt: skip
     model.call(prompt, json.dumps(plan))
     outcome.executions += len(plan["steps"])
     run = timed(outcome, lambda: box.start_run({"plan": with_tools(plan, tools)}))
     backups: frozenset[str] = frozenset()
-    for round_ in range(3):
+    for round_ in range(REPLANS + 1):
         run = timed(outcome, partial(finish, box, run))
         if run["status"] != "needs_replan":
             break
@@ -402,7 +410,7 @@ def code(box: Client, task: Task, tools: str, outcome: Outcome) -> float | None:
     prompt = f"{SYSTEM}\n\n{TOOLS_DOC}\n\n{FEW_SHOT['code']}\n\nQuestion: {task.question}\nWrite one script.\n"
     backups: frozenset[str] = frozenset()
     source = model.call(prompt, f"```python\n{script(task, backups)}```")
-    for attempt in range(1, 5):
+    for attempt in range(1, SCRIPT_RUNS + 1):
         done = execute(box, outcome, script(task, backups), tools, attempt)
         if done["status"] == "succeeded":
             break
@@ -514,6 +522,7 @@ def main() -> int:
     parser.add_argument("--transient", type=float, default=0.05, help="per tool call")
     parser.add_argument("--semantic", type=float, default=0.08, help="per tool call")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--name", default="patterns", help="results file names: bench/results/NAME.json, .png")
     args = parser.parse_args()
     tasks = make_tasks(args.tasks, args.seeds, args.transient, args.semantic)
     classes = json.dumps([{"language": "python", "min": 1, "max": 4}])
@@ -550,9 +559,9 @@ def main() -> int:
     rows = [asdict(o) | {"latency_ms": o.latency_ms} for o in outcomes]
     document = {"args": vars(args), "profile": PROFILE, "direct_recall": DIRECT_RECALL, "tokenizer": TOKENIZER,
                 "wall_s": round(wall, 1), "table": table, "fused_over_planner": ratios, "outcomes": rows}  # fmt: skip
-    (RESULTS / "patterns.json").write_text(json.dumps(document, indent=1) + "\n")
-    chart(table, RESULTS / "patterns.png")
-    print(f"wrote {RESULTS / 'patterns.json'} and patterns.png")
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(document, indent=1) + "\n")
+    chart(table, RESULTS / f"{args.name}.png")
+    print(f"wrote {RESULTS / args.name}.json and .png")
     return 0
 
 
