@@ -113,6 +113,28 @@ def test_files_and_sessions_through_the_client(stack: Stack) -> None:
         assert box.language("python")["name"] == "python"
 
 
+def test_artifacts_results_records_and_cancel_through_the_client(stack: Stack) -> None:
+    code = ("open('out/a.txt', 'w').write('kept')\nimport matplotlib.pyplot as plt\n"
+            "plt.plot([1, 2])\nplt.show()\n")  # fmt: skip
+    with client(stack) as box:
+        done = box.run(code, wait_s=60, policy={"timeout_s": 40})
+        assert done["status"] == "succeeded", done
+        assert box.artifact(done["id"], "a.txt") == b"kept"
+        assert box.download(done["artifacts"][0]["url"]) == b"kept"
+        png = done["results"][0]["data"]["image/png"]
+        assert box.result_file(done["id"], png["url"].rsplit("/", 1)[1]).startswith(b"\x89PNG")
+        record = box.get_execution_record(done["id"])
+        assert record["status"] == "succeeded" and record["image"] and record["transitions"], record
+        slow = box.submit("import time\ntime.sleep(30)")
+        assert box.cancel_execution(slow["id"])["id"] == slow["id"]
+        assert box.get_execution(slow["id"], wait_s=30)["status"] == "cancelled"
+        session = box.create_session("python")
+        try:
+            assert box.get_session(session["id"])["id"] == session["id"]
+        finally:
+            box.delete_session(session["id"])
+
+
 def test_the_async_client_runs_and_streams(stack: Stack) -> None:
     async def scenario() -> tuple[dict[str, Any], list[str]]:
         async with AsyncClient(stack.base_url, stack.keys["alpha"]) as box:

@@ -121,7 +121,7 @@ class Endpoints:
         return self._send(Call("GET", f"/v1/executions/{execution_id}", _wait(wait_s)))
 
     def get_execution_record(self, execution_id: str) -> Any:
-        """What the run left for its own script: its inputs, outputs and result file."""
+        """The run record: request and code hashes, policy, image, worker, transitions, resources, outcome."""
         return self._send(Call("GET", f"/v1/executions/{execution_id}/record"))
 
     def cancel_execution(self, execution_id: str) -> Any:
