@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from execbox_client import Client
 
-from agent import TOKENIZER, count_tokens
+from agent import TOKENIZER, count_tokens, finish_run
 from compare import Service, percentile, redis_server
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -355,7 +355,7 @@ def planner(box: Client, task: Task, tools: str, outcome: Outcome) -> float | No
     run = timed(outcome, lambda: box.start_run({"plan": with_tools(plan, tools)}))
     backups: frozenset[str] = frozenset()
     for round_ in range(REPLANS + 1):
-        run = timed(outcome, partial(finish, box, run))
+        run = timed(outcome, partial(finish_run, box, run))
         if run["status"] != "needs_replan":
             break
         handoff = timed(outcome, partial(box.run_handoff, run["id"]))
@@ -380,12 +380,6 @@ def planner(box: Client, task: Task, tools: str, outcome: Outcome) -> float | No
     value = float(total["outputs"]["v"])
     model.call(f"{SYSTEM}\nQuestion: {task.question}\nResult of the plan: {value}\n", f"Answer: {value:.2f}")
     return value
-
-
-def finish(box: Client, run: dict[str, Any]) -> dict[str, Any]:
-    while run["status"] == "running":
-        run = box.get_run(run["id"], wait_s=60)
-    return run
 
 
 def script(task: Task, backups: frozenset[str]) -> str:

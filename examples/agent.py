@@ -103,6 +103,13 @@ def outcome_of(execution: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def finish_run(box: Client, run: dict[str, Any]) -> dict[str, Any]:
+    """The run once it no longer runs: the server's wait, asked again while it is still running."""
+    while run["status"] == "running":
+        run = box.get_run(run["id"], wait_s=60)
+    return run
+
+
 def wait_for_event(box: Client, execution_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
     """The `script.failed` event of one execution. GET /v1/events has no blocking wait: the API's
     consumer appends the event shortly after the execution ends, so this asks again until then."""

@@ -24,7 +24,7 @@ from typing import Any
 
 from execbox_client import Client
 
-from agent import Conversation, Trace, main
+from agent import Conversation, Trace, finish_run, main
 
 EXAMPLE = "sql_plan"
 DB = "<shop.db>"
@@ -127,7 +127,7 @@ def play(box: Client, name: str, about: str) -> Trace:
     first = plan(question, sql)
     talk.add("model", json.dumps(first, indent=1))
     run = box.start_run({"plan": with_file(first, file_id), "labels": {"example": EXAMPLE}})
-    run = trace.saw("run", finish(box, run))
+    run = trace.saw("run", finish_run(box, run))
     if run["status"] == "needs_replan":
         handoff = box.run_handoff(run["id"])
         talk.add("tool", handoff_text(handoff))
@@ -140,7 +140,7 @@ def play(box: Client, name: str, about: str) -> Trace:
                               "on orders.total.\n" + json.dumps(steps(fixed, "2"), indent=1))  # fmt: skip
             body = {"base_revision": run["revision"], "reason": f"{column} is orders.total",
                     "add": with_file({"steps": steps(fixed, "2")}, file_id)["steps"]}  # fmt: skip
-            run = trace.saw("run", finish(box, box.revise_run(run["id"], body)))
+            run = trace.saw("run", finish_run(box, box.revise_run(run["id"], body)))
         else:
             box.cancel_run(run["id"])
             trace.saw("run", box.get_run(run["id"]))
@@ -156,13 +156,6 @@ def play(box: Client, name: str, about: str) -> Trace:
     else:
         trace.outcome = {"kind": "stopped", "text": talk.add("model", f"The run ended {run['status']}; stopping.")}
     return trace
-
-
-def finish(box: Client, run: dict[str, Any]) -> dict[str, Any]:
-    """The run once it no longer runs (the server's wait, asked again while it is still running)."""
-    while run["status"] == "running":
-        run = box.get_run(run["id"], wait_s=60)
-    return run
 
 
 SCENARIOS = {

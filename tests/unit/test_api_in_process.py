@@ -114,3 +114,17 @@ def test_a_waiting_client_is_answered_when_the_execution_ends(
 
     assert answer.status_code == 200 and answer.json()["status"] == "succeeded"
     assert time.monotonic() - started < 10, "woken by the done channel, not by the end of the wait"
+
+
+def test_a_run_wait_past_events_needs_a_wait(api: Api) -> None:
+    http, as_ = api
+    plan = {"format": "plan/v1", "steps": [{"id": "a", "run": {"code": "print(1)"}}]}
+    run = http.post("/v1/runs", json={"plan": plan}, headers=as_["alpha"]).json()
+
+    answer = http.get(f"/v1/runs/{run['id']}?after=0", headers=as_["alpha"])
+
+    assert answer.status_code == 422, answer.text
+    assert [e["field"] for e in answer.json()["errors"]] == ["query.after"]
+    started = time.monotonic()
+    behind = http.get(f"/v1/runs/{run['id']}?wait=5&after={len(run['events']) - 1}", headers=as_["alpha"])
+    assert behind.json()["status"] == "running" and time.monotonic() - started < 2, "more events than seen: at once"

@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 from execbox.api.deps import ServicesDep, TenantDep
 from execbox.api.params import PreferHeader, TraceHeader, WaitQuery, disconnected, wait_seconds
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
-from execbox.core.errors import InvalidPlan
+from execbox.core.errors import FieldProblem, InvalidPlan, InvalidRequest
 from execbox.executions.submit import request_digest
 from execbox.plans.runs import UsageReport
 from execbox.plans.schemas import (
@@ -138,6 +138,9 @@ async def get_run(
     """With ?wait=S, answers once the run is no longer `running` (or S passed); with ?after=N too,
     as soon as it has more than N events: a live progress display waits on it, never a poll."""
     wait_s = wait_seconds(services, wait, prefer)
+    if after is not None and wait_s <= 0:
+        message = "after counts events to wait past; it needs a wait (?wait=S or Prefer: wait=S)"
+        raise InvalidRequest(f"query.after: {message}", (FieldProblem("query.after", message),))
 
     def settled(r: RunRecord) -> bool:
         return r.status not in WAITING or (after is not None and len(r.events) > after)
