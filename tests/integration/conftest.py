@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -139,15 +140,42 @@ def no_sandbox_outlives_the_session(docker_client: docker.DockerClient, processe
     yield
     processes.stop_all()
     managed: dict[str, Any] = {"label": f"{MANAGED_LABEL}=true"}
+
+    def ours(labels: dict[str, str] | None) -> bool:
+        return (labels or {}).get(DEPLOYMENT_LABEL, "").startswith(PREFIX)
+
+    # A stopped worker's own removal may still be under way: a container already gone (404) or
+    # being removed (409) is not an error here, and its volume goes once the engine is done with it.
     for container in docker_client.containers.list(all=True, filters=managed):
-        if container.labels.get(DEPLOYMENT_LABEL, "").startswith(PREFIX):
-            container.remove(force=True, v=True)
+        if ours(container.labels):
+            _removed(lambda c=container: c.remove(force=True, v=True))
     for network in docker_client.networks.list(filters=managed):
-        if (network.attrs.get("Labels") or {}).get(DEPLOYMENT_LABEL, "").startswith(PREFIX):
-            network.remove()
+        if ours(network.attrs.get("Labels")):
+            _removed(network.remove)
     for volume in docker_client.volumes.list(filters=managed):
-        if (volume.attrs.get("Labels") or {}).get(DEPLOYMENT_LABEL, "").startswith(PREFIX):
-            volume.remove(force=True)
+        if ours(volume.attrs.get("Labels")):
+            _removed(lambda v=volume: v.remove(force=True), in_use_wait_s=30)
+
+
+def _removed(remove: Any, in_use_wait_s: float = 0.0) -> None:
+    """Remove a Docker object its owner may be removing at the same moment: gone (404) is done; a
+    container already being removed (409) is left to that removal; a volume still held by such a
+    container (409) is asked again until in_use_wait_s has passed."""
+    deadline = time.monotonic() + in_use_wait_s
+    while True:
+        try:
+            remove()
+            return
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError as error:
+            if error.status_code != 409:
+                raise
+            if time.monotonic() >= deadline:
+                if in_use_wait_s:
+                    raise
+                return
+            time.sleep(0.2)
 
 
 @pytest.fixture(scope="session")

@@ -67,5 +67,8 @@ def test_api_and_redis_killed_mid_load_lose_nothing(stack: Stack, processes: Pro
         # Only a run already going when Redis died may fail (its lease or result could not be
         # written), and it says so; everything queued or started afterwards runs to success.
         assert final["error"]["category"] == "sandbox.error" and final["error"]["retryable"], final["error"]
-        assert final["started_at"] is not None and final["started_at"] <= killed_at, final
+        assert final["started_at"] is not None and final["started_at"] <= killed_at, (
+            final["error"],
+            final["started_at"] - killed_at,
+        )
     assert len(failed) <= 1, "one worker runs one execution at a time: at most one was in flight"
