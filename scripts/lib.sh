@@ -9,13 +9,23 @@ ensure_key() {
     echo "auth: using the API key in $key_file (tenant default)"
     return 0
   fi
-  if ! "$@" > "$key_file.new" 2>/dev/null; then
-    if curl -fsS "http://127.0.0.1:$port/v1/languages" >/dev/null 2>&1; then
-      echo "auth: OFF (EXECBOX_AUTH__ENABLED=false): every request is tenant default; for local development only"
-      : > "$key_file"; rm -f "$key_file.new"; return 0
-    fi
-    echo "auth: could not issue an API key" >&2; rm -f "$key_file.new"; return 1
+  if curl -fsS "http://127.0.0.1:$port/v1/languages" >/dev/null 2>&1; then
+    echo "auth: OFF (EXECBOX_AUTH__ENABLED=false): every request is tenant default; for local development only"
+    : > "$key_file"; return 0
   fi
+  # The issuing command is a one-off container right after start-up, when the host is busiest:
+  # tried three times, and its own error shown if every try fails.
+  local try
+  for try in 1 2 3; do
+    if "$@" > "$key_file.new" 2> "$key_file.err"; then break; fi
+    if [ "$try" = 3 ]; then
+      echo "auth: could not issue an API key:" >&2; cat "$key_file.err" >&2
+      rm -f "$key_file.new" "$key_file.err"; return 1
+    fi
+    echo "auth: issuing an API key failed (try $try of 3); trying again" >&2
+    sleep 2
+  done
+  rm -f "$key_file.err"
   mv "$key_file.new" "$key_file"; chmod 600 "$key_file"
   echo "auth: issued an API key for tenant default into $key_file"
 }
