@@ -39,6 +39,7 @@ Usage: python bench/patterns.py [--tasks 12] [--seeds 2] [--transient 0.05] [--s
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import math
 import random
@@ -56,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from execbox_client import Client
 
-from agent import TOKENIZER, count_tokens, finish_run
+from agent import TOKENIZER, check_details, count_tokens, fill, finish_run
 from compare import Service, percentile, redis_server
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -264,7 +265,7 @@ def observation(execution: dict[str, Any]) -> str:
     if execution["status"] == "succeeded":
         return (execution.get("stdout") or json.dumps(execution.get("outputs"))).strip()
     error = execution["error"]
-    details = (error.get("details") or {}).get("details")
+    details = check_details(execution)
     return f"Error ({error['category']}): {error['message']}" + (f" {json.dumps(details)}" if details else "")
 
 
@@ -286,8 +287,7 @@ def fused(box: Client, task: Task, tools: str, outcome: Outcome) -> float | None
             done = execute(box, outcome, code, tools, attempt)
             transcript += f"Observation: {observation(done)}\n"
             if done["status"] == "succeeded":
-                values[call] = json.loads(done["stdout"].replace("'", '"')) if call.startswith("quote") else float(
-                    done["stdout"])  # fmt: skip
+                values[call] = ast.literal_eval(done["stdout"].strip())  # what print() showed: a dict or a float
                 break
             category = done["error"]["category"]
             if category == "check.failed" and not backup:
@@ -341,10 +341,6 @@ def plan_steps(task: Task, backups: frozenset[str] = frozenset(), suffix: str = 
     return steps
 
 
-def with_tools(document: Any, tools: str) -> Any:
-    return json.loads(json.dumps(document).replace('"<tools>"', json.dumps(tools)))
-
-
 def planner(box: Client, task: Task, tools: str, outcome: Outcome) -> float | None:
     model = Model(outcome)
     prompt = f"{SYSTEM}\n\n{TOOLS_DOC}\n\n{FEW_SHOT['planner']}\n\nQuestion: {task.question}\n"
@@ -352,14 +348,14 @@ def planner(box: Client, task: Task, tools: str, outcome: Outcome) -> float | No
             "steps": plan_steps(task)}  # fmt: skip
     model.call(prompt, json.dumps(plan))
     outcome.executions += len(plan["steps"])
-    run = timed(outcome, lambda: box.start_run({"plan": with_tools(plan, tools)}))
+    run = timed(outcome, lambda: box.start_run({"plan": fill(plan, "<tools>", tools)}))
     backups: frozenset[str] = frozenset()
     for round_ in range(REPLANS + 1):
         run = timed(outcome, partial(finish_run, box, run))
         if run["status"] != "needs_replan":
             break
         handoff = timed(outcome, partial(box.run_handoff, run["id"]))
-        stale = [f["error"]["details"]["details"]["call"] for f in handoff["failed"]
+        stale = [check_details(f)["call"] for f in handoff["failed"]
                  if f["error"]["category"] == "check.failed"]  # fmt: skip
         if not stale:
             outcome.errors.append(handoff["failed"][0]["error"]["category"])
@@ -372,7 +368,7 @@ def planner(box: Client, task: Task, tools: str, outcome: Outcome) -> float | No
         body = {"base_revision": run["revision"], "reason": "primary feed stale: use the backup", "add": new}
         model.call(f"{prompt}\nHand-off:\n{json.dumps(handoff)}\n", json.dumps(body))
         outcome.executions += len(new)
-        run = timed(outcome, partial(box.revise_run, run["id"], with_tools(body, tools)))
+        run = timed(outcome, partial(box.revise_run, run["id"], fill(body, "<tools>", tools)))
     if run["status"] != "succeeded":
         outcome.errors.append(run["status"])
         return None
@@ -412,7 +408,7 @@ def code(box: Client, task: Task, tools: str, outcome: Outcome) -> float | None:
         prompt += f"{source}\nResult: {observation(done)}\n"
         if error["category"] == "check.failed":
             outcome.replanned = True
-            backups |= {error["details"]["details"]["call"]}
+            backups |= {check_details(done)["call"]}
             source = model.call(prompt, f"The feed is stale; using the backup.\n```python\n{script(task, backups)}```")
         elif error["category"] == "limit.timeout":
             source = model.call(prompt, "The call timed out; running the same script again.")

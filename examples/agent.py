@@ -86,6 +86,18 @@ class Trace:
                 "size": self.conversation.size()}  # fmt: skip
 
 
+def check_details(failed: dict[str, Any]) -> dict[str, Any]:
+    """The details a failed `execbox.check` gave (of an execution, an event or a hand-off step's
+    error holder); {} when there are none."""
+    return dict(((failed.get("error") or {}).get("details") or {}).get("details") or {})
+
+
+def fill(document: Any, placeholder: str, value: str) -> Any:
+    """`document` with every string equal to `placeholder` replaced by `value` (e.g. a file id
+    the model wrote as a handle)."""
+    return json.loads(json.dumps(document).replace(json.dumps(placeholder), json.dumps(value)))
+
+
 def outcome_of(execution: dict[str, Any]) -> str:
     """The tool message a model reads after a call: its status, declared outputs, stdout and, on
     failure, the category, message and the check's details (never ids or timings)."""
@@ -97,7 +109,7 @@ def outcome_of(execution: dict[str, Any]) -> str:
     error = execution.get("error")
     if error:
         lines.append(f"error: {error['category']}: {error['message']}")
-        details = (error.get("details") or {}).get("details")
+        details = check_details(execution)
         if details:
             lines.append("details: " + json.dumps(details, sort_keys=True))
     return "\n".join(lines)

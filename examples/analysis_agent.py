@@ -19,7 +19,7 @@ from typing import Any
 
 from execbox_client import Client
 
-from agent import Conversation, Trace, main, outcome_of
+from agent import Conversation, Trace, check_details, main, outcome_of
 
 EXAMPLE = "analysis_agent"
 REGIONS = ["North", "South", "East", "West"]
@@ -111,12 +111,12 @@ def play(box: Client, name: str, about: str) -> Trace:
     try:
         cell(box, trace, session, LOAD)
         done = cell(box, trace, session, stats(coerce=False))
-        details = ((done.get("error") or {}).get("details") or {}).get("details") or {}
+        details = check_details(done)
         if "examples" in details:
             talk.add("model", f"{details['rows']} amounts are {details['examples'][0]!r}; I will leave those rows out "
                               "and say so in the report.")  # fmt: skip
             done = cell(box, trace, session, stats(coerce=True))
-            details = ((done.get("error") or {}).get("details") or {}).get("details") or {}
+            details = check_details(done)
         if "missing" in details:
             text = (f"There are no rows at all for {', '.join(details['missing'])}, so a four-region "
                     "comparison would mislead. Is that region's data in another file, or should I compare "

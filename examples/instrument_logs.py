@@ -23,7 +23,7 @@ from typing import Any
 
 from execbox_client import Client
 
-from agent import Conversation, Trace, main, outcome_of, wait_for_event
+from agent import Conversation, Trace, check_details, main, outcome_of, wait_for_event
 
 EXAMPLE = "instrument_logs"
 NAME = "lab.weekly_instrument_report"
@@ -127,7 +127,7 @@ def play(box: Client, name: str, about: str) -> Trace:
         return trace
     event = trace.saw("event", wait_for_event(box, week["id"]))
     talk.add("tool", f"event script.failed from {event['script']}:\n" + outcome_of(week))
-    details = event["error"]["details"]["details"]
+    details = check_details(event)
     if "unreadable" in details:
         bad = details["unreadable"][0]
         talk.add("model", f"{bad['file']} now writes JSON lines ({bad['first_line'][:30]}...). Version 1.1.0 reads "

@@ -24,7 +24,7 @@ from typing import Any
 
 from execbox_client import Client
 
-from agent import Conversation, Trace, finish_run, main
+from agent import Conversation, Trace, check_details, fill, finish_run, main
 
 EXAMPLE = "sql_plan"
 DB = "<shop.db>"
@@ -104,15 +104,11 @@ def plan(question: str, sql: str) -> dict[str, Any]:
     return {"format": "plan/v1", "objective": question, "budgets": {"max_replans": 1}, "steps": [schema, *steps(sql)]}
 
 
-def with_file(document: dict[str, Any], file_id: str) -> dict[str, Any]:
-    return dict(json.loads(json.dumps(document).replace(json.dumps(DB), json.dumps(file_id))))
-
-
 def handoff_text(handoff: dict[str, Any]) -> str:
     """What the planner is shown of the hand-off: completed steps' outputs, failed steps' errors."""
     completed = {s["step_id"]: s.get("outputs") for s in handoff["completed"]}
     failed = [{"step": s["step_id"], "category": s["error"]["category"], "message": s["error"]["message"],
-               "details": (s["error"].get("details") or {}).get("details")} for s in handoff["failed"]]  # fmt: skip
+               "details": check_details(s) or None} for s in handoff["failed"]]  # fmt: skip
     return "run needs a re-plan\n" + json.dumps({"completed": completed, "failed": failed}, sort_keys=True, indent=1)
 
 
@@ -126,12 +122,12 @@ def play(box: Client, name: str, about: str) -> Trace:
     file_id = box.upload_file("shop.db", database())["id"]
     first = plan(question, sql)
     talk.add("model", json.dumps(first, indent=1))
-    run = box.start_run({"plan": with_file(first, file_id), "labels": {"example": EXAMPLE}})
+    run = box.start_run({"plan": fill(first, DB, file_id), "labels": {"example": EXAMPLE}})
     run = trace.saw("run", finish_run(box, run))
     if run["status"] == "needs_replan":
         handoff = box.run_handoff(run["id"])
         talk.add("tool", handoff_text(handoff))
-        failed = handoff["failed"][0]["error"]["details"]["details"]
+        failed = check_details(handoff["failed"][0])
         tables = failed["tables"]
         if "no such column" in failed["error"]:
             column = failed["error"].split(": ")[-1]
@@ -139,7 +135,7 @@ def play(box: Client, name: str, about: str) -> Trace:
             talk.add("model", f"{column} does not exist; orders has {tables['orders']}. Revision: the same query "
                               "on orders.total.\n" + json.dumps(steps(fixed, "2"), indent=1))  # fmt: skip
             body = {"base_revision": run["revision"], "reason": f"{column} is orders.total",
-                    "add": with_file({"steps": steps(fixed, "2")}, file_id)["steps"]}  # fmt: skip
+                    "add": fill({"steps": steps(fixed, "2")}, DB, file_id)["steps"]}  # fmt: skip
             run = trace.saw("run", finish_run(box, box.revise_run(run["id"], body)))
         else:
             box.cancel_run(run["id"])

@@ -21,7 +21,7 @@ from typing import Any
 
 from execbox_client import Client
 
-from agent import Conversation, Trace, main, outcome_of
+from agent import Conversation, Trace, check_details, main, outcome_of
 
 EXAMPLE = "subsidiaries"
 SUBSIDIARIES = [f"S{n:02d}" for n in range(1, 31)]
@@ -122,7 +122,7 @@ def play(box: Client, name: str, about: str, rows: int = 2400, **quirks: str) ->
     run(box, trace, PEEK, files)
     done = run(box, trace, script(sniff=False), files)
     error = done.get("error") or {}
-    details = (error.get("details") or {}).get("details") or {}
+    details = check_details(done)
     if done["status"] == "succeeded":
         trace.outcome = {"kind": "answer", "text": talk.add("model", answer(done["outputs"]["ranking"]))}
     elif error.get("category") == "check.failed" and "header" in details:
