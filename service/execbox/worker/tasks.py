@@ -348,16 +348,19 @@ def _quietly(action: Callable[[str], None], arg: str) -> None:
 def _watch(ctx: WorkerContext, execution_id: str, control: RunControl, stop: threading.Event) -> None:
     """Renew the lease while the run lasts, and stop the sandbox when a cancel request arrives."""
     interval = max(ctx.settings.worker.lease_s / 3, 0.2)
+    renew = False  # start() took the lease; from then on it is renewed before every wait
     while not stop.is_set():
         try:
-            message = ctx.store.wait_signal(execution_id, interval)  # start() took the lease
+            if renew:
+                ctx.store.renew_lease(execution_id, ctx.name)
+            renew = True
+            message = ctx.store.wait_signal(execution_id, interval)
             if message == "cancel":
                 log.info("cancel requested; stopping the sandbox")
                 control.cancel()
                 return
             if message == "stop":
                 return
-            ctx.store.renew_lease(execution_id, ctx.name)
         except ServiceError as exc:
             log.warning("lease renewal failed: %s", exc.message)
             stop.wait(interval)
