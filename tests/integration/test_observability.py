@@ -118,8 +118,14 @@ def test_trace_id_reaches_response_record_labels_and_logs(
     assert record["trace_id"] == trace_id and record["worker"] and record["image"].startswith("sha256:")
     assert [t["status"] for t in record["transitions"]] == ["queued", "running", "succeeded"]
     assert record["policy"]["name"] == "default" and len(record["request_sha256"]) == 64
-    lines = [json.loads(line) for name in ("worker-1.log", "worker-2.log")
-             for line in (stack.logs / name).read_text().splitlines() if body["id"] in line]  # fmt: skip
+
+    def job_logged() -> list[dict[str, Any]]:
+        """The execution's worker lines, once RQ has logged the job's end (after the result is out)."""
+        found = [json.loads(line) for name in ("worker-1.log", "worker-2.log")
+                 for line in (stack.logs / name).read_text().splitlines() if body["id"] in line]  # fmt: skip
+        return found if any("Job OK" in e["message"] for e in found) else []
+
+    lines: list[dict[str, Any]] = wait_until(job_logged, 20, "RQ's line about the job")  # type: ignore[assignment]
     assert any(entry.get("trace_id") == trace_id and entry["message"] == "execution finished" for entry in lines)
     assert all(entry["execution_id"] == body["id"] for entry in lines)
     # RQ's own lines carry the trace id too, from the moment the job's payload is read.
