@@ -326,7 +326,7 @@ def test_killing_the_api_and_a_worker_mid_run_loses_no_step_and_runs_none_twice(
     executions = [json.loads(raw) for raw in raws]
     by_step: dict[str, list[dict[str, Any]]] = {}
     for record in executions:
-        by_step.setdefault(record["labels"]["execbox.step"], []).append(record)
+        by_step.setdefault(record["origin"]["step"], []).append(record)
     for step_id, state in final["steps"].items():
         made = sorted(r["id"] for r in by_step[step_id])
         assert made == sorted(state["attempts"]), f"{step_id}: every execution made is an attempt of the run's"

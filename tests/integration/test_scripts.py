@@ -192,5 +192,5 @@ def test_two_scheduler_processes_and_a_restart_handle_each_of_20_slots_once(
     fired = [f["execution_id"] for f in firings if f["status"] == "fired"]
     harness = redis.Redis.from_url(role_url(f"redis://127.0.0.1:{redis_port}/0", "harness", PASSWORDS["harness"]))
     raws: Any = harness.mget(list(harness.scan_iter(match=f"{prefix}:exe:*")))
-    made = [json.loads(r)["id"] for r in raws if json.loads(r)["labels"].get("execbox.schedule") == schedule["id"]]
+    made = [json.loads(r)["id"] for r in raws if (json.loads(r)["origin"] or {}).get("schedule") == schedule["id"]]
     assert sorted(made) == sorted(fired) and len(fired) == len(set(fired)), "one execution per fired slot"

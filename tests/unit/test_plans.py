@@ -17,7 +17,7 @@ from execbox.core.keys import Keys
 from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions.record import ExecutionRecord
-from execbox.executions.schemas import ExecutionError
+from execbox.executions.schemas import ExecutionError, Origin
 from execbox.executions.store import ExecutionStore
 from execbox.plans.executor import Executor
 from execbox.tenancy.apikeys import ApiKeys
@@ -148,7 +148,7 @@ def test_steps_run_in_dependency_order_with_outputs_passed_by_reference(plans: H
     ))  # fmt: skip
     assert plans.statuses(run["id"]) == {"fetch": "running", "double": "pending"}
     first = plans.store.get(plans.executions_of(run["id"], "fetch")[0])
-    assert first is not None and first.inputs == {"n": 3} and first.labels["execbox.run"] == run["id"]
+    assert first is not None and first.inputs == {"n": 3} and first.origin == Origin(run=run["id"], step="fetch")
     assert first.context["idempotency_key"] == f"{run['id']}:fetch" and first.trace_id == run["trace_id"]
 
     plans.finish(run["id"], "fetch", {"rows": [1, 2, 3]})
@@ -344,7 +344,7 @@ def test_preconditions_run_before_the_step_and_one_that_fails_stops_it(plans: Ha
     state = plans.run(run["id"])["steps"]["close"]
     assert (state["phase"], len(state["checks"]), state["attempts"]) == ("precondition:0", 1, [])
     check = plans.store.get(state["checks"][0])
-    assert check is not None and check.inputs == {"id": 7} and check.labels["execbox.step"] == "close"
+    assert check is not None and check.inputs == {"id": 7} and check.origin == Origin(run=run["id"], step="close")
 
     plans.finish(run["id"], "close", {"status": "open"})
     assert len(plans.run(run["id"])["steps"]["close"]["attempts"]) == 1, "it held: the step itself runs"

@@ -87,7 +87,8 @@ def test_invoking_checks_inputs_and_promotion_needs_succeeded_executions_of_the_
     ran = http.post("/v1/scripts/reports.weekly_errors/invoke", headers=as_["alpha"],
                     json={"version": "1.0.0", "inputs": {"logs": ["a"], "week": "2026-W48"}}).json()  # fmt: skip
     record = ExecutionStore(client, settings).get(ran["id"])
-    assert record is not None and record.labels["execbox.script"] == "reports.weekly_errors@1.0.0"
+    assert record is not None and record.origin is not None
+    assert record.origin.script == "reports.weekly_errors@1.0.0" and not record.labels
     assert record.expect is not None and record.expect.outputs_schema == REPORT["output_schema"]
     empty = http.post("/v1/scripts/reports.weekly_errors/versions/1.0.0/promote", json={"status": "proven"},
                       headers=as_["alpha"])  # fmt: skip
@@ -126,9 +127,8 @@ def test_a_plan_step_runs_the_newest_proven_version_and_records_which(
     assert state["script"] == "reports.weekly_errors@1.1.0", "the newest proven one, not the draft 2.0.0-rc.1"
     record = ExecutionStore(client, settings).get(state["attempts"][0])
     assert record is not None and record.inputs == {"logs": ["x", "y"], "week": "2026-W48"}
-    assert (
-        record.labels["execbox.script"] == "reports.weekly_errors@1.1.0" and record.labels["execbox.run"] == run["id"]
-    )
+    assert record.origin is not None
+    assert record.origin.script == "reports.weekly_errors@1.1.0" and record.origin.run == run["id"]
     missing = http.post("/v1/plans/validate", headers=as_["alpha"],
                         json={"format": "plan/v1", "steps": [{**step, "run": {"script": "nope@proven"}}]})  # fmt: skip
     assert missing.status_code == 422 and missing.json()["errors"][0]["field"] == "plan.steps.0.run.script"

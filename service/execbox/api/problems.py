@@ -65,9 +65,9 @@ def problem_response(
 
 
 def _field(loc: tuple[Any, ...]) -> str:
-    # pydantic names the union member it tried (`literal['none']`, `NetworkAllowlist`); the
-    # client's field path is the same without it.
-    parts = [str(p) for p in loc if not (str(p).startswith("literal[") or _MODEL_NAME.match(str(p)))]
+    # pydantic names the union member it tried (`literal['none']`, `NetworkAllowlist`) and marks a
+    # refused mapping key (`[key]`); the client's field path is the same without them.
+    parts = [str(p) for p in loc if not (str(p).startswith("literal[") or _MODEL_NAME.match(str(p)) or p == "[key]")]
     if parts and parts[0] == "body":
         parts = parts[1:]
     return ".".join(parts) or "body"

@@ -19,6 +19,7 @@ from execbox.executions.schemas import (
     ExecutionError,
     ExecutionPublic,
     Expect,
+    Origin,
     OutputsSpec,
     Resources,
     Timing,
@@ -78,13 +79,14 @@ class RunRecord(BaseModel):
     error: ExecutionError | None = Field(description="Outcome, null on success.")
     artifacts: list[Artifact] = Field(description="Artifacts kept.")
     labels: dict[str, str] = Field(description="Labels.")
+    origin: Origin | None = Field(None, description="The script, schedule slot or run step that started it.")
 
     @classmethod
     def of(cls, record: ExecutionRecord) -> RunRecord:
         return cls(
             **record.model_dump(include={"id", "trace_id", "status", "language", "request_sha256", "policy", "image",
                                          "worker", "attempt", "transitions", "timing", "resources", "exit_code",
-                                         "signal", "error", "artifacts", "labels"}),
+                                         "signal", "error", "artifacts", "labels", "origin"}),
             code_sha256=hashlib.sha256(record.code.encode()).hexdigest(),
             env_names=sorted(record.env),
             input_files=record.files,

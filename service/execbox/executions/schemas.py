@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from execbox.catalog.schemas import AppliedPolicy, PolicyRequest
 from execbox.core.status import ErrorCategory, ExecutionStatus
@@ -14,6 +14,28 @@ from execbox.files.schemas import check_input_path
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 EXECUTION_ID_PATTERN = r"^exe_[a-z0-9]{26}$"
 _STRICT = ConfigDict(extra="forbid")
+RESERVED_LABEL_PREFIX = "execbox."
+"""Label keys beginning so (in any case) are the service's: no request may set one."""
+
+
+def _label_key(key: str) -> str:
+    if key.lower().startswith(RESERVED_LABEL_PREFIX):
+        raise ValueError(
+            f"the {RESERVED_LABEL_PREFIX!r} label namespace is reserved for the service (the script, schedule "
+            "and run an execution belongs to are shown in its `origin`); choose a key without that prefix"
+        )
+    return key
+
+
+Labels = Annotated[
+    dict[
+        Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_label_key)],
+        Annotated[str, Field(max_length=256)],
+    ],
+    Field(description="Free-form labels (keys 1-64 characters, not beginning `execbox.`; values ≤ 256)."),
+]
+"""The labels of every request that carries some: each surface gives its own count with `max_length`.
+Stored records and views keep plain `dict[str, str]`, so records written before a rule still load."""
 
 
 class InputFile(BaseModel):
@@ -126,10 +148,11 @@ class ExecutionCreate(BaseModel):
     policy: PolicyRequest = Field(
         default_factory=PolicyRequest, description="Resource limits; omitted ones take the named policy's defaults."
     )
-    labels: dict[str, str] = Field(
+    labels: Labels = Field(
         default_factory=dict,
         max_length=16,
-        description="Free-form labels stored with the execution (keys ≤ 64 chars, values ≤ 256).",
+        description="Free-form labels stored with the execution (keys ≤ 64 chars, not beginning `execbox.`; "
+        "values ≤ 256).",
     )
     files: list[InputFile] = Field(
         default_factory=list, description="Input files, written under the working directory before the program starts."
@@ -179,13 +202,18 @@ class ExecutionCreate(BaseModel):
                 raise ValueError(f"env {name}: values are at most 4096 characters, without NUL")
         return value
 
-    @field_validator("labels")
-    @classmethod
-    def _label_sizes(cls, value: dict[str, str]) -> dict[str, str]:
-        for key, val in value.items():
-            if not 0 < len(key) <= 64 or len(val) > 256:
-                raise ValueError("label keys are 1-64 characters and values at most 256")
-        return value
+
+class Origin(BaseModel):
+    """What in the service started an execution. Only the service sets it (the script library, the
+    scheduler, the plan executor); no request model has the field, so a client cannot claim a link."""
+
+    script: str | None = Field(None, description="`name@version` of the script version it runs.")
+    script_sha256: str | None = Field(None, description="That version's registration digest (its exact content).")
+    shared_script: bool = Field(False, description="The script is the operator's shared one.")
+    schedule: str | None = Field(None, description="The schedule that fired it.")
+    slot: float | None = Field(None, description="The slot it was fired for (Unix time).")
+    run: str | None = Field(None, description="The plan run it is a step attempt or check of.")
+    step: str | None = Field(None, description="That run's step.")
 
 
 class ExecutionError(BaseModel):
@@ -270,6 +298,9 @@ class ExecutionPublic(BaseModel):
     language: str = Field(description="Canonical language name.")
     trace_id: str = Field(description="W3C trace id (32 hex characters).")
     labels: dict[str, str] = Field(default_factory=dict, description="Labels from the request.")
+    origin: Origin | None = Field(
+        None, description="Set by the service when a script invocation, a schedule or a plan run started it."
+    )
     created_at: float = Field(description="Unix time the execution was accepted.")
     started_at: float | None = Field(None, description="Unix time a worker took it.")
     finished_at: float | None = Field(None, description="Unix time it reached a terminal status.")

@@ -32,7 +32,7 @@ from execbox.executions.idempotency import IdempotencyKeys
 from execbox.executions.inputs import prepare
 from execbox.executions.queue import depth, enqueue
 from execbox.executions.record import ExecutionRecord
-from execbox.executions.schemas import ExecutionCreate, ExecutionError, Transition
+from execbox.executions.schemas import ExecutionCreate, ExecutionError, Origin, Transition
 from execbox.executions.store import ExecutionStore
 from execbox.files.store import FileStore
 from execbox.fleet.registry import WorkerRegistry
@@ -103,15 +103,18 @@ class Submissions:
         idempotency_key: str | None = None,
         route: str = "POST /v1/executions",
         context: dict[str, str] | None = None,
+        origin: Origin | None = None,
     ) -> Submission:
         """Accept one execution for tenant; raises a ServiceError (4xx/5xx) and stores nothing when
-        refused. `context` travels with the record to the program (see ExecutionRecord.context)."""
+        refused. `context` travels with the record to the program (see ExecutionRecord.context);
+        `origin` is the service's link to what started it (a script, a schedule's slot, a run's step),
+        given only by the service's own submitters, never taken from a request."""
         if idempotency_key is None:
-            return self._accept(tenant, body, extra, traceparent, context or {})
+            return self._accept(tenant, body, extra, traceparent, context or {}, origin)
         first: list[Submission] = []
 
         def create() -> str:
-            first.append(self._accept(tenant, body, extra, traceparent, context or {}))
+            first.append(self._accept(tenant, body, extra, traceparent, context or {}, origin))
             return first[0].record.id
 
         outcome = self.idempotency.run(tenant, route, idempotency_key, request_digest(body, extra), create)
@@ -147,11 +150,17 @@ class Submissions:
         raise ConflictError(f"execution {execution_id} already ended as {record.status.value}; nothing to cancel")
 
     def _accept(
-        self, tenant: str, body: ExecutionCreate, extra: ExtraFiles, traceparent: str | None, context: dict[str, str]
+        self,
+        tenant: str,
+        body: ExecutionCreate,
+        extra: ExtraFiles,
+        traceparent: str | None,
+        context: dict[str, str],
+        origin: Origin | None,
     ) -> Submission:
         trace = from_traceparent(traceparent)
         with self.spans.span("execbox.api.create_execution", trace):
-            return self._accept_traced(tenant, body, extra, trace, context)
+            return self._accept_traced(tenant, body, extra, trace, context, origin)
 
     def _check_webhook(self, body: ExecutionCreate) -> None:
         if body.webhook is not None and not host_allowed(body.webhook.url, self.settings.webhooks.allow_hosts):
@@ -161,7 +170,13 @@ class Submissions:
             )
 
     def _accept_traced(
-        self, tenant: str, body: ExecutionCreate, extra: ExtraFiles, trace: TraceContext, context: dict[str, str]
+        self,
+        tenant: str,
+        body: ExecutionCreate,
+        extra: ExtraFiles,
+        trace: TraceContext,
+        context: dict[str, str],
+        origin: Origin | None,
     ) -> Submission:
         language = self.languages.get(body.language)
         if body.session is not None:
@@ -192,6 +207,7 @@ class Submissions:
                 language=language.name,
                 trace_id=trace.trace_id,
                 labels=body.labels,
+                origin=origin,
                 created_at=now,
                 policy=policy,
                 code=body.code,

@@ -4,22 +4,31 @@ Each dispatch goes through `executions.submit` under the Idempotency-Key `<run>:
 (a check adds its own suffix), so a process that dies after submitting and before saving the run
 gets the same execution back when the run is advanced again, never a second one. Artifacts the
 arguments refer to are read from the artifact store and travel as input files.
+
+Each execution carries its run and step in its `origin`, which only the service sets; when one
+ends, `awaited_by` follows that link only to a run of the same tenant that lists the execution as
+an attempt or check of that step, so no other execution can advance a run.
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
 from execbox.catalog.schemas import PolicyRequest
 from execbox.core.errors import ServiceError
-from execbox.executions.schemas import ExecutionCreate, Expect, InputFile
+from execbox.executions.record import ExecutionRecord
+from execbox.executions.schemas import ExecutionCreate, Expect, InputFile, Origin
 from execbox.executions.submit import Submissions
 from execbox.files.blobs import ArtifactStore
 from execbox.plans.refs import artifact_path, refs_in
 from execbox.plans.schemas import CodeCell, Postconditions, RunRecord, ScriptRef
-from execbox.scripts.library import Library, input_problems
+from execbox.plans.store import RunStore
+from execbox.scripts.library import Library, ScriptRun, input_problems
+
+log = logging.getLogger(__name__)
 
 ROUTE = "plan step"
 """The idempotency scope of step dispatches."""
@@ -51,7 +60,10 @@ def script_request(library: Library, run: RunRecord, step_id: str, args: dict[st
     if problems:
         raise StepRefused("input.invalid", "; ".join(f"{p.field}: {p.message}" for p in problems))
     policy = spec.policy if spec.policy != PolicyRequest() else script.default_policy
-    body = library.request(script, args, spec.files).model_copy(update={"policy": policy})
+    try:
+        body = library.request(script, args, spec.files).model_copy(update={"policy": policy})
+    except ServiceError as exc:
+        raise StepRefused(exc.code, exc.message) from exc
     return body, f"{name}@{script.version}"
 
 
@@ -83,12 +95,14 @@ class Dispatcher:
                     extra.append((artifact_path(ref), b"".join(self.artifacts.read(producer, ref.pointer[3]))))
                 except FileNotFoundError as exc:
                     raise MissingArtifact(f"step {ref.pointer[1]} has no artifact {ref.pointer[3]!r}") from exc
-        labels = {"execbox.run": run.id, "execbox.step": step_id}
+        origin = Origin(run=run.id, step=step_id)
         if isinstance(cell, ExecutionCreate):
-            body = cell.model_copy(update={"labels": {**cell.labels, **labels}})
+            body = cell
+            if isinstance(cell, ScriptRun):
+                origin = cell.origin.model_copy(update={"run": run.id, "step": step_id})
         else:
             body = ExecutionCreate(
-                language=cell.language, code=cell.code, inputs=args, policy=policy, files=files, labels=labels,
+                language=cell.language, code=cell.code, inputs=args, policy=policy, files=files,
                 expect=Expect(outputs_schema=post.outputs_schema, exit_code=post.exit_code) if post else None,
             )  # fmt: skip
         # The same key for every attempt: what the code forwards to the service it writes to.
@@ -100,6 +114,25 @@ class Dispatcher:
         }
         submitted = self.submissions.submit(
             run.tenant, body, extra, f"00-{run.trace_id}-{secrets.token_hex(8)}-01",
-            idempotency_key=f"{run.id}:{step_id}:{attempt}{suffix}", route=ROUTE, context=context,
+            idempotency_key=f"{run.id}:{step_id}:{attempt}{suffix}", route=ROUTE, context=context, origin=origin,
         )  # fmt: skip
         return submitted.record.id
+
+
+def awaited_by(store: RunStore, record: ExecutionRecord) -> str | None:
+    """The run an ended execution advances: the one its origin names, when that run is the same
+    tenant's and lists the execution as an attempt or check of the origin's step; None otherwise
+    (labels are never read). The run is read under its lock, so an execution that ended before its
+    dispatch was saved is seen listed; raises RunBusy or QueueUnavailable when that cannot be read now."""
+    origin = record.origin
+    if origin is None or origin.run is None or origin.step is None:
+        return None
+    with store.locked(origin.run):
+        run = store.get(origin.run)
+    state = run.steps.get(origin.step) if run is not None and run.tenant == record.tenant else None
+    if state is None or record.id not in (*state.attempts, *state.checks):
+        if run is not None:
+            log.warning("execution %s links run %s step %s, which does not await it; not followed",
+                        record.id, origin.run, origin.step)  # fmt: skip
+        return None
+    return origin.run

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from execbox.catalog.schemas import PolicyRequest
-from execbox.executions.schemas import InputFile, Webhook
+from execbox.executions.schemas import InputFile, Labels, Webhook
 
 STEP_ID_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 RUN_ID_PATTERN = r"^run_[a-z0-9]{26}$"
@@ -171,7 +171,7 @@ class RunCreate(BaseModel):
     model_config = _STRICT
 
     plan: PlanDocument = Field(description="The plan to run.")
-    labels: dict[str, str] = Field(default_factory=dict, max_length=16, description="Free-form labels.")
+    labels: Labels = Field(default_factory=dict, max_length=16, description="Free-form labels (not `execbox.`).")
     webhook: Webhook | None = Field(
         None,
         description="POSTed (signed, retried) on run.needs_replan (with the hand-off), approval.requested and "

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from execbox.core.errors import ServiceError
 from execbox.core.metrics import ScheduleMetrics
+from execbox.executions.schemas import Origin
 from execbox.executions.store import ExecutionStore
 from execbox.schedules import calendar
 from execbox.schedules.schemas import Firing, Schedule, ScheduleCreate
@@ -113,10 +114,11 @@ class Scheduler:
         if claim_suffix and not self.store.claim(schedule.id, slot, claim_suffix):
             return
         name, _, version = schedule.script.partition("@")
-        labels = {**schedule.labels, "execbox.schedule": schedule.id, "execbox.slot": f"{slot:.0f}"}
+        origin = Origin(schedule=schedule.id, slot=slot)
         try:
-            submitted = self.library.invoke(schedule.tenant, name, version, schedule.inputs, schedule.files, labels,
-                                            idempotency_key=f"{schedule.id}:{slot:.3f}")  # fmt: skip
+            submitted = self.library.invoke(schedule.tenant, name, version, schedule.inputs, schedule.files,
+                                            schedule.labels, idempotency_key=f"{schedule.id}:{slot:.3f}",
+                                            origin=origin)  # fmt: skip
         except ServiceError as exc:
             self._record(schedule, slot, now, "not_started", exc.message)
             return

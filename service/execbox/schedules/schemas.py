@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from execbox.executions.schemas import InputFile, Webhook
+from execbox.executions.schemas import InputFile, Labels, Webhook
 
 SCHEDULE_ID_PATTERN = r"^sch_[a-z0-9]{26}$"
 SCRIPT_REF_PATTERN = r"^[a-z][a-z0-9_.-]{0,99}@(proven|\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?)$"
@@ -35,7 +35,7 @@ class ScheduleCreate(BaseModel):
         description="Slots missed by more than misfire_grace_s (a downtime): skip them, or fire the latest once.",
     )
     misfire_grace_s: float = Field(60.0, gt=0, le=86400, description="How late a slot may still fire.")
-    labels: dict[str, str] = Field(default_factory=dict, max_length=8, description="Labels for its executions.")
+    labels: Labels = Field(default_factory=dict, max_length=8, description="Labels for its executions.")
     notify: Literal["failures", "all"] = Field(
         "failures", description="`all`: a succeeded firing is an event (script.succeeded) and a webhook too."
     )
@@ -55,6 +55,7 @@ class ScheduleUpdate(BaseModel):
 class Schedule(ScheduleCreate):
     model_config = ConfigDict(extra="ignore")
 
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels for its executions (as stored).")
     id: str = Field(description="`sch_` and 26 characters.")
     tenant: str = Field(description="Owner.")
     paused: bool = Field(False, description="A paused schedule fires nothing; slots passed while paused are skipped.")

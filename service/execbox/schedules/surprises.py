@@ -1,6 +1,10 @@
 """Surprises: when an execution of a script fails (above all `check.failed`, the script's ear),
 an event that carries what an agent needs to resume; quiet successes make none.
 
+Which script and schedule an execution belongs to is read from its `origin`, which only the
+service sets (labels are the client's and are not believed), and a schedule is followed only when
+it is the execution's own tenant's: its webhook and secret are never used for another's execution.
+
 A consumer group (`surprises`, in the API processes of every deployment on the Redis) reads the execution event stream;
 for a failed script execution it appends an event to the tenant's stream `surprises:{tenant}`
 (read with GET /v1/events) and, when the schedule that fired it has a webhook, stores the event
@@ -28,7 +32,6 @@ from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, Webhook
 from execbox.executions.store import ExecutionStore
 from execbox.schedules.store import ScheduleStore
-from execbox.scripts.library import SCRIPT_LABEL
 
 log = logging.getLogger(__name__)
 TAIL_CHARS = 2000
@@ -57,20 +60,20 @@ class Surprise(BaseModel):
 
 def surprise_of(record: ExecutionRecord, successes: bool = False) -> Surprise | None:
     """The event of a script's execution: of a failure, or (when asked) of a success too."""
-    if not record.labels.get(SCRIPT_LABEL):
+    origin = record.origin
+    if origin is None or not origin.script:
         return None
     failed = record.status in FAILED and record.error is not None
     if not failed and not (successes and record.status is ExecutionStatus.SUCCEEDED):
         return None
-    schedule, slot = record.labels.get("execbox.schedule"), record.labels.get("execbox.slot")
     links = {"execution": f"/v1/executions/{record.id}", "record": f"/v1/executions/{record.id}/record"}
-    if schedule:
-        links["schedule"] = f"/v1/schedules/{schedule}"
+    if origin.schedule:
+        links["schedule"] = f"/v1/schedules/{origin.schedule}"
     return Surprise(type="script.failed" if failed else "script.succeeded", at=record.finished_at or time.time(),
-                    script=record.labels[SCRIPT_LABEL], schedule=schedule,
-                    slot=float(slot) if slot else None, execution_id=record.id, error=record.error,
-                    stdout_tail=record.stdout[-TAIL_CHARS:], stderr_tail=record.stderr[-TAIL_CHARS:],
-                    artifacts=[a.url for a in record.artifacts], inputs=record.inputs, links=links)  # fmt: skip
+                    script=origin.script, schedule=origin.schedule, slot=origin.slot, execution_id=record.id,
+                    error=record.error, stdout_tail=record.stdout[-TAIL_CHARS:],
+                    stderr_tail=record.stderr[-TAIL_CHARS:], artifacts=[a.url for a in record.artifacts],
+                    inputs=record.inputs, links=links)  # fmt: skip
 
 
 class Surprises:
@@ -107,8 +110,12 @@ class Surprises:
         record = self._executions.get(execution_id)
         if record is None:
             return
-        schedule_id = record.labels.get("execbox.schedule")
-        schedule = self._schedules.get(schedule_id) if schedule_id else None
+        origin = record.origin
+        schedule = self._schedules.get(origin.schedule) if origin is not None and origin.schedule else None
+        if origin is not None and schedule is not None and schedule.tenant != record.tenant:
+            log.warning("execution %s links schedule %s of another tenant; not followed", execution_id, schedule.id)
+            record = record.model_copy(update={"origin": origin.model_copy(update={"schedule": None, "slot": None})})
+            schedule = None
         surprise = surprise_of(record, successes=schedule is not None and schedule.notify == "all")
         if surprise is None:
             return

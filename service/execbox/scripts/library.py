@@ -1,6 +1,11 @@
 """The script library: register immutable versions, find them, promote them on evidence, and
 invoke them as ordinary executions (inputs checked against the input schema, declared outputs
-against the output schema, the version recorded on the execution as the label `execbox.script`)."""
+against the output schema, the version recorded in the execution's `origin`, which only the
+service sets).
+
+A tenant changes the status of its own versions only; the operator's shared ones change through
+the admin API. Evidence for `proven` is an execution the service itself ran for that exact version
+(its origin names the version and its digest), never a label a client could set."""
 
 from __future__ import annotations
 
@@ -10,12 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from jsonschema import Draft202012Validator
+from pydantic import Field, ValidationError
 
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.core.errors import FieldProblem, InvalidRequest, RunConflict, ScriptNotFound
 from execbox.core.status import ExecutionStatus
-from execbox.executions.schemas import ExecutionCreate, Expect, InputFile
+from execbox.executions.record import ExecutionRecord
+from execbox.executions.schemas import ExecutionCreate, Expect, InputFile, Origin
 from execbox.executions.submit import Submission, Submissions, request_digest
 from execbox.scripts.schemas import (
     VERSION_PATTERN,
@@ -29,7 +36,6 @@ from execbox.scripts.schemas import (
 )
 from execbox.scripts.store import ScriptStore
 
-SCRIPT_LABEL = "execbox.script"
 SHARED = "*"
 """The owner of the operator's shared scripts: every tenant may find and invoke them."""
 
@@ -47,6 +53,24 @@ def input_problems(schema: dict[str, Any], inputs: Any, prefix: str = "inputs") 
         path = ".".join(str(p) for p in (prefix, *error.absolute_path))
         found.append(FieldProblem(path, error.message))
     return found
+
+
+class ScriptRun(ExecutionCreate):
+    """The execution of a script version, with the link the service records on it. No route takes
+    this model: the link comes from the library, never from a body."""
+
+    origin: Origin = Field(exclude=True, description="The version it runs (see Library.link).")
+
+
+def ran(script: ScriptVersion, record: ExecutionRecord) -> bool:
+    """The service ran this exact version in `record`: its origin (set only by the service) names
+    the version and its digest, the code is the version's, and the execution is the owner's (any
+    tenant's, for a shared script)."""
+    origin = record.origin
+    if origin is None or origin.script != f"{script.name}@{script.version}" or record.code != script.code:
+        return False
+    owner = origin.shared_script if script.tenant == SHARED else record.tenant == script.tenant
+    return owner and origin.script_sha256 == script.sha256
 
 
 @dataclass(frozen=True)
@@ -128,26 +152,36 @@ class Library:
             raise InvalidRequest(f"the inputs do not match {name}@{script.version}'s input schema", tuple(problems))
         return script
 
-    def promote(self, tenant: str, name: str, version: str, body: Promote) -> ScriptVersion:
-        script = self.resolve(tenant, name, version)
+    def promote(self, owner: str, name: str, version: str, body: Promote) -> ScriptVersion:
+        """Change the status of one of `owner`'s versions: a tenant's own (a name it does not own is
+        not found, even when a shared script has it), or SHARED's, which only the admin API passes."""
+        script = next((v for v in self.store.versions(owner, name) if v.version == version), None)
+        if script is None:
+            shared = owner != SHARED and any(v.version == version for v in self.store.versions(SHARED, name))
+            hint = " (the shared script of that name is the operator's: only the operator changes its status)"
+            raise ScriptNotFound(f"{name}@{version} of this tenant" + (hint if shared else ""))
         if body.status == "proven":
-            label = f"{name}@{version}"
-            problems = []
-            for index, execution_id in enumerate(body.evidence):
-                record = self.submissions.store.get(execution_id)
-                mine = record is not None and tenant in (SHARED, record.tenant)
-                if record is None or not mine or record.labels.get(SCRIPT_LABEL) != label:
-                    problems.append(FieldProblem(f"evidence.{index}", f"not an execution of {label}"))
-                elif record.status is not ExecutionStatus.SUCCEEDED:
-                    problems.append(FieldProblem(f"evidence.{index}", f"{execution_id} {record.status.value}"))
-            if not body.evidence:
-                problems.append(FieldProblem("evidence", "proven needs at least one succeeded execution of it"))
+            problems = self._evidence_problems(script, body.evidence)
             if problems:
-                raise InvalidRequest(f"{label} cannot be proven on this evidence", tuple(problems))
+                raise InvalidRequest(f"{name}@{version} cannot be proven on this evidence", tuple(problems))
             script.evidence = sorted({*script.evidence, *body.evidence})
         script.status = VersionStatus(body.status)
         self.store.put(script)
         return script
+
+    def _evidence_problems(self, script: ScriptVersion, evidence: list[str]) -> list[FieldProblem]:
+        label = f"{script.name}@{script.version}"
+        problems = []
+        for index, execution_id in enumerate(evidence):
+            record = self.submissions.store.get(execution_id)
+            if record is None or not ran(script, record):
+                problems.append(FieldProblem(f"evidence.{index}", f"not an execution the service ran for {label} "
+                                             "(an invocation, a schedule's firing or a plan step of it)"))  # fmt: skip
+            elif record.status is not ExecutionStatus.SUCCEEDED:
+                problems.append(FieldProblem(f"evidence.{index}", f"{execution_id} {record.status.value}"))
+        if not evidence:
+            problems.append(FieldProblem("evidence", "proven needs at least one succeeded execution of it"))
+        return problems
 
     def invoke(
         self,
@@ -159,24 +193,42 @@ class Library:
         labels: dict[str, str] | None = None,
         traceparent: str | None = None,
         idempotency_key: str | None = None,
+        origin: Origin | None = None,
     ) -> Submission:
-        """An execution of the version: inputs checked first (422 listing every violation)."""
+        """An execution of the version: inputs checked first (422 listing every violation). `origin`
+        adds what else started it (the scheduler's schedule and slot) to the script's link."""
         script = self.checked(tenant, f"{name}@{version}", inputs)
-        submitted = self.submissions.submit(tenant, self.request(script, inputs, files, labels), (), traceparent,
-                                            idempotency_key=idempotency_key, route=f"invoke {name}")  # fmt: skip
+        body = self.request(script, inputs, files, labels)
+        link = body.origin.model_copy(update=(origin or Origin()).model_dump(exclude_unset=True))
+        submitted = self.submissions.submit(tenant, body, (), traceparent, idempotency_key=idempotency_key,
+                                            route=f"invoke {name}", origin=link)  # fmt: skip
         self.store.count_use(script.tenant, name, script.version)
         return submitted
 
     @staticmethod
+    def link(script: ScriptVersion) -> Origin:
+        """The origin of an execution of the version."""
+        return Origin(script=f"{script.name}@{script.version}", script_sha256=script.sha256,
+                      shared_script=script.tenant == SHARED)  # fmt: skip
+
+    @staticmethod
     def request(
         script: ScriptVersion, inputs: Any, files: list[InputFile], labels: dict[str, str] | None = None
-    ) -> ExecutionCreate:
-        """The execution of a script version (its outputs checked against its output schema)."""
-        return ExecutionCreate(
-            language=script.language, code=script.code, inputs=inputs, files=files, policy=script.default_policy,
-            labels={**(labels or {}), SCRIPT_LABEL: f"{script.name}@{script.version}"},
-            expect=Expect(outputs_schema=script.output_schema) if script.output_schema else None,
-        )  # fmt: skip
+    ) -> ScriptRun:
+        """The execution of a script version (its outputs checked against its output schema);
+        InvalidRequest naming each field the execution would refuse (labels stored on an older
+        schedule, say), never a bare validation error."""
+        try:
+            return ScriptRun(
+                language=script.language, code=script.code, inputs=inputs, files=files, policy=script.default_policy,
+                labels=labels or {}, origin=Library.link(script),
+                expect=Expect(outputs_schema=script.output_schema) if script.output_schema else None,
+            )  # fmt: skip
+        except ValidationError as exc:
+            problems = tuple(
+                FieldProblem(".".join(str(p) for p in e["loc"] if p != "[key]"), e["msg"]) for e in exc.errors()
+            )
+            raise InvalidRequest(f"{script.name}@{script.version} cannot run with these values", problems) from exc
 
 
-__all__ = ["VERSION_PATTERN", "Library", "input_problems", "version_key"]
+__all__ = ["SHARED", "VERSION_PATTERN", "Library", "ScriptRun", "input_problems", "ran", "version_key"]

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from execbox.catalog.schemas import PolicyRequest
-from execbox.executions.schemas import InputFile
+from execbox.executions.schemas import InputFile, Labels
 
 NAME_PATTERN = r"^[a-z][a-z0-9_.-]{0,99}$"
 VERSION_PATTERN = r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-[0-9A-Za-z.-]+)?$"
@@ -107,4 +107,4 @@ class Invoke(BaseModel):
     version: str = Field("proven", description="An exact version, or `proven` (the newest proven one).")
     inputs: dict[str, Any] = Field(default_factory=dict, description="Checked against the input schema.")
     files: list[InputFile] = Field(default_factory=list, description="Input files, as for an execution.")
-    labels: dict[str, str] = Field(default_factory=dict, max_length=8, description="Labels for the execution.")
+    labels: Labels = Field(default_factory=dict, max_length=8, description="Labels for the execution.")

@@ -6,7 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from execbox.catalog.schemas import AppliedPolicy, PolicyRequest
 from execbox.core.status import SessionEnd, SessionStatus
-from execbox.executions.schemas import ExecutionError, InputFile
+from execbox.executions.schemas import ExecutionError, InputFile, Labels
 
 
 class SessionCreate(BaseModel):
@@ -24,7 +24,7 @@ class SessionCreate(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="Environment of the session's interpreter.")
     idle_timeout_s: int = Field(600, ge=1, description="End the session after this long without an execution.")
     max_lifetime_s: int = Field(3600, ge=1, description="End the session this long after it was created.")
-    labels: dict[str, str] = Field(default_factory=dict, description="Free-form labels, returned as given.")
+    labels: Labels = Field(default_factory=dict, max_length=16, description="Free-form labels, returned as given.")
 
 
 class SessionPublic(BaseModel):
