@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         "egress-key", help="make the egress proxy's key pair (if missing); print the public key"
     )
     egress_key.add_argument("path", type=Path, help="where the private key is (or is written, mode 0400)")
+    sub.add_parser("migrate", help="move data stored under an older key layout (the API does it at start)")
     acl = sub.add_parser("redis-acl", help="print the Redis ACL file for the roles api, worker, egress, admin")
     acl.add_argument("--prefix", default="execbox", help="the deployment's key prefix (EXECBOX_REDIS__KEY_PREFIX)")
     acl.add_argument("--passwords", type=Path, required=True, help="env file with REDIS_<ROLE>_PASSWORD lines")
@@ -107,6 +108,13 @@ def main(argv: list[str] | None = None) -> int:
         api_keys = ApiKeys(connect(settings), settings.redis.key_prefix)
         if args.keys_command == "create":
             key, info = api_keys.create(args.tenant)
+    elif args.command == "migrate":
+        from execbox.core.keymigration import migrate
+        from execbox.core.keys import Keys
+        from execbox.core.redis import connect
+
+        done = migrate(connect(settings), Keys(settings.redis.key_prefix))
+        print(f"moved {done.moved} keys, merged {done.merged}, listed {done.untangled} index members as their tenant's")
             print(key)
             print(f"key id {info.key_id} for tenant {info.tenant}", file=sys.stderr)
         elif args.keys_command == "list":

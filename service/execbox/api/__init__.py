@@ -23,6 +23,7 @@ from execbox.api.routes import sessions as sessions_routes
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.core import logs
+from execbox.core.keymigration import migrate_at_start as migrate_keys
 from execbox.core.keys import Keys
 from execbox.core.metrics import HttpMetrics, SharedStateCollector, api_metrics
 from execbox.core.redis import connect
@@ -65,6 +66,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await waiters.start()
+        await asyncio.to_thread(migrate_keys, client, keys)  # data of the older key layout, before any reader
         consumer = PlanConsumer(app.state.services.runs.executor, _process_name(), settings.plans.claim_idle_s)
         services = app.state.services
         threads = [

@@ -6,13 +6,31 @@ these patterns (a unit test checks that every role named below can reach its key
 deployment's prefix (settings.redis.key_prefix); RQ's own keys live under `rq:` (tickets,
 registries, workers), and the queue's fair-dispatch keys under `{p}:q:`.
 
+Tenant namespaces: every key that holds one tenant's data lives under `{p}:t:`, as `t:{kind}:{tenant}`
+and then its own parts, and no other key starts with `t:`. A tenant name has no `:`, so the tenant
+always sits at the same segment after a fixed kind: no tenant name can spell a shared key (`runs:active`,
+`schedules:due`) or another tenant's key, whatever it is (tests/unit/test_key_schema.py enumerates the
+schema to prove it). Two families keep their own namespace, each with the tenant at a fixed place no
+shared key fills: `secret:{tenant}:{host}` (written by the operator only; tenant `*` is everyone's)
+and the queue's `q:{queue}:pending:{tenant}`. Data stored under the older layout (the same keys
+without `t:`) is moved by `execbox.core.keymigration`, run at API start and by `execbox migrate`.
+
+Longer than 400 lines because the schema is one table, every key with its type, lifetime and roles
+in one place, next to the one class that names them.
+
 Roles: api, worker, egress, admin, scaler (execbox.core.redis_roles). "write" below means the
 role creates or changes the key; "read" that it only reads it.
+
+Longer than 400 lines because it is the whole schema in one place, each key described where its name
+is built, so that the roles, the namespace test and the reader see every key together.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+TENANT_SPACE = "t"
+"""The first segment (after the prefix) of every tenant's key, and of no other key."""
 
 
 @dataclass(frozen=True)
@@ -75,9 +93,9 @@ SCHEMA: tuple[KeySpec, ...] = (
         ("worker",),
         "an uploaded or inline input file",
     ),
-    KeySpec("rate:{tenant}:{minute}", "string counter", "120 s", ("api",), (), "submissions in a tenant's minute"),
+    KeySpec("t:rate:{tenant}:{minute}", "string counter", "120 s", ("api",), (), "submissions in a tenant's minute"),
     KeySpec(
-        "active:{tenant}",
+        "t:active:{tenant}",
         "zset id -> admission time",
         "none",
         ("api", "worker"),
@@ -98,7 +116,7 @@ SCHEMA: tuple[KeySpec, ...] = (
     KeySpec("apikey:{digest}", "string (JSON)", "none", ("api", "admin"), (), "an API key, by its SHA-256"),
     KeySpec("apikeys", "set of digests", "none", ("api", "admin"), (), "every API key, for listing"),
     KeySpec(
-        "idem:{tenant}:{route}:{key}",
+        "t:idem:{tenant}:{route}:{key}",
         "string (JSON) + pub/sub",
         "api.idempotency_ttl_s",
         ("api",),
@@ -158,8 +176,8 @@ SCHEMA: tuple[KeySpec, ...] = (
     KeySpec(
         "ses:{id}:lease", "string (worker name)", "worker.lease_s, renewed", ("worker",), ("api",), "the holder's lease"
     ),
-    KeySpec("ses:tenant:{tenant}", "zset id -> created_at", "none", ("api", "worker"), (), "a tenant's sessions"),
-    KeySpec("ses:open:{tenant}", "zset id -> created_at", "none", ("api", "worker"), (), "open sessions (the quota)"),
+    KeySpec("t:ses:tenant:{tenant}", "zset id -> created_at", "none", ("api", "worker"), (), "a tenant's sessions"),
+    KeySpec("t:ses:open:{tenant}", "zset id -> created_at", "none", ("api", "worker"), (), "open sessions (the quota)"),
     KeySpec("ses:live", "zset id -> created_at", "none", ("api", "worker"), (), "sessions not ended, for the reaper"),
     KeySpec("ses:starts:{queue}", "list of ids", "none", ("api", "worker"), (), "sessions waiting for a worker"),
     KeySpec(
@@ -171,12 +189,12 @@ SCHEMA: tuple[KeySpec, ...] = (
         "a plan's run: its steps' states, budgets and events; written under the run's lock",
     ),
     KeySpec("runlock:{id}", "string (lock token)", "30 s", ("api",), (), "serialises advancing one run"),
-    KeySpec("runs:{tenant}", "zset id -> created_at", "none", ("api",), (), "a tenant's runs, for listing"),
+    KeySpec("t:runs:{tenant}", "zset id -> created_at", "none", ("api",), (), "a tenant's runs, for listing"),
     KeySpec("runs:active", "zset id -> next due time", "none", ("api",), (), "runs with a retry, expiry or budget due"),
     KeySpec("approval:{id}", "string (JSON approval)", "retention_s", ("api",), ("worker",), "a step's approval"),
-    KeySpec("approvals:{tenant}", "zset id -> requested_at", "none", ("api",), (), "a tenant's approvals"),
+    KeySpec("t:approvals:{tenant}", "zset id -> requested_at", "none", ("api",), (), "a tenant's approvals"),
     KeySpec(
-        "script:{tenant}:{name}",
+        "t:script:{tenant}:{name}",
         "hash version -> JSON ScriptVersion",
         "none",
         ("api",),
@@ -184,16 +202,16 @@ SCHEMA: tuple[KeySpec, ...] = (
         "a script's versions (immutable but for status and evidence)",
     ),
     KeySpec(
-        "scriptuse:{tenant}:{name}", "hash version -> count", "none", ("api",), (), "executions started per version"
+        "t:scriptuse:{tenant}:{name}", "hash version -> count", "none", ("api",), (), "executions started per version"
     ),
-    KeySpec("scripts:{tenant}", "set of names", "none", ("api",), (), "a tenant's scripts, for search"),
+    KeySpec("t:scripts:{tenant}", "set of names", "none", ("api",), (), "a tenant's scripts, for search"),
     KeySpec("schedule:{id}", "string (JSON Schedule)", "none", ("api",), (), "a schedule"),
-    KeySpec("schedules:{tenant}", "zset id -> created_at", "none", ("api",), (), "a tenant's schedules"),
+    KeySpec("t:schedules:{tenant}", "zset id -> created_at", "none", ("api",), (), "a tenant's schedules"),
     KeySpec("schedules:due", "zset id -> next look", "none", ("api",), (), "when each schedule needs its scheduler"),
     KeySpec("firings:{id}", "list of JSON firings", "last 1000", ("api",), (), "a schedule's firings"),
     KeySpec("slot:{id}:{slot}", "string", "7 days", ("api",), (), "the claim that fires a slot once"),
     KeySpec(
-        "surprises:{tenant}",
+        "t:surprises:{tenant}",
         "stream of JSON events",
         "~10,000 entries",
         ("api",),
@@ -219,6 +237,14 @@ class Keys:
 
     def _k(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
+
+    def _t(self, kind: str, tenant: str, *parts: str) -> str:
+        """A key of one tenant's: under `t:`, where no shared key lives, with the tenant after its kind."""
+        return self._k(TENANT_SPACE, kind, tenant, *parts)
+
+    def tenant_keys(self, kind: str) -> str:
+        """A SCAN match for one kind of key across every tenant, e.g. tenant_keys("active") -> "p:t:active:*"."""
+        return self._k(TENANT_SPACE, kind, "*")
 
     def pattern(self, kind: str) -> str:
         """A SCAN match for every key of one kind, e.g. pattern("worker") -> "p:worker:*"."""
@@ -266,10 +292,10 @@ class Keys:
         return self._k("ses", session_id, "lease")
 
     def sessions_of(self, tenant: str) -> str:
-        return self._k("ses", "tenant", tenant)
+        return self._t("ses:tenant", tenant)
 
     def open_sessions(self, tenant: str) -> str:
-        return self._k("ses", "open", tenant)
+        return self._t("ses:open", tenant)
 
     @property
     def live_sessions(self) -> str:
@@ -284,10 +310,10 @@ class Keys:
 
     # tenancy
     def rate(self, tenant: str, minute: int) -> str:
-        return self._k("rate", tenant, str(minute))
+        return self._t("rate", tenant, str(minute))
 
     def active(self, tenant: str) -> str:
-        return self._k("active", tenant)
+        return self._t("active", tenant)
 
     def api_key(self, digest: str) -> str:
         return self._k("apikey", digest)
@@ -297,7 +323,7 @@ class Keys:
         return self._k("apikeys")
 
     def idempotency(self, tenant: str, route: str, key: str) -> str:
-        return self._k("idem", tenant, route, key)
+        return self._t("idem", tenant, route, key)
 
     # the fleet and the queue
     def worker(self, name: str) -> str:
@@ -326,20 +352,20 @@ class Keys:
 
     # scripts
     def script(self, tenant: str, name: str) -> str:
-        return self._k("script", tenant, name)
+        return self._t("script", tenant, name)
 
     def script_use(self, tenant: str, name: str) -> str:
-        return self._k("scriptuse", tenant, name)
+        return self._t("scriptuse", tenant, name)
 
     def scripts(self, tenant: str) -> str:
-        return self._k("scripts", tenant)
+        return self._t("scripts", tenant)
 
     # schedules
     def schedule(self, schedule_id: str) -> str:
         return self._k("schedule", schedule_id)
 
     def schedules(self, tenant: str) -> str:
-        return self._k("schedules", tenant)
+        return self._t("schedules", tenant)
 
     @property
     def schedules_due(self) -> str:
@@ -352,7 +378,7 @@ class Keys:
         return self._k("slot", schedule_id, slot)
 
     def surprises(self, tenant: str) -> str:
-        return self._k("surprises", tenant)
+        return self._t("surprises", tenant)
 
     def surprise(self, execution_id: str) -> str:
         return self._k("surprise", execution_id)
@@ -365,7 +391,7 @@ class Keys:
         return self._k("runlock", run_id)
 
     def runs(self, tenant: str) -> str:
-        return self._k("runs", tenant)
+        return self._t("runs", tenant)
 
     @property
     def active_runs(self) -> str:
@@ -375,4 +401,4 @@ class Keys:
         return self._k("approval", approval_id)
 
     def approvals(self, tenant: str) -> str:
-        return self._k("approvals", tenant)
+        return self._t("approvals", tenant)

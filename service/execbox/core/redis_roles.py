@@ -47,35 +47,42 @@ class Role:
 def roles(prefix: str) -> dict[str, Role]:
     p = prefix
     shared = (f"~{p}:exe:*", f"~{p}:deadlines", f"~{p}:running", f"~{p}:lease:*", f"~{p}:cancel:*",
-              f"~{p}:active:*", f"~{p}:worker:*", f"~{p}:q:*", f"%R~{p}:egress:denied:*", "~rq:*",
-              f"~{p}:events", f"~{p}:ses:*", f"~{p}:live:*")  # fmt: skip
+              f"~{p}:t:active:*", f"~{p}:worker:*", f"~{p}:q:*", f"%R~{p}:egress:denied:*", "~rq:*",
+              f"~{p}:events", f"~{p}:ses:*", f"~{p}:t:ses:*", f"~{p}:live:*")  # fmt: skip
+    # The API moves data stored under the layout before tenant namespaces (execbox.core.keymigration):
+    # the same families without `t:`. Nothing writes them any more.
+    legacy = tuple(f"~{p}:{kind}:*" for kind in ("rate", "active", "idem", "runs", "approvals", "script",
+                                                "scriptuse", "scripts", "schedules", "surprises"))  # fmt: skip
     return {
         # Accepts and reads executions, files, keys, idempotency records, quotas; queues tickets; runs plans.
         "api": Role(
             "api",
             (
                 *shared,
+                *legacy,
                 f"~{p}:file:*",
-                f"~{p}:rate:*",
+                f"~{p}:t:rate:*",
                 f"~{p}:apikey:*",
                 f"~{p}:apikeys",
-                f"~{p}:idem:*",
+                f"~{p}:t:idem:*",
                 f"~{p}:run:*",
                 f"~{p}:runlock:*",
-                f"~{p}:runs:*",
+                f"~{p}:t:runs:*",
+                f"~{p}:runs:active",
                 f"~{p}:approval:*",
-                f"~{p}:approvals:*",
-                f"~{p}:script:*",
-                f"~{p}:scriptuse:*",
-                f"~{p}:scripts:*",
+                f"~{p}:t:approvals:*",
+                f"~{p}:t:script:*",
+                f"~{p}:t:scriptuse:*",
+                f"~{p}:t:scripts:*",
                 f"~{p}:schedule:*",
-                f"~{p}:schedules:*",
+                f"~{p}:t:schedules:*",
+                f"~{p}:schedules:due",
                 f"~{p}:firings:*",
                 f"~{p}:slot:*",
-                f"~{p}:surprises:*",
+                f"~{p}:t:surprises:*",
                 f"~{p}:surprise:*",
             ),
-            (f"{p}:done:*", f"{p}:idem:*"),
+            (f"{p}:done:*", f"{p}:t:idem:*"),
             f"{_DATA} {_PUBSUB}",
         ),
         # Runs executions: records, leases, egress rules, network slots and sandbox uids; reads input files,

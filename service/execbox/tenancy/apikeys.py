@@ -13,15 +13,45 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
+from typing import Annotated
 
 import redis
+from pydantic import AfterValidator
 
 from execbox.core.errors import InvalidKey
-from execbox.core.keys import Keys
+from execbox.core.keys import SCHEMA, TENANT_SPACE, Keys
 from execbox.core.redis import redis_errors
 
 TENANT_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 DEFAULT_TENANT = "default"
+RESERVED_TENANTS = frozenset(
+    {segment for spec in SCHEMA for segment in spec.pattern.split(":") if not segment.startswith("{")}
+    | {TENANT_SPACE, "admin", "operator", "shared", "system", "execbox", "all", "everyone", "none", "null"}
+)
+"""Names no new tenant may take: every fixed word of the key schema (`active`, `due`, `live`, ...) and
+the service's own words. Keys are safe without this (a tenant's keys live under `t:`, see
+execbox.core.keys); refusing them keeps logs, metrics and the operator's reading unambiguous too."""
+
+
+def tenant_name_problem(tenant: str) -> str | None:
+    """Why `tenant` cannot name a new tenant, or None when it can."""
+    if not TENANT_PATTERN.match(tenant):
+        return f"tenant {tenant!r} must match {TENANT_PATTERN.pattern}"
+    if tenant in RESERVED_TENANTS:
+        return f"tenant name {tenant!r} is reserved for the service's own keys; choose another name"
+    return None
+
+
+def valid_tenant(tenant: str) -> str:
+    """`tenant` when it may name a new tenant; ValueError (a 422 in a request body) naming why not."""
+    problem = tenant_name_problem(tenant)
+    if problem is not None:
+        raise ValueError(problem)
+    return tenant
+
+
+TenantName = Annotated[str, AfterValidator(valid_tenant)]
+"""A request field naming a new tenant."""
 
 
 @dataclass(frozen=True)
@@ -55,8 +85,7 @@ class ApiKeys:
 
     def create(self, tenant: str) -> tuple[str, KeyInfo]:
         """A new key for tenant: (the key, shown once; its info)."""
-        if not TENANT_PATTERN.match(tenant):
-            raise ValueError(f"tenant {tenant!r} must match {TENANT_PATTERN.pattern}")
+        valid_tenant(tenant)
         key_id = secrets.token_hex(4)
         key = f"ebx_{key_id}_{secrets.token_urlsafe(32)}"
         info = KeyInfo(key_id, tenant, time.time())

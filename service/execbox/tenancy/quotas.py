@@ -39,6 +39,8 @@ class _Quota(BaseModel):
     per_minute: int = Field(ge=1)
     policies: list[str] = Field(min_length=1)
     sessions: int = Field(10, ge=0)
+    schedules: int = Field(100, ge=0)
+    schedule_min_interval_s: float = Field(60.0, ge=1, le=86400)
 
 
 class _QuotaFile(BaseModel):
@@ -56,8 +58,8 @@ class Admission:
 
 
 class Slots:
-    """The counters behind the quotas: submissions per tenant and minute (`rate:{tenant}:{minute}`)
-    and the tenant's queued or running executions (`active:{tenant}`, freed by the terminal
+    """The counters behind the quotas: submissions per tenant and minute (`t:rate:{tenant}:{minute}`)
+    and the tenant's queued or running executions (`t:active:{tenant}`, freed by the terminal
     transition itself, see execbox.executions.store)."""
 
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
@@ -85,7 +87,7 @@ class Slots:
         freed = 0
         cutoff = time.time() - older_than_s
         with redis_errors():
-            for key in self.redis.scan_iter(match=self.keys.pattern("active"), count=100):
+            for key in self.redis.scan_iter(match=self.keys.tenant_keys("active"), count=100):
                 stale = [text(m) for m in self.redis.zrangebyscore(key, "-inf", cutoff)]
                 for execution_id in stale:
                     if ended(execution_id):

@@ -14,7 +14,7 @@ from execbox.api.problems import PROBLEM_DOC
 from execbox.core.errors import AdminOff, InvalidKey, KeyNotFound
 from execbox.scripts.library import SHARED
 from execbox.scripts.schemas import NAME_PATTERN, VERSION_PATTERN, Promote, ScriptCreate, ScriptVersion
-from execbox.tenancy.apikeys import TENANT_PATTERN, bearer_token
+from execbox.tenancy.apikeys import TENANT_PATTERN, TenantName, bearer_token
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 _PROBLEM = PROBLEM_DOC
@@ -27,7 +27,7 @@ _RESPONSES: dict[int | str, dict[str, object]] = {
 
 
 class KeyCreate(BaseModel):
-    tenant: str = Field(pattern=TENANT_PATTERN.pattern, description="Tenant the key acts for.")
+    tenant: TenantName = Field(pattern=TENANT_PATTERN.pattern, description="Tenant the key acts for.")
 
 
 class KeyPublic(BaseModel):
