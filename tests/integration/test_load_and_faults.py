@@ -95,7 +95,7 @@ def test_a_crashed_first_attempt_does_not_lock_its_idempotency_key(stack: Stack,
     body = {"language": "python", "code": "print('once')"}
     key = f"crash-{time.time_ns()}"
     harness = redis.Redis.from_url(redis_server.url)
-    claim = f"{stack.prefix}:idem:alpha:POST /v1/executions:{key}"
+    claim = f"{stack.prefix}:t:idem:alpha:POST /v1/executions:{key}"
     digest = request_digest(ExecutionCreate.model_validate(body), [])
     assert harness.set(claim, json.dumps({"state": "pending", "hash": digest}), nx=True, ex=CLAIM_S)
     start = time.monotonic()
@@ -118,7 +118,7 @@ def test_a_refused_request_stores_nothing(roomy: tuple[Side, dict[str, str]], re
         keys (counted and weighed). The session's Redis also serves other tests' background work,
         so the whole database's figures would not do."""
         records = list(harness.scan_iter(match=f"{prefix}:exe:*", count=1000))
-        weighed = [k for pattern in ("file:*", "idem:rated:*", "rate:rated:*", "active:rated") for k in
+        weighed = [k for pattern in ("file:*", "t:idem:rated:*", "t:rate:rated:*", "t:active:rated") for k in
                    harness.scan_iter(match=f"{prefix}:{pattern}", count=1000)]  # fmt: skip
         memory = sum(int(harness.memory_usage(k) or 0) for k in weighed)
         return len(records) + len(weighed), memory, redis_contents(harness, f"{prefix}:file:*")
@@ -134,7 +134,7 @@ def test_a_refused_request_stores_nothing(roomy: tuple[Side, dict[str, str]], re
         after = submission_state()
     assert {r.status_code for r in refused} == {429}, [r.text for r in refused]
     # The refusals stored no file or record and did not use up the window: the counter did not move.
-    rate = list(harness.scan_iter(match=f"{prefix}:rate:rated:*"))
+    rate = list(harness.scan_iter(match=f"{prefix}:t:rate:rated:*"))
     assert [int(harness.get(k) or 0) for k in rate] == [1]
     assert after == before  # same keys, same bytes (320 KB of refused files would show)
 
@@ -143,7 +143,7 @@ def test_a_slot_taken_by_a_dead_api_is_reclaimed(stack: Stack, redis_server: Red
     """An API killed between admission and create leaves a slot for an execution that never
     existed; the sweeper gives it back (only once it is older than any create could take)."""
     harness = redis.Redis.from_url(redis_server.url)
-    active = f"{stack.prefix}:active:ghost-tenant"
+    active = f"{stack.prefix}:t:active:ghost-tenant"
     harness.zadd(active, {"exe_" + "g" * 26: time.time() - 120, "exe_" + "h" * 26: time.time()})
     wait_until(lambda: harness.zrange(active, 0, -1) == [b"exe_" + b"h" * 26], 30, "the sweeper to reclaim the slot")
     harness.delete(active)

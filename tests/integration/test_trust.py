@@ -37,7 +37,7 @@ def test_each_role_is_refused_what_it_does_not_need(stack: Stack, redis_server: 
         "api": [("CONFIG", "GET", "*"), ("GET", f"{p}:egress:rule:10.213.0.2"), ("HGETALL", f"{p}:secret:*:h"),
                 ("FLUSHALL",), ("KEYS", "*"), ("ACL", "LIST"), ("SHUTDOWN",), ("CLIENT", "KILL", "ID", "1")],
         "worker": [("ACL", "GETUSER", "api"), ("GET", f"{p}:apikey:abc"), ("HGETALL", f"{p}:secret:*:h"),
-                   ("GET", f"{p}:idem:alpha:x"), ("SET", f"{p}:file:f", "x"), ("CONFIG", "SET", "save", "")],
+                   ("GET", f"{p}:t:idem:alpha:x"), ("SET", f"{p}:file:f", "x"), ("CONFIG", "SET", "save", "")],
         "admin": [("GET", f"{p}:exe:exe_x"), ("LPUSH", "rq:queue:x", "y"), ("FLUSHALL",), ("ACL", "LIST")],
     }  # fmt: skip
     try:
