@@ -1,22 +1,32 @@
 # execbox: `make up` starts the service, `make test` runs every check and test.
 .PHONY: install venv engine images up down up-host down-host test check unit integration stack-test bench clean
 
+# Each set-up phase says how long it took (scripts/phase); `make up` ends with the list. .ci/run
+# sets EXECBOX_PHASES and EXECBOX_T0 itself, to list the whole run's phases.
+ifndef EXECBOX_PHASES
+export EXECBOX_PHASES := $(CURDIR)/.run/phases.log
+export EXECBOX_T0 := $(shell date +%s.%N)
+$(shell mkdir -p .run && : > .run/phases.log)
+endif
+
 install:
-	scripts/install
+	@scripts/phase install scripts/install
 
 venv:
 	scripts/install --python
 
 engine: install
-	scripts/engine
+	@scripts/phase engine scripts/engine
 
+# The one base image (debootstrap, Debian 13) is built by sandbox-images/build.sh when missing.
 images: engine
-	sandbox-images/build.sh
-	scripts/service-image
+	@scripts/phase "sandbox images" sandbox-images/build.sh
+	@scripts/phase "service image" scripts/service-image
 
 # The compose stack (API, workers, Redis with AOF). `make up-host` runs the same as host processes.
 up: images
-	scripts/stack up
+	@EXECBOX_QUIET=1 scripts/phase "stack start" scripts/stack up
+	@scripts/stack summary
 
 down:
 	scripts/stack down

@@ -5,12 +5,13 @@
 # without one runs on another folder's image), an executable `prepare` runs first (e.g. to
 # download the files the build installs) and a `wheels/` folder is served to the build on
 # 127.0.0.1:$EXECBOX_WHEELS_PORT (default 38517) rather than sent as context.
-# SANDBOX_BASE_IMAGE picks the base (e.g. debian:trixie-slim with a registry); without it the
-# debootstrap-made local/debian:trixie is built when missing. Idempotent (docker's cache).
+# BASE_IMAGE (or SANDBOX_BASE_IMAGE, for the sandboxes alone) picks the base (e.g. debian:trixie-slim
+# with a registry); without it the debootstrap-made local/debian:trixie, which the service images
+# share, is built when missing. Idempotent (docker's cache). Says how long each image took.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-base="${SANDBOX_BASE_IMAGE:-local/debian:trixie}"
-if [ -z "${SANDBOX_BASE_IMAGE:-}" ]; then "$here/base/build.sh" "$base"; fi
+base="${SANDBOX_BASE_IMAGE:-${BASE_IMAGE:-local/debian:trixie}}"
+if [ -z "${SANDBOX_BASE_IMAGE:-}${BASE_IMAGE:-}" ]; then "$here/../scripts/phase" "base image $base" "$here/base/build.sh" "$base"; fi
 wheels_port="${EXECBOX_WHEELS_PORT:-38517}"
 server=""
 trap '[ -z "$server" ] || kill "$server" 2>/dev/null || true' EXIT
@@ -33,7 +34,7 @@ print(shlex.join(value) if isinstance(value, list) else shlex.quote(value or "")
 
 status=0
 for meta in "$here"/*/metadata.yaml; do
-  dir=$(dirname "$meta"); name=$(basename "$dir")
+  dir=$(dirname "$meta"); name=$(basename "$dir"); started=$(date +%s.%N)
   eval "image=$(field image "$meta")"
   if [ -x "$dir/prepare" ]; then "$dir/prepare" || { echo "image $name: PREPARE FAILED" >&2; status=1; continue; }; fi
   if [ -f "$dir/Dockerfile" ]; then
@@ -63,9 +64,12 @@ for meta in "$here"/*/metadata.yaml; do
       mv "$dir/versions.json.new" "$dir/versions.json"
       echo "image $name: $(python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(d["runtime"]["name"], d["runtime"]["version"], "and", len(d["packages"]), "packages")' "$dir/versions.json")"
     else
-      rm -f "$dir/versions.json.new"; echo "image $name: PROBE FAILED" >&2; status=1
+      rm -f "$dir/versions.json.new"; echo "image $name: PROBE FAILED" >&2; status=1; continue
     fi
   fi
+  took=$(awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  echo "image $name: ready in $took s"
+  [ -z "${EXECBOX_PHASES:-}" ] || printf '%-40s %8s s\n' "sandbox image $name" "$took" >> "$EXECBOX_PHASES"
 done
 "$here/../scripts/prune-images"  # the images these replaced
 exit $status

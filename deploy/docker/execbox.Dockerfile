@@ -1,6 +1,7 @@
-# The execbox service image (API and worker). BASE is any Debian bookworm image:
-# python:3.11-slim-bookworm or debian:bookworm-slim with a registry, local/debian:bookworm without.
-ARG BASE=local/debian:bookworm
+# The execbox service image (API, worker, egress proxy, docker-proxy). BASE is any Debian 13 image:
+# debian:trixie-slim with a registry, the debootstrap-made local/debian:trixie (the sandboxes' base)
+# without. Its Python is Debian's CPython 3.13; scripts/service-image fetches the wheels for it.
+ARG BASE=local/debian:trixie
 FROM ${BASE}
 # Every image execbox builds carries this label: rebuilds prune their dangling predecessors,
 # `make clean` removes them all.
@@ -11,8 +12,8 @@ RUN apt-get update \
  && apt-get clean && rm -rf /var/lib/apt/lists/* \
  && python3 -m venv /opt/venv \
  && useradd --system --uid 10001 --no-create-home execbox
-# Wheels are built on the host by scripts/stack (`pip wheel`), so the image build needs no index
-# and no TLS set-up of its own.
+# The wheels come from the host (scripts/service-image), so the image build needs no index and no
+# TLS set-up of its own.
 COPY deploy/docker/wheels /wheels
 RUN /opt/venv/bin/pip install --no-cache-dir --no-index --find-links /wheels 'execbox[otel]' && rm -rf /wheels
 COPY policies /app/policies

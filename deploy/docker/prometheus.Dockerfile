@@ -1,5 +1,5 @@
 # The stack's Prometheus, from Debian's package.
-ARG BASE=local/debian:bookworm
+ARG BASE=local/debian:trixie
 FROM ${BASE}
 # Every image execbox builds carries this label: rebuilds prune their dangling predecessors,
 # `make clean` removes them all.
@@ -9,7 +9,10 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends prometheus \
  && apt-get clean && rm -rf /var/lib/apt/lists/* \
  && find / -xdev -type f -perm /6000 -exec chmod a-s {} + && rm -f /usr/bin/su /bin/su \
- && install -d -o prometheus -g prometheus /prometheus
-# /prometheus is the data volume's mount point: a new volume takes this directory's owner.
+ && install -d -o prometheus -g prometheus /prometheus \
+ && test "$(id -u prometheus):$(id -g prometheus)" = 100:101
+# /prometheus is the data volume's mount point: a new volume takes this directory's owner. That owner
+# is uid 100, as on Debian 12: the build refuses a base that gives the user another id (an existing
+# volume would become unreadable).
 USER prometheus
 ENTRYPOINT ["/usr/bin/prometheus"]

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Make a Debian base image without a registry: debootstrap a minimal root filesystem of the
-# image's tag as suite (local/debian:bookworm, local/debian:trixie) and import it. Idempotent: does
+# image's tag as suite (local/debian:trixie) and import it. Idempotent: does
 # nothing when the image already exists.
 set -euo pipefail
-name="${1:-local/debian:bookworm}"
+name="${1:-local/debian:trixie}"
 if docker image inspect "$name" >/dev/null 2>&1; then
   echo "base image $name: present"
   exit 0
