@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     acl = sub.add_parser("redis-acl", help="print the Redis ACL file for the roles api, worker, egress, admin")
     acl.add_argument("--prefix", default="execbox", help="the deployment's key prefix (EXECBOX_REDIS__KEY_PREFIX)")
     acl.add_argument("--passwords", type=Path, required=True, help="env file with REDIS_<ROLE>_PASSWORD lines")
+    records = sub.add_parser("records", help="remove a stored record (one an older version stored unreadable)")
+    records_rm = records.add_subparsers(dest="records_command", required=True).add_parser("rm", help="remove one")
+    records_rm.add_argument("kind", choices=["run", "schedule"])
+    records_rm.add_argument("record_id", help="run_... or sch_...")
     args = parser.parse_args(argv)
     if args.command == "docker-proxy":
         from execbox.core import logs
@@ -156,6 +160,22 @@ def main(argv: list[str] | None = None) -> int:
         elif not store.delete_secret(args.tenant, args.host.lower(), args.header):
             print(f"no secret {args.header} for {args.host} ({args.tenant})", file=sys.stderr)
             return 1
+    elif args.command == "records":
+        # Needs the Redis role that owns runs and schedules: run it where the API runs (its role).
+        from execbox.core.keys import Keys
+        from execbox.core.redis import connect
+        from execbox.plans.store import RunStore
+        from execbox.schedules.store import ScheduleStore
+
+        client, key_schema = connect(settings), Keys(settings.redis.key_prefix)
+        if args.kind == "run":
+            removed = RunStore(client, key_schema, settings.retention_s).remove(args.record_id)
+        else:
+            removed = ScheduleStore(client, key_schema).remove(args.record_id)
+        print(
+            f"{'removed' if removed else 'no'} {args.kind} {args.record_id}", file=sys.stdout if removed else sys.stderr
+        )
+        return 0 if removed else 1
     elif args.command == "reap":
         from execbox.worker import reaper
         from execbox.worker.context import WorkerContext

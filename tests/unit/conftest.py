@@ -94,6 +94,9 @@ class InProcess:
     def post(self, url: str, **kwargs: Any) -> httpx.Response:
         return self._loop.run_until_complete(self._http.post(url, **kwargs))
 
+    def delete(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self._loop.run_until_complete(self._http.delete(url, **kwargs))
+
     def wait_while(self, url: str, headers: dict[str, str], action: Any) -> httpx.Response:
         """GET url while `action` runs in a thread beside it (the request is in flight meanwhile)."""
 

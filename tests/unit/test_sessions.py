@@ -45,9 +45,9 @@ def session(settings: Settings, tenant: str = "alpha") -> SessionRecord:
 def test_the_quota_counts_open_sessions_and_ending_one_frees_its_slot(settings: Settings, client: redis.Redis) -> None:
     store = SessionStore(client, Keys(settings.redis.key_prefix), 60)
     records = [session(settings) for _ in range(3)]
-    assert [store.admit("alpha", r.id, 2) for r in records] == [True, True, False]
-    assert store.admit("alpha", records[0].id, 2), "admitting the same session again is not a second slot"
-    assert store.admit("beta", records[2].id, 2), "per tenant"
+    assert [store.admit("alpha", r.id, 2) for r in records] == ["ok", "ok", "tenant"]
+    assert store.admit("alpha", records[0].id, 2) == "ok", "admitting the same session again is not a second slot"
+    assert store.admit("beta", records[2].id, 2) == "ok", "per tenant"
     for record in records[:2]:
         store.create(record, settings.queue.name)
     assert store.next_start(settings.queue.name, 0.1) == records[0].id, "sessions start in creation order"
@@ -55,8 +55,8 @@ def test_the_quota_counts_open_sessions_and_ending_one_frees_its_slot(settings: 
     ended = store.end(records[0].id, SessionEnd.DELETED)
     assert ended is not None and ended.status is SessionStatus.ENDED and ended.ended_at is not None
     assert store.end(records[0].id, SessionEnd.IDLE_TIMEOUT) is None, "an ended session stays as it ended"
-    assert store.admit("alpha", records[2].id, 2), "its slot is free again"
-    assert store.live() == [records[1].id]
+    assert store.admit("alpha", records[2].id, 2) == "ok", "its slot is free again"
+    assert set(store.live()) == {records[1].id, records[2].id}, "admitted sessions count in the fleet until they end"
     assert store.pop(records[0].id, 0.1) == WAKE, "its holder is woken"
 
 

@@ -106,7 +106,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     idempotency = IdempotencyKeys(client, settings.redis.key_prefix, settings.api.idempotency_ttl_s)
     quotas = Quotas.load(settings.policies_dir / "tenants.yaml", Slots(client, keys), settings.queue.max_depth)
     sessions = Sessions(settings, SessionStore(client, keys, settings.retention_s), store, file_store, language_set,
-                        policies, quotas)  # fmt: skip
+                        policies, quotas, fleet)  # fmt: skip
     submissions = Submissions(
         settings=settings, store=store, files=file_store, queue=queue, policies=policies, languages=language_set,
         quotas=quotas, fleet=fleet, idempotency=idempotency, spans=spans,
@@ -141,7 +141,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         surprises=Surprises(client, keys, store, schedule_store, settings.retention_s),
         sessions=sessions,
     )
-    problems.install(app, settings.api.max_body_bytes)
+    problems.install(app, settings.api.max_json_body_bytes, settings.api.max_body_bytes)
     app.add_middleware(HttpMetrics, metrics=metrics, routes=app.routes)
     app.include_router(executions.router)
     app.include_router(files.router)

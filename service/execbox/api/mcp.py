@@ -9,7 +9,11 @@ starts.
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -18,8 +22,10 @@ from execbox_client import AsyncClient, ExecboxError
 from execbox_client.mcp import build
 from fastapi import FastAPI
 from mcp.server.fastmcp import Context, FastMCP
+from mcp.server.fastmcp.exceptions import ToolError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+log = logging.getLogger(__name__)
 INTERNAL_URL = "http://execbox.internal"
 
 
@@ -53,6 +59,31 @@ def _client(api: FastAPI, key: str | None) -> AsyncClient:
     return AsyncClient(INTERNAL_URL, key, transport=httpx.ASGITransport(app=api), max_retries=0)
 
 
+class _Guarded(FastMCP[Any]):
+    """Tools whose failures tell the caller what the API said, never the service's own exception
+    text: an API refusal (ExecboxError) is the API's problem detail, anything else a generic
+    message with an id the operator finds in the log."""
+
+    def tool(self, *args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        register = super().tool(*args, **kwargs)
+        return lambda fn: register(_guarded(fn))
+
+
+def _guarded(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    @functools.wraps(fn)
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await fn(*args, **kwargs)
+        except ExecboxError as exc:
+            raise ToolError(f"{exc.status} {exc.code}: {exc.detail}") from exc
+        except Exception as exc:
+            trace = secrets.token_hex(16)
+            log.exception("MCP tool %s failed (trace %s)", fn.__name__, trace)
+            raise ToolError(f"the tool failed; check its arguments, or quote trace {trace} to the operator") from exc
+
+    return call
+
+
 def mount(api: FastAPI) -> AbstractAsyncContextManager[None]:
     """Add /mcp to the API; the returned context runs the protocol's session manager (the API's
     lifespan enters it)."""
@@ -61,6 +92,6 @@ def mount(api: FastAPI) -> AbstractAsyncContextManager[None]:
         request = ctx.request_context.request
         return _client(api, _bearer(request.headers.get("authorization", "")) if request is not None else None)
 
-    server = build(FastMCP("execbox", stateless_http=True, json_response=True, streamable_http_path="/"), connect)
+    server = build(_Guarded("execbox", stateless_http=True, json_response=True, streamable_http_path="/"), connect)
     api.mount("/mcp", _KeyRequired(server.streamable_http_app(), api))
     return server.session_manager.run()

@@ -1,9 +1,9 @@
-"""RFC 9457 problem+json for every error, and the request body cap."""
+"""RFC 9457 problem+json for every error, and the request body caps (one per kind of route)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -114,22 +114,32 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 class BodyLimit:
-    """Refuses bodies above the cap with 413, by Content-Length or while streaming."""
+    """Refuses bodies above the route's cap with 413, by Content-Length or while streaming: the
+    upload routes (`uploads`, POST only) take up to `upload_bytes`, every other route `json_bytes`,
+    so a JSON control route never holds more than a few MiB per request in the API's memory."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, json_bytes: int, upload_bytes: int, uploads: Collection[str]) -> None:
         self.app = app
-        self.max_bytes = max_bytes
+        self.json_bytes = json_bytes
+        self.upload_bytes = upload_bytes
+        self.uploads = frozenset(uploads)
+
+    def cap(self, scope: Scope) -> int:
+        upload = scope.get("method") == "POST" and scope.get("path", "").rstrip("/") in self.uploads
+        return self.upload_bytes if upload else self.json_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        cap = self.cap(scope)
         # Connection: close, because the rest of the unread body must not be taken for a next request.
+        hint = "" if cap == self.upload_bytes else "; upload files with POST /v1/files and refer to them by id"
         too_large = problem_response(
-            413, BodyTooLarge.code, BodyTooLarge(self.max_bytes).message, False, headers={"Connection": "close"}
+            413, BodyTooLarge.code, BodyTooLarge(cap).message + hint, False, headers={"Connection": "close"}
         )
         length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+        if length is not None and length.isdigit() and int(length) > cap:
             await too_large(scope, receive, send)
             return
         seen = 0
@@ -138,7 +148,7 @@ class BodyLimit:
             nonlocal seen
             message = await receive()
             seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
+            if seen > cap:
                 raise _TooLarge
             return message
 
@@ -152,8 +162,12 @@ class _TooLarge(Exception):
     pass
 
 
-def install(app: FastAPI, max_body_bytes: int) -> None:
+UPLOADS = ("/v1/executions", "/v1/files")
+"""The routes whose bodies carry files (POST): the only ones allowed api.max_body_bytes."""
+
+
+def install(app: FastAPI, json_bytes: int, upload_bytes: int) -> None:
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(BodyLimit, json_bytes=json_bytes, upload_bytes=upload_bytes, uploads=UPLOADS)

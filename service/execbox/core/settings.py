@@ -234,7 +234,13 @@ class ApiSettings(BaseModel):
     idempotency_ttl_s: int = Field(24 * 3600, ge=60, description="How long an Idempotency-Key is remembered.")
     max_wait_s: float = Field(60.0, ge=0, description="Longest a client may ask POST/GET to wait for completion.")
     max_body_bytes: int = Field(
-        160 * 1024 * 1024, gt=0, description="Largest request body accepted (413 above); input files ride in it."
+        64 * 1024 * 1024,
+        gt=0,
+        description="Largest body of the upload routes, POST /v1/executions (input files ride in it) and POST "
+        "/v1/files (413 above). Larger inputs: several uploaded files, used by id.",
+    )
+    max_json_body_bytes: int = Field(
+        8 * 1024 * 1024, gt=0, description="Largest body of every other route (plans, runs, schedules...; 413 above)."
     )
     sse_keepalive_s: float = Field(
         15.0, gt=0, le=300, description="A live-event stream (SSE) sends a keepalive comment after this long quiet."

@@ -118,9 +118,18 @@ async def read(
     if after != "0":
         with redis_errors():
             info: Any = await client.xinfo_stream(key) if await client.exists(key) else {}
+            newest: Any = await client.xrevrange(key, count=1)
         deleted = info.get("max-deleted-entry-id")
         if deleted and _before(after, text(deleted)):
             yield ("", "gap", json.dumps({"message": "some events after Last-Event-ID were dropped (stream cap)"}))
+        if newest and not _before(after, text(newest[0][0])):
+            # Resuming at or past the newest event: nothing can follow an end, and an id past the
+            # newest was never sent (reading after it would wait for ids that will never come).
+            newest_id, raw = text(newest[0][0]), {text(k): text(v) for k, v in newest[0][1].items()}
+            if raw["event"] == END:
+                yield newest_id, END, raw["data"]
+                return
+            last = newest_id
     while True:
         with redis_errors():
             got: Any = await client.xread({key: last}, count=500, block=block_ms)
@@ -133,6 +142,16 @@ async def read(
             yield last, fields["event"], fields["data"]
             if fields["event"] == END:
                 return
+
+
+MAX_ID_PART = 2**64 - 1
+
+
+def check_id(value: str) -> None:
+    """ValueError unless `value` is a stream id Redis accepts (`<ms>-<seq>`, each below 2^64)."""
+    left, sep, right = value.partition("-")
+    if not (sep and left.isdigit() and right.isdigit()) or max(int(left), int(right)) > MAX_ID_PART:
+        raise ValueError(f"{value[:60]!r} is not an event id: `<ms>-<seq>`, each at most {MAX_ID_PART}")
 
 
 def _before(a: str, b: str) -> bool:

@@ -1,5 +1,6 @@
 """Worker heartbeats (key `worker:{name}`): written by each worker, read by the API's health
-check, its admission (which runtimes are on offer) and the metrics of shared state."""
+check, its admission (which runtimes are on offer, how many session slots the fleet has) and the
+metrics of shared state."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ class Heartbeat:
     runtimes: list[str] = field(default_factory=list)
     warm: int = 0
     """Warm containers waiting in the worker's pool."""
+    session_slots: int | None = None
+    """Sessions the worker may hold at once (EXECBOX_SESSIONS__PER_WORKER); None from a worker that does not say."""
     at: float = 0.0
 
 
@@ -47,3 +50,11 @@ class WorkerRegistry:
         """The runtimes some healthy worker offers; None when no worker is healthy (nothing to say yet)."""
         live = [beat for beat in self.alive() if beat.docker_ok]
         return {runtime for beat in live for runtime in beat.runtimes} if live else None
+
+    def session_capacity(self) -> int | None:
+        """Sessions the healthy workers may hold together; None when that is not known (no healthy
+        worker yet, or one that does not report its slots)."""
+        live = [beat for beat in self.alive() if beat.docker_ok]
+        if not live or any(beat.session_slots is None for beat in live):
+            return None
+        return sum(int(beat.session_slots or 0) for beat in live)

@@ -15,6 +15,7 @@ what stands alone lives beside it (dispatch, approvals, refs, validation, handof
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,7 @@ from execbox.plans.store import RunStore
 from execbox.plans.validation import dependencies, order
 from execbox.scripts.library import Library
 
+log = logging.getLogger(__name__)
 TRANSIENT = {"sandbox.error", "expired"}
 """Categories a retry-safe step repeats by default: the infrastructure failed, not the plan."""
 FAILED_UPSTREAM = (StepStatus.FAILED, StepStatus.UPSTREAM_FAILED, StepStatus.CANCELLED)
@@ -78,6 +80,21 @@ class Executor:
             self.step(run)
             self.save(run)
             return run
+
+    def abandon(self, run_id: str, detail: str) -> RunRecord | None:
+        """End a run whose reconciliation raised what nobody foresaw: failed (`internal_error`), so it
+        neither stays `running` for ever nor fails every later round of the consumer."""
+        try:
+            with self.store.locked(run_id):
+                run = self.store.get(run_id)
+                if run is None or run.status.terminal:
+                    return run
+                self.stop(run, RunStatus.FAILED, "internal_error", detail)
+                self.save(run)
+                return run
+        except Exception:
+            log.exception("run %s could not be ended as failed", run_id)
+            return None
 
     def save(self, run: RunRecord) -> None:
         self.store.put(run, self._next_due(run))

@@ -3,6 +3,7 @@ read the hand-off. Each change happens under the run's lock and ends with one re
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
@@ -42,6 +43,8 @@ from execbox.plans.schemas import (
 )
 from execbox.plans.store import new_id
 from execbox.plans.validation import problems
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -89,8 +92,17 @@ class Runs:
             steps={s.id: StepState(revision=1) for s in body.plan.steps}, queue=self.executor.queue,
         )  # fmt: skip
         self.executor.record(run, "run.created", None, run.status.value, f"{len(run.steps)} steps")
-        self.executor.store.create(run)
-        return self.executor.advance(run.id) or run
+        self.executor.store.create(run)  # checked with the model that reads it back (422, nothing stored)
+        # From here the run exists: the answer is 201 with the run as it stands, never a 500 for a
+        # run that was kept. It is due now, so the plans consumer advances it if this cannot.
+        try:
+            return self.executor.advance(run.id) or run
+        except ServiceError as exc:
+            log.warning("run %s created; its first advance waits for the plans consumer: %s", run.id, exc.message)
+            return run
+        except Exception:
+            log.exception("run %s: its first advance failed; the run is ended as failed", run.id)
+            return self.executor.abandon(run.id, f"the service failed to start the run (trace {run.trace_id})") or run
 
     def get(self, tenant: str, run_id: str) -> RunRecord:
         run = self.executor.store.get(run_id)
@@ -105,7 +117,9 @@ class Runs:
             self.executor.stop(run, RunStatus.CANCELLED, "cancelled_by_client", "cancelled by the client")
         return run
 
-    def revise(self, tenant: str, run_id: str, body: RevisionCreate) -> RunRecord:
+    def revise(self, tenant: str, run_id: str, body: RevisionCreate, key_id: str | None = None) -> RunRecord:
+        """Apply a revision made with API key `key_id`: removing a step gated by an approval that
+        names its deciders needs the right to decide it (ApprovalForbidden otherwise)."""
         with self._change(tenant, run_id) as run:
             if body.base_revision != run.revision:
                 raise RunConflict(f"run {run_id} is at revision {run.revision}, not {body.base_revision}; "
@@ -118,7 +132,7 @@ class Runs:
                                    f"max_replans {run.budgets.max_replans} reached")  # fmt: skip
                 self.executor.save(run)
                 raise RunConflict(f"run {run_id} used its {run.budgets.max_replans} re-plan(s); it is now failed")
-            self._apply(tenant, run, body, replanning)
+            self._apply(tenant, run, body, replanning, key_id)
         return run
 
     def reconcile(self, tenant: str, run_id: str, step_id: str, body: ReconcileRequest) -> RunRecord:
@@ -217,7 +231,8 @@ class Runs:
                 self.executor.step(run)
             self.executor.save(run)
 
-    def _apply(self, tenant: str, run: RunRecord, body: RevisionCreate, replanning: bool) -> None:
+    def _apply(self, tenant: str, run: RunRecord, body: RevisionCreate, replanning: bool, key_id: str | None) -> None:
+        self._check_gates(run, body, key_id)
         known = {s.id for s in run.plan.steps}
         found = [FieldProblem(f"add.{i}.id", f"step id {s.id!r} was used before; a new step needs a new id")
                  for i, s in enumerate(body.add) if s.id in known]  # fmt: skip
@@ -244,6 +259,8 @@ class Runs:
         # with the steps removed; unknown outcomes stay until reconciled (or removed).
         settled_badly = (StepStatus.FAILED, StepStatus.UPSTREAM_FAILED, StepStatus.CANCELLED)
         for step_id, state in run.steps.items():
+            if step_id in body.remove and state.status is StepStatus.AWAITING_APPROVAL and state.approval_id:
+                self._withdraw(run, state.approval_id, body.reason, key_id)
             if step_id in body.remove or state.status in settled_badly:
                 self.executor.set_step(run, step_id, StepStatus.SUPERSEDED, f"revision {run.revision}: {body.reason}")
         for step in body.add:
@@ -251,6 +268,29 @@ class Runs:
         self.executor.record(run, "revision.applied", None, str(run.revision),
                              f"added {len(body.add)}, removed {len(body.remove)}: {body.reason}")  # fmt: skip
         self.executor.set_run_status(run, RunStatus.RUNNING, None, f"revision {run.revision} applied")
+
+    def _check_gates(self, run: RunRecord, body: RevisionCreate, key_id: str | None) -> None:
+        """A step gated by an approval that names who may decide it can be removed only by one of
+        them: otherwise a key refused the decision could remove the step and add its code again
+        without the gate."""
+        for step_id in body.remove:
+            state = run.steps.get(step_id)
+            if state is None or state.status.settled:
+                continue
+            gate = run.spec(step_id).approval
+            if gate is None or not gate.required or not gate.by or key_id in gate.by:
+                continue
+            raise ApprovalForbidden(state.approval_id or step_id, f"remove.{body.remove.index(step_id)}")
+
+    def _withdraw(self, run: RunRecord, approval_id: str, reason: str, key_id: str | None) -> None:
+        """The removed step's pending approval is closed as rejected, the revision recorded as why."""
+        approval = self.executor.store.approval(approval_id)
+        if approval is None or approval.status is not ApprovalStatus.PENDING:
+            return
+        approval.status, approval.decided_at = ApprovalStatus.REJECTED, time.time()
+        approval.decided_by = f"revision {run.revision} (key {key_id or 'none'})"
+        approval.reason = f"the step was removed by revision {run.revision}: {reason}"[:4000]
+        self.executor.store.put_approval(approval)
 
 
 __all__ = ["Runs", "UsageReport"]

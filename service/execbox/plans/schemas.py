@@ -20,7 +20,7 @@ RUN_ID_PATTERN = r"^run_[a-z0-9]{26}$"
 APPROVAL_ID_PATTERN = r"^apr_[a-z0-9]{26}$"
 MAX_PLAN_STEPS = 1000
 """Most steps a plan (all its revisions together) may hold."""
-_STRICT = ConfigDict(extra="forbid")
+_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)  # a float that is not finite is stored as null
 
 
 class TransientCategory(enum.StrEnum):
@@ -263,6 +263,7 @@ class RunEvent(BaseModel):
 
 
 class Usage(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)
     steps_dispatched: int = Field(0, description="Step attempts dispatched.")
     replans: int = Field(0, description="Revisions accepted.")
     tokens: int = Field(0, description="Model tokens the agent reported.")
@@ -317,8 +318,9 @@ class RevisionCreate(BaseModel):
 
     base_revision: int = Field(ge=1, description="The revision this one is made against (409 when it moved).")
     reason: str = Field("", max_length=4000, description="Why (recorded).")
-    remove: list[str] = Field(default_factory=list, description="Steps to supersede (not succeeded, not queued).")
-    add: list[StepSpec] = Field(default_factory=list, description="New steps; ids never reused.")
+    remove: list[str] = Field(default_factory=list, max_length=MAX_PLAN_STEPS, description="Steps to supersede.")
+    add: list[StepSpec] = Field(default_factory=list, max_length=MAX_PLAN_STEPS, description="New steps; ids never "
+                                "reused; a run holds at most 1000 steps across its revisions.")  # fmt: skip
     goal: Goal | None = Field(None, description="A new goal check, replacing the old one.")
 
 

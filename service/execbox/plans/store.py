@@ -8,20 +8,28 @@ is dispatched at most once" hold together with the idempotency key of each dispa
 from __future__ import annotations
 
 import base64
+import json
+import logging
 import secrets
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import redis
+from pydantic import ValidationError
 from redis.exceptions import LockError
 
 from execbox.core.errors import RunBusy
 from execbox.core.events import EventStream
 from execbox.core.keys import Keys
+from execbox.core.readable import readable
 from execbox.core.redis import redis_errors, text
 from execbox.plans.schemas import ApprovalPublic, RunRecord
 
+M = TypeVar("M", RunRecord, ApprovalPublic)
+
+log = logging.getLogger(__name__)
 LOCK_S = 10.0
 """A run's lock lapses this long after its holder died (advancing a run takes milliseconds)."""
 LOCK_WAIT_S = 5.0
@@ -54,8 +62,9 @@ class RunStore:
                 pass  # it lapsed (a stall longer than LOCK_S); the next holder re-reads the run
 
     def create(self, record: RunRecord) -> None:
+        raw = readable(RunRecord, record)  # 422 and nothing stored when its reader would refuse it
         with redis_errors(), self.redis.pipeline() as pipe:
-            pipe.set(self.keys.run(record.id), record.model_dump_json(), ex=self._retention_s, nx=True)
+            pipe.set(self.keys.run(record.id), raw, ex=self._retention_s, nx=True)
             pipe.zadd(self.keys.runs(record.tenant), {record.id: record.created_at})
             pipe.zadd(self.keys.active_runs, {record.id: 0})
             pipe.execute()
@@ -68,9 +77,11 @@ class RunStore:
     def put(self, record: RunRecord, due_at: float | None) -> None:
         """Store a changed run (under its lock); due_at: when it must be advanced again even if no
         execution ends (a retry, an approval's expiry, the wall budget), None when it is terminal.
-        Its webhook's events go to the outbox in the same transaction."""
+        Its webhook's events go to the outbox in the same transaction. A change its reader would
+        refuse is not stored (InvalidRequest, 422): the run stays as it was."""
+        raw = readable(RunRecord, record)
         with redis_errors(), self.redis.pipeline() as pipe:
-            pipe.set(self.keys.run(record.id), record.model_dump_json(), ex=self._retention_s)
+            pipe.set(self.keys.run(record.id), raw, ex=self._retention_s)
             for notice in record.take_notices():
                 self.events.append(pipe, notice)
             if due_at is None:
@@ -88,13 +99,31 @@ class RunStore:
         with redis_errors():
             ids = [text(i) for i in self.redis.zrevrange(self.keys.runs(tenant), 0, limit - 1)]
             raws = self.redis.mget([self.keys.run(i) for i in ids]) if ids else []
-        return [RunRecord.model_validate_json(raw) for raw in raws if raw is not None]
+        return [r for r in (_readable(RunRecord, i, raw) for i, raw in zip(ids, raws, strict=True)) if r is not None]
+
+    def remove(self, run_id: str) -> bool:
+        """Delete a run, readable or not, with its index entries and its approvals (the operator's
+        `execbox records rm run`); False when there was none."""
+        with redis_errors():
+            raw = self.redis.get(self.keys.run(run_id))
+        tenant, approvals = _loose(raw)
+        with redis_errors(), self.redis.pipeline() as pipe:
+            pipe.delete(self.keys.run(run_id), self.keys.run_lock(run_id))
+            pipe.zrem(self.keys.active_runs, run_id)
+            if tenant:
+                pipe.zrem(self.keys.runs(tenant), run_id)
+                for approval_id in approvals:
+                    pipe.delete(self.keys.approval(approval_id))
+                    pipe.zrem(self.keys.approvals(tenant), approval_id)
+            pipe.execute()
+        return raw is not None
 
     # -- approvals ----------------------------------------------------------------------------
 
     def put_approval(self, approval: ApprovalPublic) -> None:
+        raw = readable(ApprovalPublic, approval)
         with redis_errors(), self.redis.pipeline() as pipe:
-            pipe.set(self.keys.approval(approval.id), approval.model_dump_json(), ex=self._retention_s)
+            pipe.set(self.keys.approval(approval.id), raw, ex=self._retention_s)
             pipe.zadd(self.keys.approvals(approval.tenant), {approval.id: approval.requested_at})
             pipe.execute()
 
@@ -107,4 +136,33 @@ class RunStore:
         with redis_errors():
             ids = [text(i) for i in self.redis.zrevrange(self.keys.approvals(tenant), 0, limit - 1)]
             raws = self.redis.mget([self.keys.approval(i) for i in ids]) if ids else []
-        return [ApprovalPublic.model_validate_json(raw) for raw in raws if raw is not None]
+        found = (_readable(ApprovalPublic, i, raw) for i, raw in zip(ids, raws, strict=True))
+        return [a for a in found if a is not None]
+
+
+def _readable(model: type[M], record_id: str, raw: bytes | str | None) -> M | None:
+    """A listed record, or None when it is gone or cannot be read: one broken record (stored by an
+    older version) must not fail its tenant's whole list."""
+    if raw is None:
+        return None
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        log.warning("%s %s cannot be read (%d problem(s)); `execbox records rm` removes it",
+                    model.__name__, record_id, exc.error_count())  # fmt: skip
+        return None
+
+
+def _loose(raw: bytes | str | None) -> tuple[str | None, list[str]]:
+    """The owner and approval ids of a stored run, read without its model (it may not pass it)."""
+    try:
+        data = json.loads(raw) if raw is not None else None
+    except ValueError:
+        return None, []
+    if not isinstance(data, dict):
+        return None, []
+    tenant = data.get("tenant")
+    steps = data.get("steps")
+    states = steps.values() if isinstance(steps, dict) else []
+    approvals = [s["approval_id"] for s in states if isinstance(s, dict) and isinstance(s.get("approval_id"), str)]
+    return (tenant if isinstance(tenant, str) else None), approvals

@@ -14,8 +14,9 @@ from typing import Any
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.core.errors import FieldProblem, ServiceError
+from execbox.core.readable import schema_problems
 from execbox.plans.refs import Ref, RefError, refs_in
-from execbox.plans.schemas import CodeCell, PlanDocument, StepSpec
+from execbox.plans.schemas import MAX_PLAN_STEPS, CodeCell, PlanDocument, StepSpec
 
 
 def arg_sources(step: StepSpec) -> list[tuple[str, dict[str, Any]]]:
@@ -77,8 +78,13 @@ def problems(
     if needed > plan.budgets.max_steps:
         fits = f"{needed} steps ({dispatched} already dispatched) cannot fit in max_steps {plan.budgets.max_steps}"
         found.append(FieldProblem(f"{prefix}.budgets.max_steps", fits))
+    if len(plan.steps) > MAX_PLAN_STEPS:
+        total = f"the run would hold {len(plan.steps)} steps across its revisions; at most {MAX_PLAN_STEPS}"
+        found.append(FieldProblem(f"{prefix}.steps" if new_ids is None else f"{prefix}.add", total))
     if plan.goal is not None and plan.goal.step not in known:
         found.append(FieldProblem(f"{prefix}.goal.step", f"no step {plan.goal.step!r}"))
+    if plan.goal is not None:
+        found += schema_problems(plan.goal.outputs_schema, f"{prefix}.goal.outputs_schema")
     try:
         order(s for s in plan.steps if s.id in known)
     except graphlib.CycleError as exc:
@@ -115,6 +121,7 @@ def _step_problems(
             found += [FieldProblem(f"{at}.{p.field}", p.message) for p in exc.problems] or [
                 FieldProblem(f"{at}.run", exc.message)
             ]
+    found += _schema_problems(step, at)
     if step.effect == "write" and step.idempotency is None:
         found.append(FieldProblem(f"{at}.idempotency", "a write step must declare how it may be repeated: "
                                   "strategy key, status_read, compensation or none"))  # fmt: skip
@@ -144,4 +151,17 @@ def _step_problems(
     for index, dependency in enumerate(step.depends_on):
         if dependency not in known:
             found.append(FieldProblem(f"{at}.depends_on.{index}", f"no step {dependency!r}"))
+    return found
+
+
+def _schema_problems(step: StepSpec, at: str) -> list[FieldProblem]:
+    """Every JSON Schema the step keeps, compiled now: one that cannot compile would otherwise fail
+    only when the step ends, on every reconciliation of the run."""
+    found: list[FieldProblem] = []
+    if step.postconditions is not None and step.postconditions.outputs_schema is not None:
+        found += schema_problems(step.postconditions.outputs_schema, f"{at}.postconditions.outputs_schema")
+    for index, check in enumerate(step.preconditions):
+        found += schema_problems(check.expect, f"{at}.preconditions.{index}.expect")
+    if step.idempotency is not None and step.idempotency.status_check is not None:
+        found += schema_problems(step.idempotency.status_check.expect, f"{at}.idempotency.status_check.expect")
     return found

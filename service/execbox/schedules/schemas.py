@@ -11,10 +11,11 @@ from execbox.executions.schemas import InputFile, Labels, Webhook
 
 SCHEDULE_ID_PATTERN = r"^sch_[a-z0-9]{26}$"
 SCRIPT_REF_PATTERN = r"^[a-z][a-z0-9_.-]{0,99}@(proven|\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?)$"
+MAX_MISFIRE_GRACE_S = 86400
 
 
 class ScheduleCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     script: str = Field(
         pattern=SCRIPT_REF_PATTERN, description="`name@version`, or `name@proven` (resolved at each firing)."
@@ -34,7 +35,7 @@ class ScheduleCreate(BaseModel):
         "skip",
         description="Slots missed by more than misfire_grace_s (a downtime): skip them, or fire the latest once.",
     )
-    misfire_grace_s: float = Field(60.0, gt=0, le=86400, description="How late a slot may still fire.")
+    misfire_grace_s: float = Field(60.0, gt=0, le=MAX_MISFIRE_GRACE_S, description="How late a slot may still fire.")
     labels: Labels = Field(default_factory=dict, max_length=8, description="Labels for its executions.")
     notify: Literal["failures", "all"] = Field(
         "failures", description="`all`: a succeeded firing is an event (script.succeeded) and a webhook too."
@@ -53,7 +54,7 @@ class ScheduleUpdate(BaseModel):
 
 
 class Schedule(ScheduleCreate):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     labels: dict[str, str] = Field(default_factory=dict, description="Labels for its executions (as stored).")
     id: str = Field(description="`sch_` and 26 characters.")

@@ -8,6 +8,7 @@ own list instead of the shared queue.
 from __future__ import annotations
 
 import base64
+import math
 import secrets
 import time
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionCreate, ExecutionError
 from execbox.executions.store import ExecutionStore
 from execbox.files.store import FileStore
+from execbox.fleet.registry import WorkerRegistry
 from execbox.sessions.record import SessionRecord
 from execbox.sessions.schemas import SessionCreate
 from execbox.sessions.store import SessionStore
@@ -83,6 +85,8 @@ class Sessions:
     languages: Languages
     policies: PolicySet
     quotas: Quotas
+    fleet: WorkerRegistry | None = None
+    """Where the fleet's session slots are read (None: not bounded by them)."""
 
     def open(self, tenant: str, body: SessionCreate, traceparent: str | None = None) -> SessionRecord:
         language = self.languages.get(body.language)
@@ -112,11 +116,7 @@ class Sessions:
         if policy.name not in quota.policies:
             raise PolicyNotAllowed(tenant, policy.name, quota.policies)
         session_id = new_session_id()
-        if not self.store.admit(tenant, session_id, quota.sessions):
-            raise RateLimited(
-                f"tenant {tenant!r} has {quota.sessions} sessions open, its limit; DELETE /v1/sessions/{{id}} one",
-                headers={"Retry-After": "5"},
-            )
+        self._admit(tenant, session_id, quota.sessions, quota.session_share)
         try:
             now = time.time()
             prepared = prepare(
@@ -144,6 +144,29 @@ class Sessions:
             self.store.release(tenant, session_id)
             raise
         return record
+
+    def _admit(self, tenant: str, session_id: str, quota: int, share: float) -> None:
+        """Take a slot of the tenant's and one of the fleet's, or refuse at once (429) naming the limit.
+
+        A session holds a worker's slot for its whole life, idle or not, so a tenant may hold only
+        its share of the fleet's slots (however high its quota), and a full fleet is refused now
+        rather than left `starting` until a slot frees or the start times out."""
+        capacity = self.fleet.session_capacity() if self.fleet is not None else None
+        limit = quota if capacity is None else min(quota, max(1, math.floor(capacity * share)))
+        verdict = self.store.admit(tenant, session_id, limit, capacity)
+        if verdict == "tenant":
+            why = "its quota" if limit == quota else f"its share ({share:.0%}) of the fleet's {capacity} session slots"
+            raise RateLimited(
+                f"tenant {tenant!r} has {limit} sessions open, {why}; end one it no longer uses "
+                "(DELETE /v1/sessions/{id}) and retry",
+                headers={"Retry-After": "5"},
+            )
+        if verdict == "fleet":
+            raise RateLimited(
+                f"every session slot of the fleet is taken ({capacity}: workers x EXECBOX_SESSIONS__PER_WORKER); "
+                "retry later, end a session you no longer use, or ask the operator for more workers",
+                headers={"Retry-After": "10"},
+            )
 
     def owned(self, tenant: str, session_id: str) -> SessionRecord:
         record = self.store.get(session_id)

@@ -3,8 +3,9 @@
 A session's record changes only by compare-and-set. Its executions wait on its own list
 (`ses:{id}:cells`), never on the shared queue: the worker holding the session pops them in order
 and runs one at a time. A new session waits on `ses:starts:{queue}` until a worker with room takes
-it. The quota (`ses:open:{tenant}`) and the reaper's index (`ses:live`) lose the session in the
-same transaction that ends it.
+it. Admission takes a slot in the tenant's quota (`t:ses:open:{tenant}`) and in the fleet's
+(`ses:live`, the sessions not ended, against the slots the workers report) in one step; both lose
+the session in the same transaction that ends it.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from execbox.sessions.record import SessionRecord
 WAKE = "wake"
 """Pushed on a session's list to wake its holder (it re-reads the record)."""
 _OPEN = """
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 1 end
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 'ok' end
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 'tenant' end
+if tonumber(ARGV[4]) >= 0 and redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[4]) then return 'fleet' end
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
-return 1
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+return 'ok'
 """
 
 
@@ -36,15 +39,19 @@ class SessionStore:
         self.keys = keys
         self.retention_s = retention_s
 
-    def admit(self, tenant: str, session_id: str, limit: int) -> bool:
-        """Take one of the tenant's `limit` open-session slots; False when all are taken."""
+    def admit(self, tenant: str, session_id: str, limit: int, fleet: int | None = None) -> str:
+        """Take one of the tenant's `limit` open-session slots and one of the fleet's `fleet` (None:
+        not known, not counted), atomically: "ok", or what is full ("tenant" | "fleet", nothing taken)."""
         with redis_errors():
             script = self.redis.register_script(_OPEN)
-            return bool(script(keys=[self.keys.open_sessions(tenant)], args=[session_id, limit, time.time()]))
+            keys = [self.keys.open_sessions(tenant), self.keys.live_sessions]
+            return text(script(keys=keys, args=[session_id, limit, time.time(), -1 if fleet is None else fleet]))
 
     def release(self, tenant: str, session_id: str) -> None:
-        with redis_errors():
-            self.redis.zrem(self.keys.open_sessions(tenant), session_id)
+        with redis_errors(), self.redis.pipeline() as pipe:
+            pipe.zrem(self.keys.open_sessions(tenant), session_id)
+            pipe.zrem(self.keys.live_sessions, session_id)
+            pipe.execute()
 
     def create(self, record: SessionRecord, queue: str) -> None:
         with redis_errors(), self.redis.pipeline() as pipe:

@@ -41,7 +41,8 @@ def report_health(ctx: WorkerContext) -> None:
     except ServiceError as exc:
         ok, detail = False, exc.message
     warm = sum(ctx.pool.idle().values()) if ctx.pool is not None else 0
-    beat = Heartbeat(ctx.name, ok, detail, missing_images=missing, runtimes=runtimes, warm=warm)
+    beat = Heartbeat(ctx.name, ok, detail, missing_images=missing, runtimes=runtimes, warm=warm,
+                     session_slots=ctx.settings.sessions.per_worker)  # fmt: skip
     ctx.fleet.report(beat, ttl_s=3 * ctx.settings.worker.reaper_interval_s)
 
 

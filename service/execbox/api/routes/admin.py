@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Path
 from pydantic import BaseModel, Field
 
+from execbox.api.bodies import OffLoopRoute
 from execbox.api.deps import ServicesDep
 from execbox.api.problems import PROBLEM_DOC
 from execbox.core.errors import AdminOff, InvalidKey, KeyNotFound
@@ -16,7 +17,7 @@ from execbox.scripts.library import SHARED
 from execbox.scripts.schemas import NAME_PATTERN, VERSION_PATTERN, Promote, ScriptCreate, ScriptVersion
 from execbox.tenancy.apikeys import TENANT_PATTERN, TenantName, bearer_token
 
-router = APIRouter(prefix="/v1/admin", tags=["admin"])
+router = APIRouter(prefix="/v1/admin", tags=["admin"], route_class=OffLoopRoute)
 _PROBLEM = PROBLEM_DOC
 _RESPONSES: dict[int | str, dict[str, object]] = {
     400: {"description": "The body is not JSON.", **_PROBLEM},

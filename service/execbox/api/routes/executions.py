@@ -3,7 +3,6 @@ GET .../artifacts/{name}. Only translation: the work is execbox.executions.submi
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Annotated
 from urllib.parse import quote
@@ -15,6 +14,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
+from execbox.api.bodies import PARSES, OffLoopRoute, parse_json
 from execbox.api.deps import ServicesDep, TenantDep
 from execbox.api.params import PreferHeader, TraceHeader, WaitQuery, disconnected, wait_seconds
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
@@ -27,7 +27,7 @@ from execbox.executions.submit import mine
 from execbox.files.collect import RICH_DIR
 from execbox.files.schemas import check_input_path
 
-router = APIRouter(prefix="/v1/executions", tags=["executions"])
+router = APIRouter(prefix="/v1/executions", tags=["executions"], route_class=OffLoopRoute)
 _ACCEPTS = CapacityLimiter(4)
 """Admissions (a few Redis round trips each) run in at most this many threads: a burst of them
 then queues here instead of starving the event loop of the interpreter lock (on 2 cores, 40 busy
@@ -111,16 +111,16 @@ async def _read_body(request: Request, max_files: int) -> tuple[ExecutionCreate,
             extra.append((part.filename, await part.read()))
     else:
         raw = (await request.body()).decode("utf-8", "replace")
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise RequestValidationError([{"type": "json_invalid", "loc": ("body",), "msg": str(exc)}]) from exc
-    try:
-        return ExecutionCreate.model_validate(data), extra
-    except ValidationError as exc:
-        raise RequestValidationError(
-            [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
-        ) from exc
+
+    def parse() -> ExecutionCreate:
+        try:
+            return ExecutionCreate.model_validate(parse_json(raw))
+        except ValidationError as exc:
+            raise RequestValidationError(
+                [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+            ) from exc
+
+    return await to_thread.run_sync(parse, limiter=PARSES), extra  # off the event loop, as OffLoopRoute does
 
 
 @router.post(
@@ -254,6 +254,11 @@ async def execution_events(
         str | None, Header(alias="Last-Event-ID", pattern=r"^\d{1,20}-\d{1,20}$", description="Resume after this id.")
     ] = None,
 ) -> StreamingResponse:
+    if last_event_id is not None:
+        try:
+            live.check_id(last_event_id)
+        except ValueError as exc:  # checked before the 200: Redis would refuse it mid-stream
+            raise InvalidRequest(str(exc), (FieldProblem("header.Last-Event-ID", str(exc)),)) from exc
     await to_thread.run_sync(services.executions.owned, tenant, execution_id)  # 404 before the stream starts
     keepalive_ms = int(services.settings.api.sse_keepalive_s * 1000)
 

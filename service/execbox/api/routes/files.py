@@ -9,12 +9,13 @@ from fastapi import APIRouter, Header, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
+from execbox.api.bodies import OffLoopRoute
 from execbox.api.deps import ServicesDep, TenantDep
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.core.errors import FieldProblem, FileNotFound, InvalidRequest
 from execbox.files.schemas import FilePublic
 
-router = APIRouter(prefix="/v1/files", tags=["files"])
+router = APIRouter(prefix="/v1/files", tags=["files"], route_class=OffLoopRoute)
 _PROBLEM = PROBLEM_DOC
 _UPLOAD = {
     "required": True,

@@ -6,12 +6,13 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from execbox.api.bodies import OffLoopRoute
 from execbox.api.deps import ServicesDep, TenantDep
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.catalog.schemas import LanguagePublic, LanguagesPublic
 from execbox.core.errors import LanguageNotFound, UnknownLanguage
 
-router = APIRouter(tags=["languages"])
+router = APIRouter(tags=["languages"], route_class=OffLoopRoute)
 _MALFORMED: dict[int | str, dict[str, Any]] = {422: {"description": "Malformed header.", **PROBLEM_DOC}}
 
 

@@ -9,6 +9,7 @@ from anyio import to_thread
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 
+from execbox.api.bodies import OffLoopRoute
 from execbox.api.deps import ServicesDep, TenantDep
 from execbox.api.params import PreferHeader, TraceHeader, WaitQuery, disconnected, wait_seconds
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
@@ -33,7 +34,7 @@ from execbox.plans.schemas import (
 )
 from execbox.tenancy.apikeys import DEFAULT_TENANT
 
-router = APIRouter(tags=["plans"])
+router = APIRouter(tags=["plans"], route_class=OffLoopRoute)
 RunId = Annotated[str, Path(pattern=RUN_ID_PATTERN, description="Run id (`run_...`).")]
 StepId = Annotated[str, Path(pattern=STEP_ID_PATTERN, description="Step id.")]
 ApprovalId = Annotated[str, Path(pattern=APPROVAL_ID_PATTERN, description="Approval id (`apr_...`).")]
@@ -61,14 +62,14 @@ class Validation(BaseModel):
 
 
 class UsageBody(BaseModel):
-    model_config = {"extra": "forbid"}
+    model_config = {"extra": "forbid", "allow_inf_nan": False}
 
     model: str = Field("", max_length=200, description="Model name and version.")
     role: str = Field("", max_length=64, description="planner, replanner, joiner, ...")
-    input_tokens: int = Field(0, ge=0)
-    output_tokens: int = Field(0, ge=0)
-    cost_usd: float = Field(0.0, ge=0)
-    latency_ms: float | None = Field(None, ge=0)
+    input_tokens: int = Field(0, ge=0, le=10**12, description="Input tokens of the call.")
+    output_tokens: int = Field(0, ge=0, le=10**12, description="Output tokens of the call.")
+    cost_usd: float = Field(0.0, ge=0, le=1e9, description="Cost of the call (finite).")
+    latency_ms: float | None = Field(None, ge=0, le=1e9, description="Latency of the call.")
 
 
 @router.post("/v1/plans/validate", response_model=Validation, responses=_RUN_RESPONSES,
@@ -163,8 +164,10 @@ def get_handoff(run_id: RunId, services: ServicesDep, tenant: TenantDep) -> Hand
 
 @router.post("/v1/runs/{run_id}/revisions", response_model=RunPublic, responses=_RUN_RESPONSES,
              summary="Remove and add steps (against the current revision)")  # fmt: skip
-def revise_run(run_id: RunId, body: RevisionCreate, services: ServicesDep, tenant: TenantDep) -> RunPublic:
-    return services.runs.revise(tenant, run_id, body).public()
+def revise_run(
+    run_id: RunId, body: RevisionCreate, request: Request, services: ServicesDep, tenant: TenantDep
+) -> RunPublic:
+    return services.runs.revise(tenant, run_id, body, _key_id(request)).public()
 
 
 @router.post("/v1/runs/{run_id}/cancel", response_model=RunPublic, responses=_RUN_RESPONSES, summary="Cancel a run")
@@ -209,5 +212,9 @@ def get_approval(approval_id: ApprovalId, services: ServicesDep, tenant: TenantD
 def decide(
     approval_id: ApprovalId, body: Decision, request: Request, services: ServicesDep, tenant: TenantDep
 ) -> ApprovalPublic:
-    key_id = getattr(request.state, "api_key_id", DEFAULT_TENANT)  # auth off: everyone is `default`
-    return services.runs.decide(tenant, approval_id, body, key_id)
+    return services.runs.decide(tenant, approval_id, body, _key_id(request))
+
+
+def _key_id(request: Request) -> str:
+    """The API key of the request (auth off: everyone is `default`)."""
+    return str(getattr(request.state, "api_key_id", DEFAULT_TENANT))

@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response
 
+from execbox.api.bodies import OffLoopRoute
 from execbox.api.deps import ServicesDep, TenantDep
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.catalog.webhook_hosts import host_allowed
@@ -15,7 +16,7 @@ from execbox.schedules import calendar
 from execbox.schedules.schemas import SCHEDULE_ID_PATTERN, Firing, Schedule, ScheduleCreate, ScheduleUpdate
 from execbox.schedules.surprises import Surprise
 
-router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
+router = APIRouter(prefix="/v1/schedules", tags=["schedules"], route_class=OffLoopRoute)
 ScheduleId = Annotated[str, Path(pattern=SCHEDULE_ID_PATTERN, description="Schedule id (`sch_...`).")]
 _RESPONSES: dict[int | str, dict[str, object]] = {
     400: {"description": "The body is not JSON.", **PROBLEM_DOC},
@@ -36,11 +37,16 @@ def _owned(services: ServicesDep, tenant: str, schedule_id: str) -> Schedule:
 
 @router.post("", status_code=201, response_model=Schedule, responses=_RESPONSES, summary="Fire a script on a calendar")
 def create(body: ScheduleCreate, response: Response, services: ServicesDep, tenant: TenantDep) -> Schedule:
+    quota = services.quotas.quota(tenant)
     try:
-        calendar.check(body.cron, body.timezone)
+        calendar.check(body.cron, body.timezone, quota.schedule_min_interval_s)
     except calendar.CalendarError as exc:
         field = "timezone" if "zone" in str(exc) else "cron"
         raise InvalidRequest(str(exc), (FieldProblem(field, str(exc)),)) from exc
+    if services.schedules.store.count(tenant) >= quota.schedules:
+        problem = FieldProblem("body", f"this tenant holds {quota.schedules} schedules, its policy's limit; "
+                               "delete one first")  # fmt: skip
+        raise InvalidRequest(problem.message, (problem,))
     if body.webhook is not None and not host_allowed(body.webhook.url, services.settings.webhooks.allow_hosts):
         problem = FieldProblem("webhook.url", "host not allowed for callbacks (EXECBOX_WEBHOOKS__ALLOW_HOSTS)")
         raise InvalidRequest(problem.message, (problem,))
@@ -95,7 +101,7 @@ def firings(schedule_id: ScheduleId, services: ServicesDep, tenant: TenantDep) -
     return services.schedules.store.firings(_owned(services, tenant, schedule_id).id)
 
 
-events_router = APIRouter(prefix="/v1/events", tags=["schedules"])
+events_router = APIRouter(prefix="/v1/events", tags=["schedules"], route_class=OffLoopRoute)
 
 
 @events_router.get("", response_model=list[Surprise], responses=_RESPONSES,

@@ -8,6 +8,7 @@ from typing import Annotated
 from anyio import to_thread
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 
+from execbox.api.bodies import OffLoopRoute
 from execbox.api.deps import ServicesDep, TenantDep
 from execbox.api.params import PreferHeader, TraceHeader, WaitQuery, disconnected, wait_seconds
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
@@ -23,7 +24,7 @@ from execbox.scripts.schemas import (
     ScriptVersion,
 )
 
-router = APIRouter(prefix="/v1/scripts", tags=["scripts"])
+router = APIRouter(prefix="/v1/scripts", tags=["scripts"], route_class=OffLoopRoute)
 Name = Annotated[str, Path(pattern=NAME_PATTERN, description="Script name.")]
 Version = Annotated[str, Path(pattern=VERSION_PATTERN, description="Semantic version.")]
 _P = PROBLEM_DOC

@@ -1,0 +1,76 @@
+"""Sessions share the fleet's slots: one tenant holds at most its share of them, and a full fleet
+is refused at once with a 429 that names the limit (finding 11: one tenant's idle sessions kept
+another's `starting` for 35 s)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from execbox.core.keys import Keys
+from execbox.core.settings import Settings
+from execbox.fleet.registry import Heartbeat, WorkerRegistry
+from execbox.tenancy.apikeys import ApiKeys
+from tests.unit.conftest import InProcess
+
+pytestmark = pytest.mark.redis
+Api = tuple[InProcess, dict[str, dict[str, str]]]
+SESSION = {"language": "python"}
+
+
+def _timed_open(http: InProcess, headers: dict[str, str]) -> tuple[int, str, float]:
+    start = time.monotonic()
+    answer = http.post("/v1/sessions", json=SESSION, headers=headers)
+    return answer.status_code, answer.text, time.monotonic() - start
+
+
+def test_one_tenant_holds_its_share_and_a_full_fleet_is_refused_at_once(
+    api: Api, client: redis.Redis, settings: Settings
+) -> None:
+    http, as_ = api
+    fleet = WorkerRegistry(client, Keys(settings.redis.key_prefix))
+    for name in ("w1", "w2"):  # the stack's fleet: 2 workers x 4 session slots
+        fleet.report(Heartbeat(name, True, session_slots=4), ttl_s=120)
+    gamma = {"Authorization": f"Bearer {ApiKeys(client, settings.redis.key_prefix).create('gamma')[0]}"}
+
+    # alpha, with a quota of 10, opens sessions and leaves them idle: it gets its share, 4 of 8
+    alpha = [http.post("/v1/sessions", json=SESSION, headers=as_["alpha"]) for _ in range(4)]
+    assert [a.status_code for a in alpha] == [201] * 4, [a.text for a in alpha]
+    status, text, took = _timed_open(http, as_["alpha"])
+    assert status == 429 and "share (50%) of the fleet's 8 session slots" in text, text
+    assert (
+        "application/problem+json"
+        in http.post("/v1/sessions", json=SESSION, headers=as_["alpha"]).headers["content-type"]
+    )
+
+    # beta still gets a slot, at once (the fleet keeps a free slot for every admitted session)
+    status, text, beta_took = _timed_open(http, as_["beta"])
+    assert status == 201, text
+    print(f"beta's session admitted {beta_took * 1000:.1f} ms after asking, alpha holding its share")  # noqa: T201
+    assert beta_took < 1.0
+    for _ in range(3):
+        assert http.post("/v1/sessions", json=SESSION, headers=as_["beta"]).status_code == 201
+
+    # all 8 slots held: gamma is told so now, not left starting
+    status, text, gamma_took = _timed_open(http, gamma)
+    print(f"gamma refused {gamma_took * 1000:.1f} ms after asking, the fleet full")  # noqa: T201
+    assert status == 429 and "every session slot of the fleet is taken (8" in text, text
+    assert gamma_took < 1.0
+    listed = http.get("/v1/sessions", headers=gamma).json()
+    assert listed["sessions"] == [], "a refused session is not stored"
+
+    # alpha ends one: gamma gets the slot
+    assert http.delete(f"/v1/sessions/{alpha[0].json()['id']}", headers=as_["alpha"]).status_code == 200
+    assert http.post("/v1/sessions", json=SESSION, headers=gamma).status_code == 201
+
+
+def test_without_a_known_fleet_only_the_quota_applies(api: Api, client: redis.Redis, settings: Settings) -> None:
+    """No healthy worker has reported yet (or one that does not say its slots): nothing to bound by."""
+    http, as_ = api
+    fleet = WorkerRegistry(client, Keys(settings.redis.key_prefix))
+    fleet.report(Heartbeat("old", True), ttl_s=120)
+    assert fleet.session_capacity() is None
+    opened = [http.post("/v1/sessions", json=SESSION, headers=as_["alpha"]).status_code for _ in range(5)]
+    assert opened == [201] * 5
