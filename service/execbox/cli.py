@@ -101,6 +101,13 @@ def main(argv: list[str] | None = None) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
         create_app(settings).state.services.schedules.run(stop)
+    elif args.command == "migrate":
+        from execbox.core.keymigration import migrate
+        from execbox.core.keys import Keys
+        from execbox.core.redis import connect
+
+        done = migrate(connect(settings), Keys(settings.redis.key_prefix))
+        print(f"moved {done.moved} keys, merged {done.merged}, listed {done.untangled} index members as their tenant's")
     elif args.command == "worker":
         from execbox.worker.main import run_worker
 
@@ -112,13 +119,6 @@ def main(argv: list[str] | None = None) -> int:
         api_keys = ApiKeys(connect(settings), settings.redis.key_prefix)
         if args.keys_command == "create":
             key, info = api_keys.create(args.tenant)
-    elif args.command == "migrate":
-        from execbox.core.keymigration import migrate
-        from execbox.core.keys import Keys
-        from execbox.core.redis import connect
-
-        done = migrate(connect(settings), Keys(settings.redis.key_prefix))
-        print(f"moved {done.moved} keys, merged {done.merged}, listed {done.untangled} index members as their tenant's")
             print(key)
             print(f"key id {info.key_id} for tenant {info.tenant}", file=sys.stderr)
         elif args.keys_command == "list":
