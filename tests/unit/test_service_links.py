@@ -346,3 +346,42 @@ def test_records_stored_with_label_links_still_load_and_read(
     assert record is not None and record.origin is None and record.labels == old["labels"]
     answer = http.get(f"/v1/executions/{old['id']}", headers=as_["alpha"])
     assert answer.status_code == 200 and answer.json()["labels"] == old["labels"]
+
+
+def test_a_step_execution_stored_before_origins_still_advances_its_run(
+    service: tuple[InProcess, Headers], client: redis.Redis, settings: Settings
+) -> None:
+    """Upgrade: a step's execution written with the old label links (no origin) ends; its run, which
+    lists that very execution, still advances (the same check as for an origin)."""
+    http, as_ = service
+    store, keys = ExecutionStore(client, settings), Keys(settings.redis.key_prefix)
+    plan = {"format": "plan/v1", "steps": [{"id": "s", "run": {"code": "print(1)", "language": "python"}}]}
+    run = http.post("/v1/runs", json={"plan": plan}, headers=as_["alpha"]).json()
+    attempt = run["steps"]["s"]["attempts"][0]
+    record = store.get(attempt)
+    assert record is not None
+    old = record.model_copy(update={"labels": {"execbox.run": run["id"], "execbox.step": "s"}})
+    client.set(keys.execution(attempt), old.model_dump_json(exclude={"origin"}))
+
+    end(store, attempt)
+    after = http.get(f"/v1/runs/{run['id']}?wait=10&after={len(run['events'])}", headers=as_["alpha"]).json()
+    assert after["steps"]["s"]["status"] == "succeeded" and after["status"] == "succeeded"
+
+
+def test_a_schedule_stored_with_a_reserved_label_fires_as_not_started_naming_it(
+    service: tuple[InProcess, Headers], client: redis.Redis, settings: Settings
+) -> None:
+    http, as_ = service
+    assert http.post("/v1/scripts", json=TICK, headers=as_["alpha"]).status_code == 201
+    services = http.app.state.services
+    clock = [2_000_000_000.0]
+    scheduler = Scheduler(services.schedules.store, services.scripts, services.store, clock=lambda: clock[0])
+    schedule = scheduler.create("alpha", ScheduleCreate(script="tick@1.0.0", cron="* * * * *"))
+    schedule.labels = {"execbox.schedule": "sch_" + "x" * 26}  # as stored before labels were checked
+    scheduler.save(schedule)
+    clock[0] += 61
+    scheduler.tick()
+
+    firings = http.get(f"/v1/schedules/{schedule.id}/firings", headers=as_["alpha"]).json()
+    assert firings and {f["status"] for f in firings} == {"not_started"}
+    assert "labels.execbox.schedule" in firings[0]["detail"] and "reserved" in firings[0]["detail"]

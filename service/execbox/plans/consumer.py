@@ -48,7 +48,7 @@ class PlanConsumer:
         for event_id, event in self._events.read(self._group, self._name, block_s=block_s, idle_s=self._idle_s):
             if event.get("type") == TERMINAL:
                 record = self._executor.submissions.store.get(event["id"])
-                if record is not None and record.origin is not None and not self._advance_for(record):
+                if record is not None and not self._advance_for(record):
                     continue  # not acknowledged: claimed again after idle_s, so the run is not left behind
             self._events.ack(self._group, event_id)
 

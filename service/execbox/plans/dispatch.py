@@ -13,6 +13,7 @@ an attempt or check of that step, so no other execution can advance a run.
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -24,11 +25,13 @@ from execbox.executions.schemas import ExecutionCreate, Expect, InputFile, Origi
 from execbox.executions.submit import Submissions
 from execbox.files.blobs import ArtifactStore
 from execbox.plans.refs import artifact_path, refs_in
-from execbox.plans.schemas import CodeCell, Postconditions, RunRecord, ScriptRef
+from execbox.plans.schemas import RUN_ID_PATTERN, CodeCell, Postconditions, RunRecord, ScriptRef
 from execbox.plans.store import RunStore
 from execbox.scripts.library import Library, ScriptRun, input_problems
 
 log = logging.getLogger(__name__)
+_LEGACY_RUN, _LEGACY_STEP = "execbox.run", "execbox.step"
+"""The labels that linked a step's execution to its run before `origin` (records stored then)."""
 
 ROUTE = "plan step"
 """The idempotency scope of step dispatches."""
@@ -121,18 +124,25 @@ class Dispatcher:
 
 def awaited_by(store: RunStore, record: ExecutionRecord) -> str | None:
     """The run an ended execution advances: the one its origin names, when that run is the same
-    tenant's and lists the execution as an attempt or check of the origin's step; None otherwise
-    (labels are never read). The run is read under its lock, so an execution that ended before its
-    dispatch was saved is seen listed; raises RunBusy or QueueUnavailable when that cannot be read now."""
-    origin = record.origin
-    if origin is None or origin.run is None or origin.step is None:
+    tenant's and lists the execution as an attempt or check of the origin's step; None otherwise.
+    The run is read under its lock, so an execution that ended before its dispatch was saved is seen
+    listed; raises RunBusy or QueueUnavailable when that cannot be read now.
+
+    An execution stored before origins existed names its run in the labels `execbox.run` and
+    `execbox.step`; those are followed under the same check (the run must list this very
+    execution), so runs in flight across an upgrade go on, and a forged label moves nothing."""
+    if record.origin is not None:
+        run_id, step = record.origin.run, record.origin.step
+    else:
+        run_id, step = record.labels.get(_LEGACY_RUN), record.labels.get(_LEGACY_STEP)
+    if run_id is None or step is None or not re.match(RUN_ID_PATTERN, run_id):
         return None
-    with store.locked(origin.run):
-        run = store.get(origin.run)
-    state = run.steps.get(origin.step) if run is not None and run.tenant == record.tenant else None
+    with store.locked(run_id):
+        run = store.get(run_id)
+    state = run.steps.get(step) if run is not None and run.tenant == record.tenant else None
     if state is None or record.id not in (*state.attempts, *state.checks):
         if run is not None:
             log.warning("execution %s links run %s step %s, which does not await it; not followed",
-                        record.id, origin.run, origin.step)  # fmt: skip
+                        record.id, run_id, step)  # fmt: skip
         return None
-    return origin.run
+    return run_id

@@ -228,7 +228,9 @@ class Library:
             problems = tuple(
                 FieldProblem(".".join(str(p) for p in e["loc"] if p != "[key]"), e["msg"]) for e in exc.errors()
             )
-            raise InvalidRequest(f"{script.name}@{script.version} cannot run with these values", problems) from exc
+            listed = "; ".join(f"{p.field}: {p.message}" for p in problems)
+            raise InvalidRequest(f"{script.name}@{script.version} cannot run with these values: {listed}",
+                                 problems) from exc  # fmt: skip
 
 
 __all__ = ["SHARED", "VERSION_PATTERN", "Library", "ScriptRun", "input_problems", "ran", "version_key"]
