@@ -1,5 +1,5 @@
 """The `execbox` command: `api`, `worker`, `egress`, `docker-proxy`, `reap`, `keys`, `secrets`, `egress-key`,
-`redis-acl`."""
+`redis-acl`, `dead-letters`."""
 
 from __future__ import annotations
 
@@ -64,6 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     records_rm = records.add_subparsers(dest="records_command", required=True).add_parser("rm", help="remove one")
     records_rm.add_argument("kind", choices=["run", "schedule"])
     records_rm.add_argument("record_id", help="run_... or sch_...")
+    dead = sub.add_parser("dead-letters", help="messages and records a background loop set aside (admin role)")
+    dead_sub = dead.add_subparsers(dest="dead_command", required=True)
+    dead_sub.add_parser("list", help="every dead letter: loop, id, item, attempts, error").add_argument("--loop")
+    for verb, what in (("show", "print one as JSON"), ("replay", "hand it back to its loop"), ("drop", "delete it")):
+        one = dead_sub.add_parser(verb, help=what)
+        one.add_argument("loop", help="plans, scheduler, surprises, webhooks, ...")
+        one.add_argument("letter_id", help="its id, as `list` prints it")
     args = parser.parse_args(argv)
     if args.command == "docker-proxy":
         from execbox.core import logs
@@ -176,6 +183,30 @@ def main(argv: list[str] | None = None) -> int:
             f"{'removed' if removed else 'no'} {args.kind} {args.record_id}", file=sys.stdout if removed else sys.stderr
         )
         return 0 if removed else 1
+    elif args.command == "dead-letters":
+        import dataclasses
+
+        from execbox.core.keys import Keys
+        from execbox.core.poison import DeadLetters
+        from execbox.core.redis import connect
+
+        letters = DeadLetters(connect(settings), Keys(settings.redis.key_prefix))
+        if args.dead_command == "list":
+            for letter in letters.list(args.loop):
+                print(f"{letter.loop}  {letter.id}  {letter.item}  {letter.attempts} attempts  {letter.error[:120]}")
+            return 0
+        found = letters.get(args.loop, args.letter_id)
+        if found is None:
+            print(f"no dead letter {args.letter_id} of loop {args.loop}", file=sys.stderr)
+            return 1
+        if args.dead_command == "show":
+            print(json.dumps(dataclasses.asdict(found), indent=2))
+        elif args.dead_command == "replay":
+            letters.replay(args.loop, args.letter_id)
+            print(f"{args.letter_id} handed back to loop {args.loop} (it puts it back within a round)")
+        else:
+            letters.drop(args.loop, args.letter_id)
+            print(f"{args.letter_id} dropped")
     elif args.command == "reap":
         from execbox.worker import reaper
         from execbox.worker.context import WorkerContext

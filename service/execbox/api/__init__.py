@@ -25,7 +25,8 @@ from execbox.catalog.policies import PolicySet
 from execbox.core import logs
 from execbox.core.keymigration import migrate_at_start as migrate_keys
 from execbox.core.keys import Keys
-from execbox.core.metrics import HttpMetrics, SharedStateCollector, api_metrics
+from execbox.core.metrics import DeadLetterCollector, HttpMetrics, SharedStateCollector, api_metrics
+from execbox.core.poison import LOOPS, DeadLetters, Loops
 from execbox.core.redis import connect
 from execbox.core.settings import Settings
 from execbox.core.tracing import setup as setup_tracing
@@ -65,22 +66,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await waiters.start()
         await asyncio.to_thread(migrate_keys, client, keys)  # data of the older key layout, before any reader
-        consumer = PlanConsumer(app.state.services.runs.executor, _process_name(), settings.plans.claim_idle_s)
+        await waiters.start()
         services = app.state.services
-        threads = [
-            consumer.start(stop),
-            services.schedules.start(stop),
-            services.surprises.start(stop, _process_name()),
-        ]
+        loops: Loops = app.state.loops  # each supervised: restarted if it dies, reported by /readyz
+        consumer = PlanConsumer(services.runs.executor, _process_name(), settings.plans.claim_idle_s, metrics.loops)
+        loops.start("plans", consumer.run)
+        loops.start("scheduler", services.schedules.run)
+        surprises_name = _process_name()
+        loops.start("surprises", lambda stop: services.surprises.run(stop, surprises_name, metrics.loops))
         try:
             async with app.state.mcp_sessions:
                 yield
         finally:
             stop.set()
-            for thread in threads:
-                await asyncio.to_thread(thread.join, 10.0)
+            await asyncio.to_thread(loops.join, 10.0)
             await waiters.close()
             client.close()
 
@@ -99,6 +99,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     queue = make_queue(client, settings)
     fleet = WorkerRegistry(client, keys)
     registry.register(SharedStateCollector(lambda: shared_state(store, fleet, queue)))
+    registry.register(DeadLetterCollector(DeadLetters(client, keys).counts))
+    metrics.loops.initialise(LOOPS)
+    app.state.loops = Loops(stop, metrics.loops)
     file_store = FileStore(client, keys)
     policies = PolicySet.load(settings.policies_dir)
     language_set = Languages.load(settings.images_dir)
@@ -137,7 +140,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         waiters=waiters,
         runs=plan_runs,
         scripts=library,
-        schedules=Scheduler(schedule_store, library, store, metrics.schedules),
+        schedules=Scheduler(schedule_store, library, store, metrics.schedules, loop_metrics=metrics.loops),
         surprises=Surprises(client, keys, store, schedule_store, settings.retention_s),
         sessions=sessions,
     )

@@ -4,23 +4,18 @@ A status change appends its event in its own transaction (`EventStream.append` o
 pipeline), so no consumer can miss it whichever process dies when. Consumers (webhook delivery;
 later plan steps and schedules) each read the stream as a consumer group: an entry a consumer took
 and did not acknowledge is claimed by another after `idle_s`. Work that must wait (a retry) goes on
-a `DueSet` and is taken by exactly one caller once due.
+a `DueSet` and is taken by exactly one caller once due. The loops that read them run under
+`execbox.core.poison` (one entry that fails is retried, then set aside; the loop goes on).
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import redis
 
-from execbox.core.errors import ServiceError
 from execbox.core.redis import redis_errors, text
-
-log = logging.getLogger(__name__)
 
 EVENTS_MAXLEN = 100_000
 """The event stream keeps about this many entries (consumers keep up within seconds)."""
@@ -59,19 +54,6 @@ class EventStream:
     def ack(self, group: str, event_id: str) -> None:
         with redis_errors():
             self.redis.xack(self.key, group, event_id)
-
-
-def consume(stream: EventStream, group: str, step: Callable[[], None], stop: threading.Event) -> None:
-    """A consumer thread's loop: make sure the group exists, then run `step` until `stop`; while
-    Redis is away, wait a second and start over (a consumer never dies of an outage)."""
-    while not stop.is_set():
-        try:
-            stream.ensure_group(group)
-            while not stop.is_set():
-                step()
-        except ServiceError as exc:
-            log.warning("consumer group %s: %s", group, exc.message)
-            stop.wait(1.0)  # Redis is away: nothing to block on
 
 
 class DueSet:

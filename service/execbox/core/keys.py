@@ -226,6 +226,10 @@ SCHEMA: tuple[KeySpec, ...] = (
         ("worker",),
         "a failed scheduled execution's event, for its schedule's webhook",
     ),
+    # background loops (execbox.core.poison): what they set aside, what an operator hands back, failed attempts
+    KeySpec("dead:{loop}", "stream of dead letters", "~10,000", ("api", "worker", "admin"), (), "items set aside"),
+    KeySpec("replay:{loop}", "list of dead letters", "none", ("api", "worker", "admin"), (), "replays to put back"),
+    KeySpec("poison:{loop}:{digest}", "string counter", "1 day", ("api", "worker"), (), "an item's failed attempts"),
 )
 
 
@@ -402,3 +406,13 @@ class Keys:
 
     def approvals(self, tenant: str) -> str:
         return self._t("approvals", tenant)
+
+    # background loops (execbox.core.poison)
+    def dead_letters(self, loop: str) -> str:
+        return self._k("dead", loop)
+
+    def replays(self, loop: str) -> str:
+        return self._k("replay", loop)
+
+    def poison(self, loop: str, digest: str) -> str:
+        return self._k("poison", loop, digest)

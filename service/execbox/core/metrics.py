@@ -84,6 +84,50 @@ def schedule_metrics(registry: CollectorRegistry) -> ScheduleMetrics:
 
 
 @dataclass(frozen=True)
+class LoopMetrics:
+    """Recorded by every process's background loops (execbox.core.poison)."""
+
+    poison: Counter
+    dead_letters: Counter
+    restarts: Counter
+
+    def initialise(self, loops: Iterable[str]) -> None:
+        for loop in loops:  # at zero from the start, so rates and alerts have a series
+            self.poison.labels(loop)
+            self.dead_letters.labels(loop)
+            self.restarts.labels(loop)
+
+
+def loop_metrics(registry: CollectorRegistry) -> LoopMetrics:
+    return LoopMetrics(
+        poison=Counter("execbox_poison_total", "Failures handling one message or record of a background loop "
+                       "(each retried with backoff, then set aside as a dead letter)", ["loop"], registry=registry),
+        dead_letters=Counter("execbox_dead_letters_total", "Messages or records a loop set aside as dead letters "
+                             "after their last attempt (`execbox dead-letters list`)", ["loop"], registry=registry),
+        restarts=Counter("execbox_loop_restarts_total", "Background loops restarted by their supervisor after "
+                         "dying (expected: never)", ["loop"], registry=registry),
+    )  # fmt: skip
+
+
+class DeadLetterCollector(Collector):
+    """Dead letters waiting per loop, read from Redis at scrape time (what the alert watches)."""
+
+    def __init__(self, read: Callable[[], dict[str, int]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            counts = self._read()
+        except Exception:  # Redis down: export nothing rather than zeros that look true
+            return
+        family = GaugeMetricFamily("execbox_dead_letters", "Dead letters waiting for an operator, per loop "
+                                   "(`execbox dead-letters list`)", labels=["loop"])  # fmt: skip
+        for loop, count in counts.items():
+            family.add_metric([loop], float(count))
+        yield family
+
+
+@dataclass(frozen=True)
 class ApiMetrics:
     requests: Counter
     request_seconds: Histogram
@@ -91,6 +135,7 @@ class ApiMetrics:
     outcomes: OutcomeMetrics
     plans: PlanMetrics
     schedules: ScheduleMetrics
+    loops: LoopMetrics
 
 
 def api_metrics(registry: CollectorRegistry) -> ApiMetrics:
@@ -98,6 +143,7 @@ def api_metrics(registry: CollectorRegistry) -> ApiMetrics:
         outcomes=outcome_metrics(registry),
         plans=plan_metrics(registry),
         schedules=schedule_metrics(registry),
+        loops=loop_metrics(registry),
         requests=Counter("execbox_api_requests_total", "HTTP requests by route template, method and status code",
                          ["route", "method", "code"], registry=registry),
         request_seconds=Histogram("execbox_api_request_duration_seconds", "HTTP request latency by route template",
@@ -125,6 +171,7 @@ class WorkerMetrics:
     status_mismatches: Counter
     network_denials: Counter
     jobs_refused: Counter
+    loops: LoopMetrics
 
     def initialise(self, languages: Iterable[str], failure_reasons: Iterable[str]) -> None:
         """Export every labelled series the dashboard charts from the start, at zero: a counter that
@@ -153,6 +200,7 @@ def worker_metrics(registry: CollectorRegistry) -> WorkerMetrics:
 
     return WorkerMetrics(
         outcomes=outcome_metrics(registry),
+        loops=loop_metrics(registry),
         queue_wait=seconds("execbox_queue_wait_seconds", "From acceptance to a worker taking the execution"),
         sandbox_start=seconds("execbox_sandbox_start_seconds", "Creating and starting the sandbox container"),
         run=seconds("execbox_run_seconds", "From program start to its end"),

@@ -48,7 +48,9 @@ def roles(prefix: str) -> dict[str, Role]:
     p = prefix
     shared = (f"~{p}:exe:*", f"~{p}:deadlines", f"~{p}:running", f"~{p}:lease:*", f"~{p}:cancel:*",
               f"~{p}:t:active:*", f"~{p}:worker:*", f"~{p}:q:*", f"%R~{p}:egress:denied:*", "~rq:*",
-              f"~{p}:events", f"~{p}:ses:*", f"~{p}:t:ses:*", f"~{p}:live:*")  # fmt: skip
+              f"~{p}:events", f"~{p}:ses:*", f"~{p}:t:ses:*", f"~{p}:live:*",
+              # every process's background loops: their dead letters, replays and failure counts
+              f"~{p}:dead:*", f"~{p}:replay:*", f"~{p}:poison:*")  # fmt: skip
     # The API moves data stored under the layout before tenant namespaces (execbox.core.keymigration):
     # the same families without `t:`. Nothing writes them any more.
     legacy = tuple(f"~{p}:{kind}:*" for kind in ("rate", "active", "idem", "runs", "approvals", "script",
@@ -110,12 +112,14 @@ def roles(prefix: str) -> dict[str, Role]:
             (),
             "+get +hgetall +rpush +ltrim +expire +multi +exec +discard +ping +client|setname",
         ),
-        # The operator's CLI: API keys and (sealed) secret headers.
+        # The operator's CLI: API keys, (sealed) secret headers, and the loops' dead letters (a replay
+        # is queued for the loop to put back: the admin role reaches none of the loops' own keys).
         "admin": Role(
             "admin",
-            (f"~{p}:apikey:*", f"~{p}:apikeys", f"~{p}:secret:*"),
+            (f"~{p}:apikey:*", f"~{p}:apikeys", f"~{p}:secret:*", f"~{p}:dead:*", f"~{p}:replay:*"),
             (),
-            "+@read +@write +@keyspace +@string +@hash +@set +@transaction +@connection -@dangerous -@admin",
+            "+@read +@write +@keyspace +@string +@hash +@set +@list +@stream +@transaction +@connection "
+            "-@dangerous -@admin",
         ),
         # An autoscaler (KEDA) reading the queue's length.
         "scaler": Role("scaler", ("%R~rq:queue:*",), (), "+llen +ping +client|setname"),

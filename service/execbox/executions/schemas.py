@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
+import httpx
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from execbox.catalog.schemas import AppliedPolicy, PolicyRequest
@@ -122,6 +124,17 @@ class Webhook(BaseModel):
         description="Shared secret for the `Execbox-Signature` "
         "header: `t=<unix time>,v1=<hex HMAC-SHA256(secret, '<t>.' + body)>`.",
     )
+
+    @field_validator("url")
+    @classmethod
+    def _sendable(cls, url: str) -> str:
+        """Refused here rather than failing at every delivery: a URL no request can be made of."""
+        try:
+            httpx.URL(url)
+            urlsplit(url).port  # noqa: B018 (raises on a port out of range)
+        except (httpx.InvalidURL, ValueError) as exc:
+            raise ValueError(f"no request can be sent to this URL ({exc}); give a plain http(s) URL") from None
+        return url
 
 
 class WebhookDelivery(BaseModel):

@@ -4,7 +4,9 @@ Each API process runs one thread that reads the outbox stream as the consumer gr
 terminal execution the dispatcher made for a run (its `origin`, checked by `awaited_by`) advances
 that run. Entries a dead process took and never acknowledged are claimed by another after `idle_s`.
 Between events the thread also advances runs whose retry, approval expiry or wall budget fell due
-(`runs:active`). The executor runs here, in the API, because submitting executions is the API
+(`runs:active`). An event or a due run that fails is retried with backoff and, after its last
+attempt, set aside as a dead letter (execbox.core.poison): one broken run never stops the others.
+The executor runs here, in the API, because submitting executions is the API
 role's right; workers, which sit next to untrusted code, gain nothing.
 """
 
@@ -12,11 +14,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from functools import partial
 
-from execbox.core.errors import ServiceError
-from execbox.core.events import TERMINAL, consume
+from execbox.core.events import TERMINAL
+from execbox.core.metrics import LoopMetrics
+from execbox.core.poison import Guard, consume
 from execbox.executions.events import DURABLE_GROUPS
-from execbox.executions.record import ExecutionRecord
 from execbox.plans.dispatch import awaited_by
 from execbox.plans.executor import Executor
 
@@ -26,52 +29,46 @@ GROUP = DURABLE_GROUPS[1]
 
 
 class PlanConsumer:
-    def __init__(self, executor: Executor, name: str, idle_s: float) -> None:
+    def __init__(self, executor: Executor, name: str, idle_s: float, metrics: LoopMetrics | None = None) -> None:
         self._executor = executor
         self._events = executor.submissions.store.events
         self._name = name
         self._idle_s = idle_s
         self._group = f"{GROUP}.{executor.queue}"
-
-    def start(self, stop: threading.Event) -> threading.Thread:
-        thread = threading.Thread(target=self.run, args=(stop,), name="plans", daemon=True)
-        thread.start()
-        return thread
+        store = executor.store
+        self.guard = Guard(store.redis, store.keys, "plans", (store.keys.events, store.keys.active_runs), metrics)
+        """A run or event that fails is retried with backoff, then set aside: it never holds the others up."""
 
     def run(self, stop: threading.Event) -> None:
-        consume(self._events, self._group, self.step, stop)
+        consume(self._events, self._group, self._name, self.handle, stop, self.guard, self._idle_s,
+                before=self.advance_due)  # fmt: skip
 
     def step(self, block_s: float = 0.5) -> None:
-        """One round: runs that fell due, then execution events (blocking briefly for new ones)."""
-        for run_id in self._executor.store.due():
-            self._advance(run_id)
+        """One round of `run`: runs that fell due, then execution events (blocking briefly for new ones)."""
+        self.guard.replay()
+        self.advance_due()
         for event_id, event in self._events.read(self._group, self._name, block_s=block_s, idle_s=self._idle_s):
-            if event.get("type") == TERMINAL:
-                record = self._executor.submissions.store.get(event["id"])
-                if record is not None and not self._advance_for(record):
-                    continue  # not acknowledged: claimed again after idle_s, so the run is not left behind
-            self._events.ack(self._group, event_id)
+            self.guard.entry(self._events, self._group, self._name, event_id, event, self.handle, self._idle_s)
 
-    def _advance_for(self, record: ExecutionRecord) -> bool:
-        """Advance the run the ended execution belongs to (its service link, checked: awaited_by)."""
-        try:
-            run_id = awaited_by(self._executor.store, record)
-        except ServiceError as exc:
-            log.warning("could not read the run of %s: %s", record.id, exc.message)
-            return False
-        except Exception:  # a broken run record must not stop every other run
-            log.exception("reading the run of %s failed", record.id)
-            return True
-        return run_id is None or self._advance(run_id)
+    def advance_due(self) -> None:
+        """Runs whose retry, approval expiry or wall budget fell due; one that fails is put back
+        later (and set aside after its last attempt), so it never fills the due slots for ever."""
+        active = self._executor.store.keys.active_runs
+        for run_id in self._executor.store.due():
+            self.guard.record(active, run_id, partial(self._advance, run_id))
 
-    def _advance(self, run_id: str) -> bool:
-        """False when the run could not be advanced now (its lock is held by a process that may have
-        died, or Redis failed): the caller leaves the event pending, to be claimed again."""
-        try:
-            self._executor.advance(run_id)
-        except ServiceError as exc:
-            log.warning("could not advance run %s: %s", run_id, exc.message)
-            return False
-        except Exception:  # one broken run must not stop every other run
-            log.exception("advancing run %s failed", run_id)
-        return True
+    def handle(self, event: dict[str, str]) -> None:
+        """An execution ended: advance the run it belongs to. Raises when that cannot be done now
+        (the run's lock is held by a process that may have died, Redis failed, the run is
+        unreadable): the guard tries the event again later."""
+        if event.get("type") != TERMINAL:
+            return
+        record = self._executor.submissions.store.get(event["id"])
+        if record is None:
+            return
+        run_id = awaited_by(self._executor.store, record)  # its service link, checked
+        if run_id is not None:
+            self._advance(run_id)
+
+    def _advance(self, run_id: str) -> None:
+        self._executor.advance(run_id)

@@ -177,9 +177,11 @@ class WarmPool:
                 if checking:
                     next_check = time.monotonic() + check_s
                 delay = 0.0
-            except ServiceError as exc:
+            except Exception as exc:  # never dies: an engine error or a bug waits and tries again
                 delay = min(max(delay * 2, 1.0), 30.0)
-                log.warning("warm pool refill failed (%s); next try in %.0f s", exc.message, delay)
+                message = exc.message if isinstance(exc, ServiceError) else repr(exc)
+                log.warning("warm pool refill failed (%s); next try in %.0f s", message, delay,
+                            exc_info=None if isinstance(exc, ServiceError) else exc)  # fmt: skip
             self._wake.wait(delay or check_s)
             self._wake.clear()
 

@@ -6,7 +6,10 @@ slot), so one scheduler alone fires it, records it in the firing list and starts
 through the script library (under the Idempotency-Key `<schedule>:<slot>`). Slots more than
 `misfire_grace_s` late (a downtime) are skipped, or the latest of them fired once; a slot whose
 previous firing still runs is skipped, or kept as the one queued slot. The scheduler runs as a
-thread in every API process (and as `execbox scheduler` on its own).
+thread in every API process (and as `execbox scheduler` on its own). Each due schedule is handled
+under the loop's guard (execbox.core.poison): one whose handling raises is looked at again after a
+backoff and set aside after its last attempt, and the tick goes on with the next, so other
+tenants' schedules keep their timing.
 """
 
 from __future__ import annotations
@@ -17,9 +20,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+
+from pydantic import ValidationError
 
 from execbox.core.errors import ServiceError
-from execbox.core.metrics import ScheduleMetrics
+from execbox.core.metrics import LoopMetrics, ScheduleMetrics
+from execbox.core.poison import Guard
 from execbox.executions.schemas import Origin
 from execbox.executions.store import ExecutionStore
 from execbox.schedules import calendar
@@ -39,6 +46,13 @@ class Scheduler:
     executions: ExecutionStore
     metrics: ScheduleMetrics | None = None
     clock: Callable[[], float] = time.time
+    loop_metrics: LoopMetrics | None = None
+
+    def __post_init__(self) -> None:
+        self.guard = Guard(self.store.redis, self.store.keys, "scheduler", (self.store.keys.schedules_due,),
+                           self.loop_metrics, clock=self.clock)  # fmt: skip
+        """A schedule whose handling raises is looked at again after a backoff, and set aside
+        (taken off `schedules:due`, a dead letter) after its last attempt: never first in line for ever."""
 
     def create(self, tenant: str, body: ScheduleCreate) -> Schedule:
         now = self.clock()
@@ -69,22 +83,23 @@ class Scheduler:
                 self.tick()
             except ServiceError as exc:
                 log.warning("scheduler: %s", exc.message)
-            except Exception:  # one broken schedule must not stop the others
-                log.exception("scheduler tick failed")
+            except Exception as exc:  # each schedule is guarded; this is what is left (the due list itself)
+                self.guard.note(exc, "a tick")
             stop.wait(TICK_S)
 
-    def start(self, stop: threading.Event) -> threading.Thread:
-        thread = threading.Thread(target=self.run, args=(stop,), name="scheduler", daemon=True)
-        thread.start()
-        return thread
-
     def tick(self) -> None:
+        """Handle every schedule that is due, each under the guard: one that fails does not stop the tick."""
         now = self.clock()
+        self.guard.replay()
+        due = self.store.keys.schedules_due
         for schedule_id in self.store.due(now):
-            schedule = self.store.get(schedule_id)
-            if schedule is None or schedule.paused or schedule.queue != self.queue:
-                continue  # another deployment's schedule (on the same Redis) is its schedulers' to fire
-            self._handle(schedule, now)
+            self.guard.record(due, schedule_id, partial(self._look, schedule_id, now))
+
+    def _look(self, schedule_id: str, now: float) -> None:
+        schedule = self.store.get(schedule_id)
+        if schedule is None or schedule.paused or schedule.queue != self.queue:
+            return  # another deployment's schedule (on the same Redis) is its schedulers' to fire
+        self._handle(schedule, now)
 
     def _handle(self, schedule: Schedule, now: float) -> None:
         if schedule.queued_slot is not None and not self._busy(schedule):
@@ -122,6 +137,9 @@ class Scheduler:
         except ServiceError as exc:
             self._record(schedule, slot, now, "not_started", exc.message)
             return
+        except ValidationError as exc:  # the execution's own validation refused what the schedule stored
+            self._record(schedule, slot, now, "not_started", _refusal(exc))
+            return
         schedule.last_execution = submitted.record.id
         lag = max(submitted.record.created_at - slot, 0.0)
         self._record(schedule, slot, now, "fired", "", submitted.record.id, lag)
@@ -149,3 +167,9 @@ class Scheduler:
         if schedule.queued_slot is not None:
             return self.clock()
         return next(calendar.slots(schedule.cron, schedule.timezone, max(schedule.last_slot, self.clock())))
+
+
+def _refusal(exc: ValidationError) -> str:
+    """A validation error in a line the schedule's owner can act on (field and problem, no input echoed)."""
+    problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(request)'}: {e['msg']}" for e in exc.errors())
+    return f"the execution was refused: {problems}; change the schedule (PATCH /v1/schedules/{{id}})"[:1000]

@@ -23,9 +23,10 @@ from typing import Any
 import redis
 from pydantic import BaseModel, Field
 
-from execbox.core.errors import ServiceError
-from execbox.core.events import TERMINAL, consume
+from execbox.core.events import TERMINAL
 from execbox.core.keys import Keys
+from execbox.core.metrics import LoopMetrics
+from execbox.core.poison import Guard, consume
 from execbox.core.redis import redis_errors, text
 from execbox.core.status import ExecutionStatus
 from execbox.executions.record import ExecutionRecord
@@ -90,21 +91,16 @@ class Surprises:
         found = [Surprise.model_validate({**json.loads(fields[b"event"]), "id": text(i)}) for i, fields in entries]
         return [s for s in found if kind in (None, s.type)]
 
-    def start(self, stop: threading.Event, name: str) -> threading.Thread:
-        args = (self._executions.events, self._group, lambda: self.step(name), stop)
-        thread = threading.Thread(target=consume, args=args, name="surprises", daemon=True)
-        thread.start()
-        return thread
+    def run(self, stop: threading.Event, consumer: str, metrics: LoopMetrics | None = None) -> None:
+        """The consumer's loop: each event handled under the loop's guard (execbox.core.poison), so one
+        that fails is retried with backoff, then set aside, and never stops the others' events."""
+        events = self._executions.events
+        guard = Guard(self.redis, self.keys, "surprises", (events.key,), metrics)
+        consume(events, self._group, consumer, self.handle, stop, guard, idle_s=30.0)
 
-    def step(self, consumer: str, block_s: float = 0.5) -> None:
-        for event_id, event in self._executions.events.read(self._group, consumer, block_s=block_s, idle_s=30.0):
-            if event.get("type") == TERMINAL and event.get("status") in ("failed", "expired", "succeeded"):
-                try:
-                    self._record(event["id"])
-                except ServiceError as exc:
-                    log.warning("could not record the surprise of %s: %s", event["id"], exc.message)
-                    continue  # not acknowledged: another consumer takes it after the idle time
-            self._executions.events.ack(self._group, event_id)
+    def handle(self, event: dict[str, str]) -> None:
+        if event.get("type") == TERMINAL and event.get("status") in ("failed", "expired", "succeeded"):
+            self._record(event["id"])
 
     def _record(self, execution_id: str) -> None:
         record = self._executions.get(execution_id)

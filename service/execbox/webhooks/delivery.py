@@ -9,7 +9,10 @@ attempt is rescheduled on a delayed set with exponential backoff and jitter, up 
 `max_attempts`; nothing ever sleeps in the thread that runs executions. Each attempt is logged on
 the execution (`webhook_deliveries`); receivers deduplicate on `Execbox-Execution-Id` (a consumer
 that dies after sending and before acknowledging causes one repeat). Redirects are not followed
-and the host is checked against the operator's allowlist again at delivery time.
+and the host is checked against the operator's allowlist again at delivery time. A URL no request
+can be made of is a failed attempt that is not repeated; anything else that raises while handling
+one entry or retry is retried with backoff and then set aside as a dead letter
+(execbox.core.poison), so one bad entry never stops the deliveries of everyone else.
 """
 
 from __future__ import annotations
@@ -22,13 +25,16 @@ import random
 import secrets
 import threading
 import time
+from functools import partial
 from typing import Any
 
 import httpx
 
 from execbox.catalog.webhook_hosts import host_allowed
 from execbox.core import logs
-from execbox.core.events import TERMINAL, DueSet, consume
+from execbox.core.events import TERMINAL, DueSet
+from execbox.core.metrics import LoopMetrics
+from execbox.core.poison import Guard, consume
 from execbox.core.settings import WebhookSettings
 from execbox.executions.events import DURABLE_GROUPS
 from execbox.executions.record import ExecutionRecord
@@ -42,6 +48,9 @@ log = logging.getLogger(__name__)
 GROUP = DURABLE_GROUPS[0]
 RUN_EVENTS = ("run.needs_replan", "run.finished", "approval.requested")
 SCRIPT_EVENTS = ("script.failed", "script.succeeded")
+UNSENDABLE = "unsendable: "
+"""An attempt's error when no request can be made of the URL at all (a stored URL no longer
+accepted, say): a failed delivery that is not tried again."""
 
 
 def sign(secret: str, body: bytes, timestamp: int) -> str:
@@ -50,37 +59,44 @@ def sign(secret: str, body: bytes, timestamp: int) -> str:
 
 
 class WebhookConsumer:
-    def __init__(self, store: ExecutionStore, settings: WebhookSettings, name: str) -> None:
+    def __init__(self, store: ExecutionStore, settings: WebhookSettings, name: str,
+                 metrics: LoopMetrics | None = None) -> None:  # fmt: skip
         self._store = store
         self._retries = DueSet(store.redis, store.keys.due("webhooks"))
         """Executions (by id) and run events (as JSON) whose next delivery attempt is due at a time."""
         self._runs = RunStore(store.redis, store.keys, 0)  # read only
         self._settings = settings
         self._name = name
-
-    def start(self, stop: threading.Event) -> threading.Thread:
-        thread = threading.Thread(target=self.run, args=(stop,), name="webhooks", daemon=True)
-        thread.start()
-        return thread
+        self.guard = Guard(store.redis, store.keys, "webhooks", (store.keys.events, self._retries.key), metrics)
+        """An entry or retry whose handling raises is tried again with backoff, then set aside."""
 
     def run(self, stop: threading.Event) -> None:
-        consume(self._store.events, GROUP, self.step, stop)
+        consume(self._store.events, GROUP, self._name, self.handle, stop, self.guard, self._settings.claim_idle_s,
+                block_s=1.0, before=self.retry_due)  # fmt: skip
 
     def step(self) -> None:
-        """One round: due retries, then stream entries (blocking briefly for new ones)."""
+        """One round of `run`: due retries, then stream entries (blocking briefly for new ones)."""
+        self.guard.replay()
+        self.retry_due()
+        idle_s = self._settings.claim_idle_s
+        for event_id, event in self._store.events.read(GROUP, self._name, block_s=1.0, idle_s=idle_s):
+            self.guard.entry(self._store.events, GROUP, self._name, event_id, event, self.handle, idle_s)
+
+    def retry_due(self) -> None:
         for member in self._retries.take_due():
-            if member.startswith("{"):
-                self._deliver_event(json.loads(member))
-            else:
-                self._deliver(member)
-        for event_id, event in self._store.events.read(
-            GROUP, self._name, block_s=1.0, idle_s=self._settings.claim_idle_s
-        ):
-            if event.get("type") == TERMINAL:
-                self._deliver(event["id"])
-            elif event.get("type") in (*RUN_EVENTS, *SCRIPT_EVENTS):
-                self._deliver_event({**event, "attempt": "1"})
-            self._store.events.ack(GROUP, event_id)
+            self.guard.record(self._retries.key, member, partial(self._retry, member), taken=True)
+
+    def _retry(self, member: str) -> None:
+        if member.startswith("{"):
+            self._deliver_event(json.loads(member))
+        else:
+            self._deliver(member)
+
+    def handle(self, event: dict[str, str]) -> None:
+        if event.get("type") == TERMINAL:
+            self._deliver(event["id"])
+        elif event.get("type") in (*RUN_EVENTS, *SCRIPT_EVENTS):
+            self._deliver_event({**event, "attempt": "1"})
 
     def _retry_at(self, attempt: int) -> float:
         """When the attempt after `attempt` is due: exponential backoff plus up to 50% jitter."""
@@ -97,7 +113,7 @@ class WebhookConsumer:
         payload, webhook, trace_id, headers = found
         attempt, settings = int(event["attempt"]), self._settings
         with logs.bound(trace_id, None):
-            if not host_allowed(webhook.url, settings.allow_hosts):
+            if not _allowed(webhook.url, settings.allow_hosts):
                 log.warning("webhook host no longer allowed by the operator; %s not sent", event["type"])
                 return
             body = json.dumps(payload).encode()
@@ -105,7 +121,7 @@ class WebhookConsumer:
             status, error = _post(webhook.url, webhook.secret, body, headers, attempt, trace_id, settings.timeout_s)
             if error is None:
                 log.info("event delivered", extra={"event": event["type"], "attempt": attempt, "status_code": status})
-            elif attempt < settings.max_attempts:
+            elif attempt < settings.max_attempts and not error.startswith(UNSENDABLE):
                 retry = json.dumps({**event, "attempt": str(attempt + 1)}, sort_keys=True)
                 self._retries.schedule(retry, self._retry_at(attempt))
             else:
@@ -141,14 +157,14 @@ class WebhookConsumer:
         if attempt > settings.max_attempts or any(d.error is None for d in record.webhook_deliveries):
             return  # delivered already, or given up: an entry seen twice changes nothing
         with logs.bound(record.trace_id, execution_id):
-            if not host_allowed(record.webhook.url, settings.allow_hosts):
+            if not _allowed(record.webhook.url, settings.allow_hosts):
                 self._log(execution_id, attempt, None, "host no longer allowed by the operator; not sent")
                 return
             status, error = _attempt(record, attempt, settings.timeout_s)
             self._log(execution_id, attempt, status, error)
             if error is None:
                 log.info("webhook delivered", extra={"attempt": attempt, "status_code": status})
-            elif attempt < settings.max_attempts:
+            elif attempt < settings.max_attempts and not error.startswith(UNSENDABLE):
                 self._retries.schedule(execution_id, self._retry_at(attempt))
             else:
                 log.warning("webhook not delivered after %d attempts", settings.max_attempts)
@@ -156,6 +172,14 @@ class WebhookConsumer:
     def _log(self, execution_id: str, attempt: int, status: int | None, error: str | None) -> None:
         entry = WebhookDelivery(attempt=attempt, at=time.time(), status_code=status, error=error)
         self._store.update(execution_id, lambda record: record.webhook_deliveries.append(entry))
+
+
+def _allowed(url: str, patterns: list[str]) -> bool:
+    """The host is on the operator's list (a URL whose host cannot even be read is not)."""
+    try:
+        return host_allowed(url, patterns)
+    except ValueError:
+        return False
 
 
 def _attempt(record: ExecutionRecord, attempt: int, timeout_s: float) -> tuple[int | None, str | None]:
@@ -180,6 +204,8 @@ def _post(
             response = http.post(url, content=body, headers=headers)
     except httpx.HTTPError as exc:
         return None, f"{type(exc).__name__}: {exc}"[:300]
+    except (httpx.InvalidURL, ValueError) as exc:  # not an HTTPError: no request can be made of this URL
+        return None, f"{UNSENDABLE}{type(exc).__name__}: {exc}"[:300]
     if 200 <= response.status_code < 300:
         return response.status_code, None
     return response.status_code, f"answered {response.status_code}"

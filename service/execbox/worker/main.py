@@ -21,6 +21,7 @@ from rq.serializers import JSONSerializer
 
 from execbox.core import logs
 from execbox.core.errors import ServiceError
+from execbox.core.poison import LOOPS, Loops
 from execbox.core.settings import Settings
 from execbox.executions.queue import make_queue
 from execbox.webhooks.delivery import WebhookConsumer
@@ -86,8 +87,10 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
             settings.telemetry.worker_metrics_port, addr=settings.telemetry.worker_metrics_host, registry=ctx.registry
         )
     stop = threading.Event()
-    reaper.start(ctx, stop)
-    WebhookConsumer(ctx.store, settings.webhooks, ctx.name).start(stop)
+    loops = Loops(stop, ctx.metrics.loops)  # each supervised: restarted if it ever dies
+    ctx.metrics.loops.initialise(LOOPS)
+    loops.start("reaper", lambda stop: reaper.run(ctx, stop))
+    loops.start("webhooks", WebhookConsumer(ctx.store, settings.webhooks, ctx.name, ctx.metrics.loops).run)
     if ctx.pool is not None:
         ctx.pool.start(stop)
     sessions = SessionHost(ctx) if settings.sessions.per_worker > 0 else None

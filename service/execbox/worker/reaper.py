@@ -12,8 +12,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 
 from execbox.core.errors import ServiceError
+from execbox.core.poison import Guard
 from execbox.core.status import SessionEnd
 from execbox.executions.queue import make_queue, restore_tickets
 from execbox.fleet.registry import Heartbeat
@@ -62,13 +65,19 @@ def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[st
     # A slot taken by an API that died before creating its execution (or one whose release was
     # lost) is given back; a minute is far longer than any admission takes to create.
     counts["slots"] = ctx.slots.reclaim(older_than_s=60.0, ended=lambda execution_id: _ended(ctx, execution_id))
+    # One record that cannot be settled (unreadable, say) is logged and counted by the guard, and
+    # the sweep goes on with the others (execbox.core.poison).
+    guard = _guard(ctx)
+
+    def settle(action: Callable[[str, str], object], execution_id: str, count: str) -> None:
+        if action(execution_id, BY) is not None:
+            counts[count] += 1
+
     for execution_id in ctx.store.due_for_expiry():
-        if ctx.store.expire_if_due(execution_id, BY) is not None:
-            counts["expired"] += 1
+        guard.item(f"execution {execution_id}", partial(settle, ctx.store.expire_if_due, execution_id, "expired"))
     counts["tickets"] = restore_tickets(make_queue(ctx.store.redis, ctx.settings), ctx.settings, ctx.backstop_s)
     for execution_id in ctx.store.running():
-        if ctx.store.fail_if_lost(execution_id, BY) is not None:
-            counts["lost"] += 1
+        guard.item(f"execution {execution_id}", partial(settle, ctx.store.fail_if_lost, execution_id, "lost"))
     counts["sessions"] = _end_lost_sessions(ctx)
     now = time.time()
     unowned_now: set[str] = set()
@@ -146,18 +155,22 @@ def _owned(ctx: WorkerContext, container: ContainerInfo, live_workers: set[str])
     return container.pool is not None and container.worker in live_workers
 
 
-def start(ctx: WorkerContext, stop: threading.Event) -> threading.Thread:
-    def loop() -> None:
-        unowned: set[str] = set()
-        while True:
-            try:
-                report_health(ctx)
-                sweep(ctx, unowned)
-            except ServiceError as exc:
-                log.warning("reaper sweep failed: %s", exc.message)
-            if stop.wait(ctx.settings.worker.reaper_interval_s):
-                return
+def run(ctx: WorkerContext, stop: threading.Event) -> None:
+    """The periodic loop (under the worker's loop supervisor): a sweep that fails is logged and
+    counted, and the next one comes at its interval."""
+    guard = _guard(ctx)
+    unowned: set[str] = set()
+    while True:
+        try:
+            report_health(ctx)
+            sweep(ctx, unowned)
+        except ServiceError as exc:
+            log.warning("reaper sweep failed: %s", exc.message)
+        except Exception as exc:  # each record is guarded in the sweep; this is what is left
+            guard.note(exc, "a sweep")
+        if stop.wait(ctx.settings.worker.reaper_interval_s):
+            return
 
-    thread = threading.Thread(target=loop, name="reaper", daemon=True)
-    thread.start()
-    return thread
+
+def _guard(ctx: WorkerContext) -> Guard:
+    return Guard(ctx.store.redis, ctx.store.keys, "reaper", metrics=ctx.metrics.loops)

@@ -69,6 +69,10 @@ class SessionHost:
                 log.warning("session intake: %s", exc.message)
                 self._stop.wait(1.0)
                 continue
+            except Exception:  # the intake never dies (each held session has its own thread and guard)
+                log.exception("session intake failed")
+                self._stop.wait(1.0)
+                continue
             if session_id is None:
                 continue
             thread = threading.Thread(target=self._hold, args=(session_id,), name=f"session-{session_id}", daemon=True)

@@ -1,15 +1,16 @@
-"""/healthz (the process answers) and /readyz (Redis and a worker with a reachable Docker engine)."""
+"""/healthz (the process answers) and /readyz (Redis, a worker with a reachable Docker engine, this process's loops)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from execbox.api.deps import ServicesDep
 from execbox.core.errors import ServiceError
+from execbox.core.poison import Loops
 
 router = APIRouter(tags=["health"])
 
@@ -29,16 +30,21 @@ def metrics(services: ServicesDep) -> Response:
     return Response(generate_latest(services.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-_READY = {"description": "`status` and one entry per dependency in `checks` (redis, workers, docker, images)."}
+_READY = {
+    "description": "`status` and one entry per dependency in `checks` (redis, workers, docker, images), and "
+    "`loops`: this process's background loops (plans, scheduler, surprises), each running or waiting to be "
+    "restarted, with its restarts and last error."
+}
 
 
 @router.get(
     "/readyz",
-    summary="Readiness: Redis answers and a live worker reaches its Docker engine and has the images",
+    summary="Readiness: Redis answers, a live worker reaches its Docker engine and has the images, and this "
+    "process's background loops run",
     responses={200: _READY, 503: _READY},
 )
-def readyz(services: ServicesDep) -> JSONResponse:
-    checks: dict[str, Any] = {}
+def readyz(services: ServicesDep, request: Request) -> JSONResponse:
+    checks: dict[str, Any] = {"loops": _loops(request)}
     try:
         services.store.ping()
         checks["redis"] = {"ok": True}
@@ -61,7 +67,21 @@ def readyz(services: ServicesDep) -> JSONResponse:
         }
     except ServiceError as exc:
         checks["redis"] = {"ok": False, "detail": exc.message}
-    ready = all(c["ok"] for c in checks.values()) and len(checks) == 4
+    ready = all(c["ok"] for c in checks.values()) and len(checks) == 5
     return JSONResponse(
         {"status": "ready" if ready else "not_ready", "checks": checks}, status_code=200 if ready else 503
     )
+
+
+def _loops(request: Request) -> dict[str, Any]:
+    """Each background loop of this process: a loop that died is restarted by its supervisor, and
+    until it runs again the process is not ready."""
+    loops: Loops | None = getattr(request.app.state, "loops", None)
+    states = loops.status() if loops is not None else {}
+    down = sorted(name for name, state in states.items() if not state.running)
+    return {
+        "ok": not down,
+        "detail": f"not running (restarting): {', '.join(down)}" if down else "every background loop runs",
+        "loops": {name: {"running": state.running, "restarts": state.restarts, "last_error": state.last_error}
+                  for name, state in states.items()},
+    }  # fmt: skip
