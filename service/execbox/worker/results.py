@@ -1,5 +1,10 @@
 """Everything a finished run leaves, folded into the execution record: status, error, output,
-declared outputs, artifacts and expectations. Pure logic over the run's outcome (no Docker)."""
+declared outputs, artifacts and expectations. Pure logic over the run's outcome (no Docker).
+
+What the program wrote (its result file, the rich results' index) and what the client asked for
+(`expect.outputs_schema`) can be anything: whatever is wrong with them is the execution's outcome
+(`output.invalid`, not retryable), never a failure of the worker reading them.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import base64
 import fnmatch
 import io
 import json
+import logging
 from typing import Any
 from urllib.parse import quote
 
@@ -25,11 +31,15 @@ from execbox.executions.schemas import (
     Timing,
 )
 from execbox.files.blobs import ArtifactStore, ArtifactTooLarge
-from execbox.files.collect import Collector
+from execbox.files.collect import RICH_INDEX, Collector
 from execbox.sandbox.runtime import Limits, RunOutcome
 from execbox.worker.classify import classify
 
+log = logging.getLogger(__name__)
 INLINE_OUTPUT_BYTES = 64 * 1024
+MAX_DEPTH = 34
+"""Levels of nesting in the result file: {outputs: {name: ...}} leaves 32 to a value (a stored
+record is read back by a parser that stops at a depth limit of its own)."""
 OUTPUT_ARTIFACT_DIR = "execbox-outputs"
 _STOPPED_FROM_OUTSIDE = {
     ErrorCategory.CANCELLED,
@@ -55,20 +65,35 @@ def _error(category: ErrorCategory, text: str, **details: Any) -> ExecutionError
     return ExecutionError(category=category, message=text, retryable=False, details=details)
 
 
+def _depth(value: Any, limit: int) -> bool:
+    """`value` (parsed JSON) nests no deeper than `limit` levels (looked at without recursion)."""
+    pending = [(value, 1)]
+    while pending:
+        item, level = pending.pop()
+        if isinstance(item, dict | list):
+            if level > limit:
+                return False
+            pending.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return True
+
+
 def _parse_result(raw: bytes | None) -> tuple[dict[str, Any], dict[str, Any] | None, str | None]:
     """(outputs, failed check, problem) from the program's result file."""
     if raw is None:
         return {}, None, None
     try:
         data = json.loads(raw)
-    except ValueError as exc:
-        return {}, None, f"the result file is not JSON ({exc})"
+    except (ValueError, RecursionError) as exc:
+        return {}, None, f"the result file is not JSON ({type(exc).__name__}: {str(exc)[:200]})"
     if not isinstance(data, dict):
         return {}, None, "the result file is not a JSON object"
     outputs = data.get("outputs") or {}
     check = data.get("check")
     if not isinstance(outputs, dict) or (check is not None and not isinstance(check, dict)):
         return {}, None, "the result file's outputs or check has the wrong shape"
+    if not _depth(data, MAX_DEPTH):
+        # The record must read back: nesting past this is refused, not stored (its reader has a limit).
+        return {}, None, f"the result file's outputs or check nest deeper than {MAX_DEPTH - 2} levels"
     return outputs, check, None
 
 
@@ -80,28 +105,44 @@ def _artifact(record_id: str, name: str, size: int, sha256: str, media_type: str
 INLINE_TEXT_BYTES = 64 << 10
 
 
+def rich_index(collector: Collector) -> tuple[list[dict[str, Any]], str | None]:
+    """The entries of the rich results' index, and what is wrong with it (the program can write
+    it: `[{kind, files: {media type: file name}}]`); no entries when it is wrong."""
+    if collector.rich_index is None:
+        return [], None
+    try:
+        index = json.loads(collector.rich_index)
+    except (ValueError, RecursionError) as exc:
+        return [], f"{RICH_INDEX} is not JSON ({type(exc).__name__})"
+    if not isinstance(index, list) or not all(_rich_entry(entry) for entry in index):
+        return [], f"{RICH_INDEX} has the wrong shape: expected [{{kind: string, files: {{media type: file name}}}}]"
+    return index, None
+
+
 def rich_results(record_id: str, collector: Collector, store: ArtifactStore) -> list[RichResult]:
     """The kernel's index of rich results, joined to the representations that were kept."""
-    try:
-        index = json.loads(collector.rich_index or b"[]")
-    except ValueError:
-        return []
     results = []
-    for entry in index if isinstance(index, list) else []:
-        files = entry.get("files") if isinstance(entry, dict) else None
+    for entry in rich_index(collector)[0]:
         data = {}
-        for media_type, file in (files or {}).items():
-            kept = collector.rich.get(str(file))
+        for media_type, file in entry.get("files", {}).items():
+            kept = collector.rich.get(file)
             if kept is None:
                 continue
             text = None
             if (media_type.startswith("text/") or media_type == "application/json") and kept.size <= INLINE_TEXT_BYTES:
                 text = b"".join(store.read(record_id, kept.name)).decode("utf-8", "replace")
-            url = f"/v1/executions/{record_id}/results/{quote(str(file))}"
+            url = f"/v1/executions/{record_id}/results/{quote(file)}"
             data[media_type] = ResultData(media_type=media_type, size=kept.size, sha256=kept.sha256, url=url, text=text)
         if data:
-            results.append(RichResult(kind=str(entry.get("kind", "display_data")), data=data))
+            results.append(RichResult(kind=entry.get("kind", "display_data"), data=data))
     return results
+
+
+def _rich_entry(entry: Any) -> bool:
+    if not isinstance(entry, dict) or not isinstance(entry.get("kind", ""), str):
+        return False
+    files = entry.get("files", {})
+    return isinstance(files, dict) and all(isinstance(f, str) for f in files.values())
 
 
 def _inline_outputs(record: ExecutionRecord, outputs: dict[str, Any], store: ArtifactStore) -> dict[str, Any]:
@@ -135,8 +176,13 @@ def _unmet(record: ExecutionRecord, outcome: RunOutcome) -> list[str]:
         if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
             unmet.append(f"no artifact matches {pattern!r}")
     if expect.outputs_schema is not None:
-        validator = Draft202012Validator(expect.outputs_schema)
-        for problem in sorted(validator.iter_errors(record.outputs), key=lambda e: list(e.absolute_path)):
+        try:
+            validator = Draft202012Validator(expect.outputs_schema)
+            problems = sorted(validator.iter_errors(record.outputs), key=lambda e: [str(p) for p in e.absolute_path])
+        except Exception as exc:  # the client's schema (an unresolvable $ref, say): its outcome, not ours
+            unmet.append(f"expect.outputs_schema cannot be applied ({type(exc).__name__}: {str(exc)[:300]})")
+            return unmet
+        for problem in problems:
             where = ".".join(str(p) for p in problem.absolute_path) or "(outputs)"
             unmet.append(f"outputs.{where}: {problem.message}" if where != "(outputs)" else problem.message)
     return unmet
@@ -169,13 +215,19 @@ def apply_outcome(
     )
     outputs: dict[str, Any] = {}
     check = None
-    result_problem = None
+    result_problems: list[str] = []
     if collector is not None:
         record.artifacts = [_artifact(record.id, a.name, a.size, a.sha256, a.media_type) for a in collector.kept]
         record.artifacts_not_kept = [ArtifactNotKept(**item) for item in collector.not_kept + collector.skipped]
-        outputs, check, result_problem = _parse_result(collector.result)
-        record.outputs = _inline_outputs(record, outputs, store)
-        record.results = rich_results(record.id, collector, store)
+        try:  # what the program wrote: nothing in it may fail the reading of its result
+            outputs, check, result_problem = _parse_result(collector.result)
+            record.outputs = _inline_outputs(record, outputs, store)
+            record.results, rich_problem = rich_results(record.id, collector, store), rich_index(collector)[1]
+            result_problems += [p for p in (result_problem, rich_problem) if p]
+        except Exception as exc:
+            log.exception("reading the program's result files failed")
+            record.outputs, record.results, check = {}, [], None
+            result_problems.append(f"the program's result files could not be read ({type(exc).__name__})")
 
     category = verdict.error.category if verdict.error else None
     expected_exit = record.expect is not None and record.expect.exit_code == outcome.exit_code
@@ -207,9 +259,7 @@ def apply_outcome(
             not_kept=collector.not_kept,
         )
         return ExecutionStatus.FAILED
-    unmet = _unmet(record, outcome)
-    if result_problem:
-        unmet.append(result_problem)
+    unmet = _unmet(record, outcome) + result_problems
     if unmet:
         record.error = _error(ErrorCategory.OUTPUT_INVALID, "unmet expectations: " + "; ".join(unmet), unmet=unmet)
         return ExecutionStatus.FAILED
