@@ -3,7 +3,13 @@
 Started by the session supervisor (session.py), never by the worker directly. Its fd 0 carries
 the supervisor's requests (one JSON object per line: {"id", "code", "env"}), fd 1 and 2 are pipes
 to the supervisor (the cell's stdout and stderr), and fd 3 is where it reports each cell's end
-(one JSON line: {"id", "status", "changed"}).
+(one JSON line: {"id", "status", "changed", "kernel"}).
+
+After each cell the kernel hands itself over to a copy: it forks, the copy (which has the one thread
+that forked, and every variable) goes on to wait for the next request, and this process reports the
+copy's pid and exits. Whatever the cell left running in this process (a thread reading fd 0 for the
+next request, writing fd 3, or watching os.environ) ends with it; the supervisor kills any process
+the cell left, checks the copy, and only then reports the call's end (see session.py).
 
 The cell runs through IPython's run_cell, so the interpreter keeps its variables, imports and
 loaded data from one cell to the next, and the value of a cell's last expression is shown.
@@ -131,8 +137,14 @@ def main():
                     os.environ[name] = value
         after = _snapshot()
         changed = sorted(path for path, stat in after.items() if before.get(path) != stat)
-        report.write(json.dumps({"id": request["id"], "status": status, "changed": changed}) + "\n")
+        with warnings.catch_warnings():  # forking with threads about is the point: only this one goes on
+            warnings.simplefilter("ignore", DeprecationWarning)
+            copy = os.fork()
+        if copy == 0:
+            continue
+        report.write(json.dumps({"id": request["id"], "status": status, "changed": changed, "kernel": copy}) + "\n")
         report.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,30 @@ and reads events on stdout, one JSON object per line, and nothing else ever goes
     {"ev": "end", "id": ..., "status": n, "changed": [...], "restarted": bool, "oom": bool,
      "peak": bytes, "reason": text or null}
 
-An interrupt is SIGINT to the kernel's process group; a kernel that has not finished the cell
-GRACE_S later is killed with its whole group and a fresh one started (`restarted`: variables
-are gone, the workspace stays). A kernel that dies during a cell (the program exited the
-process, the OOM killer) is restarted the same way, and the cell's end says so. When stdin
-closes (the worker let go of the session) the supervisor ends, and the launcher with it.
+A call's end is the supervisor's to report, and it reports it only once nothing of the cell runs
+any more. The kernel answers each cell from a process it is about to leave: it forks, the copy (one
+thread, every variable) waits for the next request, and the old process reports the copy's pid and
+exits, taking with it every thread the cell left (one reading fd 0 for the next call's request, or
+writing a made-up end on fd 3). The supervisor then waits for that exit, checks the copy (its child,
+as this process is a child subreaper; one thread), kills every other process in the sandbox (what
+the cell started and left), and only then writes `end`. A report that does not lead there (no exit,
+a pid that is not a fresh single-threaded child) restarts the kernel instead.
 
-The worker trusts none of this beyond the cell it belongs to: everything here shares the sandbox
-with the program, so a program can at most misreport its own session's cells; the worker keeps
-its own clock and caps.
+An interrupt (the worker's clock ran out, a cancel, the output cap) is SIGINT to the kernel's
+process group. A cell that stops hands over as above (its variables kept, nothing of it left
+running); one that has not handed over GRACE_S later is not waited for: the kernel is restarted,
+so a cell past its timeout never lives into the next call. Restarting kills every process in the
+sandbox but the launcher and this one (kill -1, which no fork outruns) and starts a fresh kernel
+(`restarted`: variables are gone, the workspace stays). A kernel that dies during a cell (the
+program exited the process, the OOM killer) is restarted the same way, and the cell's end says so.
+When stdin closes (the worker let go of the session) the supervisor ends, and the launcher with it.
+
+This process is not dumpable (no ptrace, no /proc/<pid>/fd, no memory reads by the program, which
+runs as the same uid), and the kernel never holds its fds: the worker's channel (this stdin and
+stdout) is out of the program's reach. What a cell can still do is what any cell of a notebook can:
+change the interpreter the later cells of its own session run in (a cell that replaces the
+kernel's loop runs on as that loop). A caller that hands a later call a secret runs no untrusted
+code in that session before it. The worker keeps its own clock and caps.
 """
 
 import base64
@@ -35,8 +50,11 @@ import time
 
 KERNEL = ("python3", "/opt/execbox/kernel.py")
 GRACE_S = 2.0
+HANDOVER_S = 5.0
+"""How long the kernel's old process may take to exit once it reported a cell's end."""
 READY_TIMEOUT_S = 60.0
 PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def _emit(event):
@@ -87,8 +105,12 @@ class Kernel:
                 os._exit(127)
         for fd in (to_kernel, out_w, err_w, rep_w):
             os.close(fd)
+        self.group = self.pid
+        """The kernel's process group: its first process's pid, kept by every copy it hands over to."""
         self.buffer = b""
         self.alive = True
+        self.status = 0
+        """The wait status of an ended kernel process."""
         self.closed = set()
         """Pipes the kernel closed (a program may close its own stdout): no longer watched."""
 
@@ -102,31 +124,105 @@ class Kernel:
 
     def signal(self, sig):
         try:
-            os.killpg(self.pid, sig)
+            os.killpg(self.group, sig)
         except ProcessLookupError:
             pass
+
+    def hand_over(self, report):
+        """Follow the kernel to the copy it reported (see kernel.py); False when that did not happen
+        as it must: the old process gone, the copy our child, alone in its process."""
+        copy = report.get("kernel")
+        deadline = time.monotonic() + HANDOVER_S
+        while self.exited() is None:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        if not isinstance(copy, int) or copy <= 1 or copy == os.getpid():
+            return False
+        fields = _status(copy)
+        if fields.get("PPid") != str(os.getpid()) or fields.get("Tgid") != str(copy) or fields.get("Threads") != "1":
+            return False
+        self.pid, self.alive = copy, True
+        return True
+
+    def sweep(self):
+        """Kill every process in the sandbox but the launcher, this one and the kernel: what a cell
+        started and left running. Repeated until none is left (one may fork while it is killed)."""
+        keep = {1, os.getpid(), self.pid}
+        for _ in range(100):
+            others = [pid for pid in _pids() if pid not in keep]
+            if not others:
+                break
+            for pid in others:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            _reap(self)
+        _reap(self)
 
     def exited(self, block=False):
         """The kernel's wait status once it has ended (reaped), else None."""
         if not self.alive:
-            return 0
+            return self.status
         try:
             pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
         except ChildProcessError:
             pid, status = self.pid, 0
         if pid == 0:
             return None
-        self.alive = False
+        self.alive, self.status = False, status
         return status
 
     def close(self):
-        self.signal(signal.SIGKILL)
+        """Kill the kernel and everything else in the sandbox (kill -1 spares only the launcher and
+        this process, and no process can fork past it)."""
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         self.exited(block=True)
+        deadline = time.monotonic() + 5.0
+        while any(pid not in (1, os.getpid()) for pid in _pids()) and time.monotonic() < deadline:
+            _reap(self)
+            time.sleep(0.005)
+        _reap(self)
         for fd in (self.ctl, self.out, self.err, self.rep):
             try:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def _pids():
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            found.append(int(name))
+    return found
+
+
+def _status(pid):
+    """A process's /proc status fields (Name: value), {} when it is gone."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+    except OSError:
+        return {}
+
+
+def _reap(kernel):
+    """Collect every ended child (this process is a subreaper: orphans of a cell end up here); the
+    kernel's own end is noted, not lost."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        if pid == kernel.pid and kernel.alive:
+            kernel.alive, kernel.status = False, status
 
 
 def _drain(kernel, fd):
@@ -164,9 +260,18 @@ def _start():
     raise RuntimeError("the session's kernel did not start")
 
 
-def _read_reports(kernel):
-    """Read the kernel's report pipe; the reports read whole (a kernel that closed it sends none)."""
-    chunk = os.read(kernel.rep, 1 << 16)
+def _read_reports(kernel, wait=True):
+    """Read the kernel's report pipe; the reports read whole (a kernel that closed it sends none).
+    Without `wait`, only what is there already."""
+    if kernel.rep in kernel.closed:
+        return []
+    os.set_blocking(kernel.rep, wait)
+    try:
+        chunk = os.read(kernel.rep, 1 << 16)
+    except BlockingIOError:
+        return []
+    finally:
+        os.set_blocking(kernel.rep, True)
     if not chunk:
         kernel.closed.add(kernel.rep)
         return []
@@ -181,17 +286,32 @@ def _read_reports(kernel):
     return reports
 
 
+def _mine(reports, cell):
+    """The report of the running cell among those read (any other is not the kernel's to send)."""
+    for report in reports:
+        if cell is not None and isinstance(report, dict) and report.get("id") == cell:
+            return report
+    return None
+
+
+def _int(value, default):
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
 def main():
-    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    libc = ctypes.CDLL(None)
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # a cell's orphans become ours: swept and reaped
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     kernel = _start()
     _emit({"ev": "ready", "restarted": False})
     pending = b""
     cell = None  # the running cell's id
     oom_before = 0
-    kill_at = None  # when an interrupted cell's kernel is killed
+    kill_at = None  # set when the running cell was interrupted: its kernel is restarted by then at the latest
     while True:
         ready, _, _ = select.select([0, *kernel.watched()], [], [], 0.1)
+        report = None
         for fd in ready:
             if fd == 0:
                 chunk = os.read(0, 1 << 20)
@@ -207,38 +327,47 @@ def main():
                         kernel.send({"id": cell, "code": request.get("code", ""), "env": request.get("env", {})})
                     elif request.get("op") == "interrupt" and cell is not None and request.get("id") == cell:
                         kernel.signal(signal.SIGINT)
-                        kill_at = time.monotonic() + GRACE_S
+                        kill_at = kill_at or time.monotonic() + GRACE_S
             elif fd == kernel.rep:
-                for report in _read_reports(kernel):
-                    if cell is not None and report.get("id") == cell:
-                        _drain(kernel, kernel.out)
-                        _drain(kernel, kernel.err)
-                        changed = [p for p in report.get("changed", []) if isinstance(p, str)]
-                        _emit({"ev": "end", "id": cell, "status": int(report.get("status", 1)), "changed": changed,
-                               "restarted": False, "oom": False, "peak": _peak(), "reason": None})
-                        cell, kill_at = None, None
+                report = _mine(_read_reports(kernel), cell) or report
             else:
                 _drain(kernel, fd)
         status = kernel.exited()
+        if report is None and status is not None and cell is not None:
+            report = _mine(_read_reports(kernel, wait=False), cell)  # written just before the process left
         overdue = kill_at is not None and time.monotonic() >= kill_at
-        if status is None and not overdue:
+        if report is None and status is None and not overdue:
             continue
-        # The kernel died, or did not stop after an interrupt: a fresh one, and say so.
-        if overdue:
-            kernel.signal(signal.SIGKILL)
-            status = kernel.exited(block=True)
-            reason = "the cell did not stop when interrupted; the kernel was restarted"
+        _drain(kernel, kernel.out)
+        _drain(kernel, kernel.err)
+        changed = [p for p in report.get("changed", []) if isinstance(p, str)] if report else []
+        if report is not None and kernel.hand_over(report):
+            kernel.sweep()
+            _emit({"ev": "end", "id": cell, "status": _int(report.get("status"), 1), "changed": changed,
+                   "restarted": False, "oom": False, "peak": _peak(), "reason": None})
+            cell, kill_at = None, None
+            continue
+        # Not handed over, not stopped in time after an interrupt, or the kernel died: everything stops,
+        # a fresh kernel, and say so.
+        if report is not None:
+            code = _int(report.get("status"), 1)
+            reason = "the kernel did not hand over to its copy after the cell; it was restarted"
         else:
-            reason = "the kernel process ended during the cell; it was restarted"
+            if overdue:
+                kernel.signal(signal.SIGKILL)
+            status = kernel.exited(block=True)
+            code = os.waitstatus_to_exitcode(status) if status else 137
+            code = code if code >= 0 else 128 - code
+            reason = ("the cell did not stop when interrupted; the kernel was restarted" if overdue else
+                      "the kernel process ended during the cell; it was restarted")
         _drain(kernel, kernel.out)
         _drain(kernel, kernel.err)
         oom = _oom_kills() > oom_before
         kernel.close()
-        code = os.waitstatus_to_exitcode(status) if status else 137
         kernel = _start()
         if cell is not None:
-            _emit({"ev": "end", "id": cell, "status": code if code >= 0 else 128 - code, "changed": [],
-                   "restarted": True, "oom": oom, "peak": _peak(), "reason": reason})
+            _emit({"ev": "end", "id": cell, "status": code, "changed": changed, "restarted": True, "oom": oom,
+                   "peak": _peak(), "reason": reason})
         else:
             _emit({"ev": "ready", "restarted": True})
         cell, kill_at = None, None

@@ -1,11 +1,12 @@
 """Sessions against the real engine and Redis: state kept across calls, rich results, per-call
-timeouts and kernel restarts, idle timeout, delete, tenancy, the quota, and a lost worker."""
+timeouts and kernel restarts, idle timeout, delete, tenancy, the fleet share, and a lost worker."""
 
 from __future__ import annotations
 
 import base64
 import os
 import signal
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -226,15 +227,28 @@ def test_delete_removes_the_container_at_once_and_cancels_what_waits(
     assert api.get("/v1/sessions?status=ended").json()["sessions"][0]["id"] == sid
 
 
-def test_the_eleventh_session_of_a_tenant_limited_to_ten_is_refused(stack: Stack) -> None:
-    with stack.client("beta") as beta:
+def test_a_tenant_holds_only_its_share_of_the_fleets_session_slots(stack: Stack) -> None:
+    """Finding 11: the fleet holds 2 workers x 4 sessions; beta's quota is 10 but its share is half the
+    fleet. Holding 4 idle sessions, it is refused a fifth at once, and alpha's session starts promptly
+    (it waited 35 s in `starting` before, behind beta's 8)."""
+    with stack.client("beta") as beta, stack.client("alpha") as alpha:
         opened = []
         try:
-            for _ in range(10):
+            for _ in range(4):
                 opened.append(open_session(beta)["id"])
+            started = time.monotonic()
             refused = beta.post("/v1/sessions", json={"language": "python"})
-            assert refused.status_code == 429 and "10 sessions open" in refused.text, refused.text
+            assert time.monotonic() - started < 2.0, "refused at once, not left waiting"
+            assert refused.status_code == 429 and "share (50%) of the fleet's 8 session slots" in refused.text, (
+                refused.text
+            )
             assert refused.headers["Retry-After"]
+            started = time.monotonic()
+            theirs = open_session(alpha)["id"]
+            wait_until(lambda: alpha.get(f"/v1/sessions/{theirs}").json()["status"] == "ready", 30,
+                       "alpha's session to start beside beta's idle ones")  # fmt: skip
+            print(f"alpha's session ready {time.monotonic() - started:.2f} s after asking, beta holding 4")  # noqa: T201
+            alpha.delete(f"/v1/sessions/{theirs}")
             beta.delete(f"/v1/sessions/{opened.pop()}")
             opened.append(open_session(beta)["id"])  # a deleted session gives its slot back
         finally:
