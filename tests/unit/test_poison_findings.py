@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,8 +31,11 @@ from execbox.executions.store import ExecutionStore
 from execbox.schedules.schemas import ScheduleCreate
 from execbox.tenancy.apikeys import ApiKeys
 from execbox.webhooks.delivery import WebhookConsumer
+from execbox.worker import reaper
 from tests.conftest import free_port, wait_until
 from tests.unit.conftest import InProcess, make_record
+from tests.unit.fake_engine import FakeEngine
+from tests.unit.test_reaper_and_pool import context
 
 pytestmark = pytest.mark.redis
 Api = tuple[InProcess, dict[str, dict[str, str]]]
@@ -256,3 +260,28 @@ def test_finding_4_an_approval_expires_on_time_while_64_broken_runs_are_due(
     counted = [line for line in metrics.splitlines() if line.startswith('execbox_poison_total{loop="plans"}')]
     attempts = float(counted[0].split()[-1])
     assert 64 <= attempts <= 64 * 4, f"each broken run tried with backoff, not at every round: {attempts}"
+
+
+def test_the_reaper_settles_other_tenants_lost_work_in_a_sweep_that_meets_unreadable_records(
+    settings: Settings, client: redis.Redis, tmp_path: Path
+) -> None:
+    """The reaper has no queue to set a record aside in: one it cannot read is logged and counted,
+    and the same sweep settles the others (one bad record used to end every sweep there)."""
+    ctx = context(settings, client, FakeEngine(), tmp_path)
+    keys = Keys(settings.redis.key_prefix)
+    broken_execution, broken_session = f"exe_{secrets.token_hex(13)}", f"ses_{secrets.token_hex(13)}"
+    client.set(keys.execution(broken_execution), "{not json")
+    client.sadd(keys.running, broken_execution)
+    client.set(keys.session(broken_session), "{not json")
+    client.zadd(keys.live_sessions, {broken_session: 0})
+    lost = make_record(settings, tenant="beta")
+    ctx.store.create(lost)
+    ctx.store.transition(lost.id, {ExecutionStatus.QUEUED}, "worker-gone", lambda r: ExecutionStatus.RUNNING)
+
+    counts = reaper.sweep(ctx)
+
+    assert counts["lost"] == 1, counts
+    settled = ctx.store.get(lost.id)
+    assert settled is not None and settled.error is not None and settled.error.category is ErrorCategory.SANDBOX_ERROR
+    poison = ctx.registry.get_sample_value("execbox_poison_total", {"loop": "reaper"})
+    assert poison == 2, "the unreadable execution and session, each counted"

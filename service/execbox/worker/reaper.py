@@ -62,12 +62,16 @@ def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[st
         "networks": 0,
         "artifact_dirs": 0,
     }
-    # A slot taken by an API that died before creating its execution (or one whose release was
-    # lost) is given back; a minute is far longer than any admission takes to create.
-    counts["slots"] = ctx.slots.reclaim(older_than_s=60.0, ended=lambda execution_id: _ended(ctx, execution_id))
     # One record that cannot be settled (unreadable, say) is logged and counted by the guard, and
     # the sweep goes on with the others (execbox.core.poison).
     guard = _guard(ctx)
+
+    def reclaim() -> None:
+        # A slot taken by an API that died before creating its execution (or one whose release was
+        # lost) is given back; a minute is far longer than any admission takes to create.
+        counts["slots"] = ctx.slots.reclaim(older_than_s=60.0, ended=lambda execution_id: _ended(ctx, execution_id))
+
+    guard.item("the reclaim of quota slots", reclaim)
 
     def settle(action: Callable[[str, str], object], execution_id: str, count: str) -> None:
         if action(execution_id, BY) is not None:
@@ -78,7 +82,7 @@ def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[st
     counts["tickets"] = restore_tickets(make_queue(ctx.store.redis, ctx.settings), ctx.settings, ctx.backstop_s)
     for execution_id in ctx.store.running():
         guard.item(f"execution {execution_id}", partial(settle, ctx.store.fail_if_lost, execution_id, "lost"))
-    counts["sessions"] = _end_lost_sessions(ctx)
+    counts["sessions"] = _end_lost_sessions(ctx, guard)
     now = time.time()
     unowned_now: set[str] = set()
     live_workers = {beat.name for beat in ctx.fleet.alive()}
@@ -111,33 +115,37 @@ def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[st
     return counts
 
 
-def _end_lost_sessions(ctx: WorkerContext) -> int:
+def _end_lost_sessions(ctx: WorkerContext, guard: Guard) -> int:
     """End the sessions whose worker stopped renewing their lease, or that no worker took in time."""
-    ended = 0
+    ended: list[str] = []
     now = time.time()
     for session_id in ctx.sessions.live():
-        record = ctx.sessions.get(session_id)
-        if record is None:
-            continue
-        if record.worker is None:
-            if now - record.created_at < ctx.settings.sessions.start_timeout_s:
-                continue
-            reason, why = (
-                SessionEnd.SANDBOX_ERROR,
-                "no worker took it in time: every worker holds as many sessions as it may "
-                "(EXECBOX_SESSIONS__PER_WORKER), or none runs; retry later",
-            )
-        elif ctx.sessions.lease_alive(session_id):
-            continue
-        else:
-            reason = SessionEnd.WORKER_LOST
-            why = f"the worker holding it ({record.worker}) was lost; its state (variables, files) is gone"
-        done = ctx.sessions.end(session_id, reason, why, worker=record.worker, unclaimed=record.worker is None)
-        if done is not None:
-            ended += 1
-            log.warning("session %s ended by the reaper: %s", session_id, why)
-            settle_waiting(ctx.sessions, ctx.store, session_id, ended_error(done), BY)
-    return ended
+        guard.item(f"session {session_id}", partial(_end_if_lost, ctx, session_id, now, ended))
+    return len(ended)
+
+
+def _end_if_lost(ctx: WorkerContext, session_id: str, now: float, ended: list[str]) -> None:
+    record = ctx.sessions.get(session_id)
+    if record is None:
+        return
+    if record.worker is None:
+        if now - record.created_at < ctx.settings.sessions.start_timeout_s:
+            return
+        reason, why = (
+            SessionEnd.SANDBOX_ERROR,
+            "no worker took it in time: every worker holds as many sessions as it may "
+            "(EXECBOX_SESSIONS__PER_WORKER), or none runs; retry later",
+        )
+    elif ctx.sessions.lease_alive(session_id):
+        return
+    else:
+        reason = SessionEnd.WORKER_LOST
+        why = f"the worker holding it ({record.worker}) was lost; its state (variables, files) is gone"
+    done = ctx.sessions.end(session_id, reason, why, worker=record.worker, unclaimed=record.worker is None)
+    if done is not None:
+        ended.append(session_id)
+        log.warning("session %s ended by the reaper: %s", session_id, why)
+        settle_waiting(ctx.sessions, ctx.store, session_id, ended_error(done), BY)
 
 
 def _ended(ctx: WorkerContext, execution_id: str) -> bool:
