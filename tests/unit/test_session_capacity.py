@@ -12,6 +12,7 @@ import redis
 from execbox.core.keys import Keys
 from execbox.core.settings import Settings
 from execbox.fleet.registry import Heartbeat, WorkerRegistry
+from execbox.sessions.store import SessionStore
 from execbox.tenancy.apikeys import ApiKeys
 from tests.unit.conftest import InProcess
 
@@ -74,3 +75,14 @@ def test_without_a_known_fleet_only_the_quota_applies(api: Api, client: redis.Re
     assert fleet.session_capacity() is None
     opened = [http.post("/v1/sessions", json=SESSION, headers=as_["alpha"]).status_code for _ in range(5)]
     assert opened == [201] * 5
+
+
+def test_a_session_admitted_but_never_stored_gives_its_fleet_slot_back(settings: Settings, client: redis.Redis) -> None:
+    """An API that stopped between admission and storing the session would hold a slot of the fleet's
+    for ever; the reaper's forget() gives it back, and never a stored or fresh one's."""
+    store = SessionStore(client, Keys(settings.redis.key_prefix), 60)
+    assert store.admit("alpha", "ses_lost", 4, 8) == "ok"
+    assert store.admit("alpha", "ses_fresh", 4, 8) == "ok"
+    assert not store.forget("ses_fresh", 60.0), "too young: its create may be in flight"
+    assert store.forget("ses_lost", 0.0)
+    assert store.live() == ["ses_fresh"]

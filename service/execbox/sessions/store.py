@@ -53,6 +53,17 @@ class SessionStore:
             pipe.zrem(self.keys.live_sessions, session_id)
             pipe.execute()
 
+    def forget(self, session_id: str, older_than_s: float) -> bool:
+        """Give back the fleet's slot of a session admitted but never stored (its API stopped between
+        the two), once its admission is older than older_than_s; True when it was given back."""
+        with redis_errors():
+            admitted = self.redis.zscore(self.keys.live_sessions, session_id)
+            if admitted is None or admitted > time.time() - older_than_s:
+                return False
+            if self.redis.exists(self.keys.session(session_id)):
+                return False
+            return bool(self.redis.zrem(self.keys.live_sessions, session_id))
+
     def create(self, record: SessionRecord, queue: str) -> None:
         with redis_errors(), self.redis.pipeline() as pipe:
             pipe.set(self.keys.session(record.id), record.model_dump_json(), ex=self.retention_s)

@@ -126,7 +126,8 @@ def _end_lost_sessions(ctx: WorkerContext, guard: Guard) -> int:
 
 def _end_if_lost(ctx: WorkerContext, session_id: str, now: float, ended: list[str]) -> None:
     record = ctx.sessions.get(session_id)
-    if record is None:
+    if record is None:  # admitted, never stored: its slot of the fleet's goes back
+        ctx.sessions.forget(session_id, ctx.settings.sessions.start_timeout_s)
         return
     if record.worker is None:
         if now - record.created_at < ctx.settings.sessions.start_timeout_s:
