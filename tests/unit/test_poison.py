@@ -169,3 +169,33 @@ def test_dead_letters_are_listed_shown_replayed_and_dropped_with_the_cli_as_the_
         harness.delete(keys.dead_letters("scheduler"), keys.replays("scheduler"))
         harness.zrem(due, member)
         harness.acl_log_reset()  # the refusal above was on purpose
+
+
+def test_a_replayed_entry_goes_back_to_its_own_consumer_group_only(client: redis.Redis, settings: Settings) -> None:
+    keys = Keys(settings.redis.key_prefix)
+    stream = EventStream(client, keys.events)
+    guards = {"a": Guard(client, keys, "plans", (keys.events,), max_attempts=1), "b": Guard(client, keys, "surprises")}
+    seen: dict[str, list[str]] = {"a": [], "b": []}
+    fixed = threading.Event()
+
+    def handle(group: str, fields: dict[str, str]) -> None:
+        if group == "a" and not fixed.is_set():
+            raise ValueError("a bug in group a's handler")
+        seen[group].append(fields["id"])
+
+    def round_of_each() -> None:
+        for group, guard in guards.items():
+            stream.ensure_group(group)
+            for entry_id, fields in stream.read(group, "c", block_s=0.01, idle_s=30.0):
+                guard.entry(stream, group, "c", entry_id, fields, partial(handle, group), 30.0)
+
+    client.xadd(keys.events, {"type": "x", "id": "e1"})
+    round_of_each()
+    assert seen == {"a": [], "b": ["e1"]}
+    (letter,) = DeadLetters(client, keys).list("plans")
+    fixed.set()  # the operator fixed the cause, then replays
+    assert DeadLetters(client, keys).replay("plans", letter.id)
+    assert guards["a"].replay() == 1
+    round_of_each()
+    assert seen == {"a": ["e1"], "b": ["e1"]}, "group b does not handle the replay a second time"
+    assert DeadLetters(client, keys).list("plans") == []
