@@ -69,7 +69,7 @@ for meta in "$here"/*/metadata.yaml; do
   fi
   took=$(awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   echo "image $name: ready in $took s"
-  [ -z "${EXECBOX_PHASES:-}" ] || printf '%-40s %8s s\n' "sandbox image $name" "$took" >> "$EXECBOX_PHASES"
+  [ -z "${EXECBOX_PHASES:-}" ] || printf '%*s%-*s %8s s\n' $((2 * ${EXECBOX_PHASE_DEPTH:-0})) '' $((40 - 2 * ${EXECBOX_PHASE_DEPTH:-0})) "sandbox image $name" "$took" >> "$EXECBOX_PHASES"
 done
 "$here/../scripts/prune-images"  # the images these replaced
 exit $status
