@@ -45,6 +45,22 @@ kept = 41
 """
 
 
+FORGE_IN_PLACE = r"""
+import json, os, sys
+
+frame = sys._getframe()  # the kernel's loop, below this cell, holds the call's request
+while frame is not None and not isinstance(frame.f_locals.get("request"), dict):
+    frame = frame.f_back
+own = frame.f_locals["request"]["id"]
+os.write(3, (json.dumps({"id": own, "status": 0, "changed": []}) + "\n").encode())  # "this call has ended"
+data = os.read(0, 1 << 20)  # and wait, as the kernel would, for the next call's request
+open("/workspace/stolen-in-place", "wb").write(data)
+request = json.loads(data.decode().splitlines()[0])
+os.write(1, b"forged\n")
+os.write(3, (json.dumps({"id": request["id"], "status": 0, "changed": []}) + "\n").encode())
+"""
+
+
 @pytest.fixture
 def session(api: httpx.Client) -> Iterator[dict[str, Any]]:
     opened = open_session(api, idle_timeout_s=300)
@@ -67,6 +83,18 @@ def test_a_cell_cannot_forge_the_next_calls_end_or_read_its_request(api: httpx.C
 
     listing = call(api, sid, "import os; print(sorted(os.listdir('/workspace')))")
     assert "stolen" not in listing["stdout"], "neither the thread nor the process read call 2's code and environment"
+
+
+def test_a_cell_that_forges_its_own_end_in_place_loses_its_kernel(api: httpx.Client, session: dict[str, Any]) -> None:
+    """The same attack from the cell's own thread: its made-up end is not followed by the old
+    process leaving, so the kernel is restarted rather than handed the next request."""
+    sid = session["id"]
+    first = call(api, sid, FORGE_IN_PLACE)
+    assert first["kernel_restarted"] is True, first
+    second = call(api, sid, "print('call 2 ran its own code')")
+    assert second["status"] == "succeeded" and second["stdout"] == "call 2 ran its own code\n", second
+    listing = call(api, sid, "import os; print(sorted(os.listdir('/workspace')))")
+    assert "stolen" not in listing["stdout"], listing
 
 
 def test_a_cell_past_its_timeout_leaves_nothing_running_into_the_next_call(
