@@ -115,16 +115,16 @@ def test_a_loop_that_dies_is_restarted_and_readyz_names_it_until_it_runs(api: Ap
         healed.set()
         stop.wait()
 
-    loops.start("pool", fragile)
+    loops.start("sessions", fragile)
     wait_until(lambda: runs, 5, "the loop to run once")
     check = http.get("/readyz").json()["checks"]["loops"]
-    assert not check["ok"] and "pool" in check["detail"], check
-    assert check["loops"]["pool"]["last_error"] == "RuntimeError: a bug in the loop itself"
+    assert not check["ok"] and "sessions" in check["detail"], check
+    assert check["loops"]["sessions"]["last_error"] == "RuntimeError: a bug in the loop itself"
     assert healed.wait(5), "restarted after its pause"
     assert http.get("/readyz").json()["checks"]["loops"]["ok"]
-    assert loops.status()["pool"].restarts == 1 and runs[1] - runs[0] >= 0.9
+    assert loops.status()["sessions"].restarts == 1 and runs[1] - runs[0] >= 0.9
     metrics = http.get("/metrics").text
-    assert 'execbox_loop_restarts_total{loop="pool"} 1.0' in metrics
+    assert 'execbox_loop_restarts_total{loop="sessions"} 1.0' in metrics
     assert 'execbox_dead_letters{loop="plans"} 0.0' in metrics, "the gauge the alert watches"
 
 

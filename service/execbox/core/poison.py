@@ -32,7 +32,7 @@ from execbox.core.redis import redis_errors, text
 
 log = logging.getLogger(__name__)
 
-LOOPS = ("plans", "scheduler", "surprises", "webhooks", "reaper", "sessions", "pool")
+LOOPS = ("plans", "scheduler", "surprises", "webhooks", "reaper", "sessions")
 """Every background loop by name: the `loop` label's values and the dead-letter streams."""
 MAX_ATTEMPTS = 5
 BACKOFF_S = 1.0

@@ -95,7 +95,7 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
         ctx.pool.start(stop)
     sessions = SessionHost(ctx) if settings.sessions.per_worker > 0 else None
     if sessions is not None:
-        sessions.start(stop)
+        loops.start("sessions", sessions.run)
     try:
         for generation in itertools.count():
             worker = _Worker(

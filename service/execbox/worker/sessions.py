@@ -51,11 +51,10 @@ class SessionHost:
         with self._lock:
             return len(self._held)
 
-    def start(self, stop: threading.Event) -> threading.Thread:
+    def run(self, stop: threading.Event) -> None:
+        """The intake loop (under the worker's loop supervisor)."""
         self._stop = stop
-        thread = threading.Thread(target=self._intake, name="session-intake", daemon=True)
-        thread.start()
-        return thread
+        self._intake()
 
     def _intake(self) -> None:
         capacity = self.ctx.settings.sessions.per_worker
