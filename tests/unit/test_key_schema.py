@@ -150,7 +150,13 @@ def test_a_tenant_named_due_or_active_lists_only_its_own(
     assert listed.status_code == 200 and listed.json() == [], listed.text
     assert "alpha-secret" not in listed.text
     assert http.get(f"/v1/schedules/{created.json()['id']}", headers=due).status_code == 404
-    assert http.get("/v1/runs", headers=active).json() == []
+    gated = {"id": "pay", "run": {"code": "print(1)", "language": "python"}, "approval": {"summary": "pay"}}
+    run = http.post("/v1/runs", json={"plan": {"format": "plan/v1", "steps": [gated]}}, headers=as_["alpha"])
+    assert run.status_code in (200, 201, 202), run.text
+    keys = Keys(settings.redis.key_prefix)
+    assert client.zscore(keys.active_runs, run.json()["id"]) is not None, "alpha's run is in the shared index"
+    assert http.get("/v1/runs", headers=active).json() == [], "tenant `active` lists only its own runs"
+    assert http.get(f"/v1/runs/{run.json()['id']}", headers=active).status_code == 404
     # their own schedules are theirs
     assert http.post("/v1/scripts", json=SCRIPT, headers=due).status_code == 201
     own = http.post("/v1/schedules", json=SCHEDULE | {"inputs": {"api_token": "due-own"}}, headers=due).json()
