@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import redis
+from redis.exceptions import WatchError
 
 from execbox.core.errors import ServiceError
 from execbox.core.events import EVENTS_MAXLEN, EventStream
@@ -174,29 +175,38 @@ class Guard:
     # -- replays -------------------------------------------------------------------------------
 
     def replay(self, limit: int = 16) -> int:
-        """Put back the dead letters an operator replayed (`execbox dead-letters replay`)."""
+        """Put back the dead letters an operator replayed (`execbox dead-letters replay`), in one
+        transaction with taking them off the replay list (another process of the loop that took
+        them first makes this one's transaction fail: each is put back once)."""
         queue = self.keys.replays(self.loop)
-        with redis_errors():
-            raws = [text(r) for r in self.redis.lrange(queue, 0, limit - 1)]
-        done = 0
-        for raw in raws:
-            with redis_errors(), self.redis.pipeline() as pipe:
-                pipe.lrem(queue, 1, raw)
-                letter = _parse_replay(raw)
-                if letter is None or letter.source not in self.sources:
-                    log.error("%s: replay of a dead letter from %s refused (not one of this loop's sources)",
-                              self.loop, letter.source if letter else "an unreadable entry")  # fmt: skip
-                elif letter.kind == "entry":
-                    fields = {**(letter.fields or {}), REPLAY_FOR: letter.group}
-                    pipe.xadd(letter.source, fields, maxlen=EVENTS_MAXLEN, approximate=True)  # type: ignore[arg-type]
-                else:
-                    pipe.zadd(letter.source, {letter.item: self.clock()})
-                    pipe.delete(self._count_key(letter.item))
-                removed = pipe.execute()[0]
-            if removed and letter is not None and letter.source in self.sources:
-                done += 1
-                log.warning("%s: dead letter %s (%s) replayed", self.loop, letter.id, letter.item)
-        return done
+        letters: list[DeadLetter] = []
+        with redis_errors(), self.redis.pipeline() as pipe:
+            try:
+                pipe.watch(queue)  # type: ignore[no-untyped-call]
+                raws = [text(r) for r in pipe.lrange(queue, 0, limit - 1)]
+                if not raws:
+                    return 0
+                pipe.multi()
+                for raw in raws:
+                    pipe.lrem(queue, 1, raw)
+                    letter = _parse_replay(raw)
+                    if letter is None or letter.source not in self.sources:
+                        log.error("%s: replay of a dead letter from %s refused (not one of this loop's sources)",
+                                  self.loop, letter.source if letter else "an unreadable entry")  # fmt: skip
+                    elif letter.kind == "entry":
+                        fields = {**(letter.fields or {}), REPLAY_FOR: letter.group}
+                        pipe.xadd(letter.source, fields, maxlen=EVENTS_MAXLEN, approximate=True)  # type: ignore[arg-type]
+                        letters.append(letter)
+                    else:
+                        pipe.zadd(letter.source, {letter.item: self.clock()})
+                        pipe.delete(self._count_key(letter.item))
+                        letters.append(letter)
+                pipe.execute()
+            except WatchError:
+                return 0  # another process of this loop put them back
+        for letter in letters:
+            log.warning("%s: dead letter %s (%s) replayed", self.loop, letter.id, letter.item)
+        return len(letters)
 
     # -- failures ------------------------------------------------------------------------------
 
@@ -369,15 +379,24 @@ class DeadLetters:
             return dict(zip(LOOPS, (int(n) for n in pipe.execute()), strict=True))
 
     def replay(self, loop: str, letter_id: str) -> bool:
-        """Queue the letter for its loop to put back (handled afresh, with a new attempt count)."""
-        letter = self.get(loop, letter_id)
-        if letter is None:
-            return False
+        """Queue the letter for its loop to put back (handled afresh, with a new attempt count);
+        taken off the dead letters in the same transaction, so two replays put it back once."""
+        dead = self.keys.dead_letters(loop)
         with redis_errors(), self.redis.pipeline() as pipe:
-            pipe.xdel(self.keys.dead_letters(loop), letter_id)
-            pipe.rpush(self.keys.replays(loop), json.dumps(asdict(letter)))
-            removed, _ = pipe.execute()
-        return bool(removed)
+            while True:
+                try:
+                    pipe.watch(dead)  # type: ignore[no-untyped-call]
+                    entries: Any = pipe.xrange(dead, letter_id, letter_id)
+                    if not entries:
+                        return False
+                    letter = DeadLetter.decode(text(entries[0][0]), entries[0][1])
+                    pipe.multi()
+                    pipe.xdel(dead, letter_id)
+                    pipe.rpush(self.keys.replays(loop), json.dumps(asdict(letter)))
+                    pipe.execute()
+                    return True
+                except WatchError:
+                    continue  # another letter arrived meanwhile: look again
 
     def drop(self, loop: str, letter_id: str) -> bool:
         with redis_errors():
