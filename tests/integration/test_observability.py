@@ -185,8 +185,9 @@ def test_spans_are_exported_over_otlp_only_when_configured(side_stack: Callable[
 
 def test_readyz_reports_each_dependency(api: httpx.Client) -> None:
     checks = api.get("/readyz").json()["checks"]
-    assert set(checks) == {"redis", "workers", "docker", "images"}
+    assert set(checks) == {"redis", "workers", "docker", "images", "loops"}
     assert all(check["ok"] for check in checks.values())
+    assert set(checks["loops"]["loops"]) == {"plans", "scheduler", "surprises"}, "this API's background loops"
 
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
