@@ -43,13 +43,6 @@ class PlanConsumer:
         consume(self._events, self._group, self._name, self.handle, stop, self.guard, self._idle_s,
                 before=self.advance_due)  # fmt: skip
 
-    def step(self, block_s: float = 0.5) -> None:
-        """One round of `run`: runs that fell due, then execution events (blocking briefly for new ones)."""
-        self.guard.replay()
-        self.advance_due()
-        for event_id, event in self._events.read(self._group, self._name, block_s=block_s, idle_s=self._idle_s):
-            self.guard.entry(self._events, self._group, self._name, event_id, event, self.handle, self._idle_s)
-
     def advance_due(self) -> None:
         """Runs whose retry, approval expiry or wall budget fell due; one that fails is put back
         later (and set aside after its last attempt), so it never fills the due slots for ever."""

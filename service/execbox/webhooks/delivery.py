@@ -74,14 +74,6 @@ class WebhookConsumer:
         consume(self._store.events, GROUP, self._name, self.handle, stop, self.guard, self._settings.claim_idle_s,
                 block_s=1.0, before=self.retry_due)  # fmt: skip
 
-    def step(self) -> None:
-        """One round of `run`: due retries, then stream entries (blocking briefly for new ones)."""
-        self.guard.replay()
-        self.retry_due()
-        idle_s = self._settings.claim_idle_s
-        for event_id, event in self._store.events.read(GROUP, self._name, block_s=1.0, idle_s=idle_s):
-            self.guard.entry(self._store.events, GROUP, self._name, event_id, event, self.handle, idle_s)
-
     def retry_due(self) -> None:
         for member in self._retries.take_due():
             self.guard.record(self._retries.key, member, partial(self._retry, member), taken=True)
