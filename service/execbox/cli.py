@@ -186,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "dead-letters":
         import dataclasses
 
+        from execbox.core.deadletters import DeadLetters
         from execbox.core.keys import Keys
-        from execbox.core.poison import DeadLetters
         from execbox.core.redis import connect
 
         letters = DeadLetters(connect(settings), Keys(settings.redis.key_prefix))

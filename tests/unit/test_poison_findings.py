@@ -19,10 +19,11 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from execbox.api import create_app
+from execbox.core.deadletters import DeadLetters
 from execbox.core.events import TERMINAL
 from execbox.core.keys import Keys
 from execbox.core.metrics import loop_metrics
-from execbox.core.poison import DeadLetters, Loops
+from execbox.core.poison import Loops
 from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions.record import ExecutionRecord

@@ -23,10 +23,11 @@ from execbox.api.routes import sessions as sessions_routes
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.core import logs
+from execbox.core.deadletters import DeadLetters
 from execbox.core.keymigration import migrate_at_start as migrate_keys
 from execbox.core.keys import Keys
 from execbox.core.metrics import DeadLetterCollector, HttpMetrics, SharedStateCollector, api_metrics
-from execbox.core.poison import LOOPS, DeadLetters, Loops
+from execbox.core.poison import LOOPS, Loops
 from execbox.core.redis import connect
 from execbox.core.settings import Settings
 from execbox.core.tracing import setup as setup_tracing
