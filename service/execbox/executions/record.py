@@ -22,9 +22,9 @@ from execbox.executions.schemas import (
     Origin,
     OutputsSpec,
     Resources,
+    StoredWebhook,
     Timing,
     Transition,
-    Webhook,
 )
 from execbox.files.schemas import InputFileRef
 
@@ -40,7 +40,7 @@ class ExecutionRecord(ExecutionPublic):
     inputs: Any = Field(None, description="JSON inputs.")
     outputs_spec: OutputsSpec = Field(default_factory=OutputsSpec, description="Which files come back.")
     expect: Expect | None = Field(None, description="Expectations.")
-    webhook: Webhook | None = Field(None, description="Callback and its secret.")
+    webhook: StoredWebhook | None = Field(None, description="Callback and its secret.")
     request_sha256: str = Field(description="SHA-256 of the canonical request.")
     queue_deadline: float = Field(description="Unix time after which a queued execution expires.")
     transitions: list[Transition] = Field(default_factory=list, description="Every status change.")

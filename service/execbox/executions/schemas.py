@@ -108,8 +108,9 @@ class Expect(BaseModel):
         return value
 
 
-class Webhook(BaseModel):
-    """Where to POST the finished execution, signed with the client's secret."""
+class StoredWebhook(BaseModel):
+    """A webhook as records keep it: read back as it was accepted, whatever later requests must meet
+    (a stricter check on requests never makes a stored record unreadable)."""
 
     model_config = _STRICT
 
@@ -124,6 +125,10 @@ class Webhook(BaseModel):
         description="Shared secret for the `Execbox-Signature` "
         "header: `t=<unix time>,v1=<hex HMAC-SHA256(secret, '<t>.' + body)>`.",
     )
+
+
+class Webhook(StoredWebhook):
+    """Where to POST the finished execution, signed with the client's secret."""
 
     @field_validator("url")
     @classmethod

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from execbox.catalog.schemas import PolicyRequest
-from execbox.executions.schemas import InputFile, Labels, Webhook
+from execbox.executions.schemas import InputFile, Labels, StoredWebhook, Webhook
 
 STEP_ID_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 RUN_ID_PATTERN = r"^run_[a-z0-9]{26}$"
@@ -294,7 +294,7 @@ class RunRecord(RunPublic):
     plan: PlanDocument = Field(description="The plan with every revision's steps (superseded ones included).")
     inputs: dict[str, Any] = Field(default_factory=dict, description="Run inputs.")
     queue: str = Field(description="The queue its steps go to: API processes of that queue advance it.")
-    webhook: Webhook | None = Field(None, description="Where its events are POSTed, and the secret.")
+    webhook: StoredWebhook | None = Field(None, description="Where its events are POSTed, and the secret.")
     _notices: list[dict[str, str]] = PrivateAttr(default_factory=list)
     """Events for its webhook, appended to the outbox when the run is next saved."""
 

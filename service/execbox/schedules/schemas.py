@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from execbox.executions.schemas import InputFile, Labels, Webhook
+from execbox.executions.schemas import InputFile, Labels, StoredWebhook, Webhook
 
 SCHEDULE_ID_PATTERN = r"^sch_[a-z0-9]{26}$"
 SCRIPT_REF_PATTERN = r"^[a-z][a-z0-9_.-]{0,99}@(proven|\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?)$"
@@ -57,6 +57,8 @@ class Schedule(ScheduleCreate):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     labels: dict[str, str] = Field(default_factory=dict, description="Labels for its executions (as stored).")
+    # Read back as stored: a check added to requests later never makes a stored schedule unreadable.
+    webhook: StoredWebhook | None = Field(None, description="Where its events are POSTed (as stored).")  # type: ignore[assignment]
     id: str = Field(description="`sch_` and 26 characters.")
     tenant: str = Field(description="Owner.")
     paused: bool = Field(False, description="A paused schedule fires nothing; slots passed while paused are skipped.")

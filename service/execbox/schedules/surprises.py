@@ -30,7 +30,7 @@ from execbox.core.poison import Guard, consume
 from execbox.core.redis import redis_errors, text
 from execbox.core.status import ExecutionStatus
 from execbox.executions.record import ExecutionRecord
-from execbox.executions.schemas import ExecutionError, Webhook
+from execbox.executions.schemas import ExecutionError, StoredWebhook
 from execbox.executions.store import ExecutionStore
 from execbox.schedules.store import ScheduleStore
 
@@ -125,11 +125,11 @@ class Surprises:
             pipe.execute()
 
 
-def stored_surprise(client: redis.Redis, keys: Keys, execution_id: str) -> tuple[dict[str, Any], Webhook] | None:
+def stored_surprise(client: redis.Redis, keys: Keys, execution_id: str) -> tuple[dict[str, Any], StoredWebhook] | None:
     """The event and the webhook to deliver it to (for the workers' webhook consumer)."""
     with redis_errors():
         raw = client.get(keys.surprise(execution_id))
     if raw is None:
         return None
     stored = json.loads(raw)
-    return stored["event"], Webhook.model_validate(stored["webhook"])
+    return stored["event"], StoredWebhook.model_validate(stored["webhook"])

@@ -38,7 +38,7 @@ from execbox.core.poison import Guard, consume
 from execbox.core.settings import WebhookSettings
 from execbox.executions.events import DURABLE_GROUPS
 from execbox.executions.record import ExecutionRecord
-from execbox.executions.schemas import Webhook, WebhookDelivery
+from execbox.executions.schemas import StoredWebhook, WebhookDelivery
 from execbox.executions.store import ExecutionStore
 from execbox.plans import handoff
 from execbox.plans.store import RunStore
@@ -119,7 +119,7 @@ class WebhookConsumer:
             else:
                 log.warning("%s not delivered after %d attempts: %s", event["type"], attempt, error)
 
-    def _payload(self, event: dict[str, str]) -> tuple[dict[str, Any], Webhook, str, dict[str, str]] | None:
+    def _payload(self, event: dict[str, str]) -> tuple[dict[str, Any], StoredWebhook, str, dict[str, str]] | None:
         """(body, webhook, trace id, headers) of an event, or None when there is nothing to send."""
         if event["type"] in SCRIPT_EVENTS:
             stored = stored_surprise(self._store.redis, self._store.keys, event["id"])
