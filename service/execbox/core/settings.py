@@ -240,7 +240,10 @@ class ApiSettings(BaseModel):
         "/v1/files (413 above). Larger inputs: several uploaded files, used by id.",
     )
     max_json_body_bytes: int = Field(
-        8 * 1024 * 1024, gt=0, description="Largest body of every other route (plans, runs, schedules...; 413 above)."
+        4 * 1024 * 1024,
+        gt=0,
+        description="Largest body of every other route (plans, runs, schedules...; 413 above). Decoding JSON holds "
+        "the interpreter lock (about 30 ms per MiB at worst), so this also bounds how long one body can delay others.",
     )
     sse_keepalive_s: float = Field(
         15.0, gt=0, le=300, description="A live-event stream (SSE) sends a keepalive comment after this long quiet."
