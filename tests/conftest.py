@@ -251,6 +251,9 @@ def stack(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Stack:
     prefix = PREFIX
+    # Every-second schedules keep the schedule tests short; the shipped policy's minimum is 60 s.
+    shipped = (ROOT / "policies" / "tenants.yaml").read_text()
+    fast_schedules = shipped.replace("default:\n", "default:\n  schedule_min_interval_s: 1\n", 1)
     env = {
         "EXECBOX_ARTIFACTS_DIR": str(tmp_path_factory.mktemp("artifacts")),
         **{k: v for k, v in os.environ.items() if not k.startswith("EXECBOX_")},
@@ -268,6 +271,7 @@ def stack(
         "EXECBOX_LOG_LEVEL": "INFO",
         "EXECBOX_API__SSE_KEEPALIVE_S": "1",
         "EXECBOX_DOCKER__URL": docker_proxy,
+        "EXECBOX_POLICIES_DIR": str(policies_with_tenants(tmp_path_factory.mktemp("stack"), fast_schedules)),
     }
     port = free_port()
     processes.spawn("api", [EXECBOX, "api", "--port", str(port)], env)
