@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EXECBOX = str(Path(sys.executable).with_name("execbox"))
 PREFIX = f"exbt{secrets.token_hex(3)}"
 """The session's key prefix: its Redis ACL names keys under it."""
+ENGINE = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+"""The engine the session tests against: DOCKER_HOST's (.ci/run's engine of its own), else Docker's default."""
 PASSWORDS = {role: secrets.token_hex(16) for role in (*ROLES, "harness")}
 """Each role's Redis password; `harness` (the tests' own inspections) may do anything."""
 
@@ -128,7 +130,7 @@ def deployment_env(stack: Stack, redis_port: int, prefix: str, queue: str) -> di
     socket, since the session's docker proxy serves the session's deployment only."""
     return {**stack.env, "EXECBOX_REDIS__URL": role_url(f"redis://127.0.0.1:{redis_port}/0", "api", PASSWORDS["api"]),
             "EXECBOX_REDIS__KEY_PREFIX": prefix, "EXECBOX_QUEUE__NAME": queue,
-            "EXECBOX_DOCKER__URL": "unix:///var/run/docker.sock"}  # fmt: skip
+            "EXECBOX_DOCKER__URL": ENGINE}  # fmt: skip
 
 
 @dataclass

@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from execbox.core.settings import Settings
+
+
+def _engine_socket() -> str:
+    """The engine's unix socket: DOCKER_HOST's when it names one (an engine of its own), else Docker's default."""
+    host = os.environ.get("DOCKER_HOST", "")
+    return host.removeprefix("unix://") if host.startswith("unix://") else "/var/run/docker.sock"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     revoke.add_argument("key_id")
     dproxy = sub.add_parser("docker-proxy", help="serve a narrowed Docker socket for workers (in its container)")
     dproxy.add_argument("--listen", required=True, help="unix socket path the workers connect to")
-    dproxy.add_argument("--engine", default="/var/run/docker.sock", help="the engine's socket")
+    dproxy.add_argument("--engine", default=_engine_socket(), help="the engine's socket (default: DOCKER_HOST's)")
     dproxy.add_argument("--deployment", default="execbox", help="the deployment label (EXECBOX_REDIS__KEY_PREFIX)")
     dproxy.add_argument("--egress-container", default="execbox-egress", help="the egress proxy's container name")
     egress_key = sub.add_parser(

@@ -187,7 +187,7 @@ def test_service_containers_are_hardened() -> None:
         assert host["ReadonlyRootfs"], service
         assert 0 < host["Memory"] == host["MemorySwap"] and host["PidsLimit"] > 0, service
         assert config["User"] and config["User"].split(":")[0] not in ("", "0", "root"), service
-        holds_socket = any(m.get("Source") == "/var/run/docker.sock" for m in info["Mounts"])
+        holds_socket = any(m.get("Destination") == "/var/run/docker.sock" for m in info["Mounts"])
         assert holds_socket == (service == "docker-proxy"), service  # only the proxy holds the engine
     worker = inspect(compose_containers("worker")[0])
     assert worker["Config"]["User"] == "10001:10001"  # not even in the socket's group
