@@ -166,7 +166,7 @@ def test_finding_2_other_tenants_webhooks_keep_their_timing_while_a_delivery_can
     client: redis.Redis, settings: Settings, receiver: Receiver
 ) -> None:
     """An entry whose delivery raises (its execution's record cut short, so that it no longer reads; a
-    URL no request can be made of is only a failed attempt now, test_stored_webhooks.py) is retried
+    URL no request can be made of is only a failed attempt now, test_kept_records_stay_usable.py) is retried
     with backoff, then set aside; beta's deliveries go on."""
     hooks = settings.webhooks.model_copy(update={"allow_hosts": ["127.0.0.1", "hooks.example.com"],
                                                  "claim_idle_s": 5.0})  # fmt: skip

@@ -20,6 +20,7 @@ from pydantic import Field, ValidationError
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.core.errors import FieldProblem, InvalidRequest, RunConflict, ScriptNotFound
+from execbox.core.readable import schema_problems
 from execbox.core.status import ExecutionStatus
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionCreate, Expect, InputFile, Origin
@@ -84,6 +85,14 @@ class Library:
         """(the version, created): the same registration again is a replay; other content under the
         same version is a 409 (versions are immutable)."""
         self.languages.get(body.language)
+        # Compiled now, not at the first invocation: a $ref that does not resolve would otherwise be
+        # stored and fail every run of the version (and every check of its outputs) afterwards.
+        problems = [
+            *schema_problems(body.input_schema, "input_schema"),
+            *schema_problems(body.output_schema, "output_schema"),
+        ]
+        if problems:
+            raise InvalidRequest("a schema of the script cannot be used; nothing was registered", tuple(problems))
         policy = self.policies.resolve(body.default_policy, len(body.code.encode()))
         if policy.name not in allowed:
             problem = FieldProblem("default_policy.name", f"one of {', '.join(sorted(allowed))}")

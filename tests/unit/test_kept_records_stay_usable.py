@@ -1,5 +1,6 @@
-"""A webhook stored before requests were checked more strictly stays readable: the records read it
-with the model they were written with (StoredWebhook), the requests check it (Webhook)."""
+"""What is kept stays usable: a webhook stored before requests were checked more strictly is still read
+(records read it with StoredWebhook, requests check it with Webhook), and a script's schemas are
+compiled when it is registered rather than at its first invocation."""
 
 from __future__ import annotations
 
@@ -48,3 +49,19 @@ def test_a_schedule_stored_with_such_a_webhook_is_still_read() -> None:
         "last_slot": 1.0,
     }
     assert Schedule.model_validate(stored).webhook == StoredWebhook(url=UNSENDABLE, secret=SECRET)
+
+
+@pytest.mark.parametrize("field", ["input_schema", "output_schema"])
+def test_a_script_whose_schema_cannot_resolve_is_refused_and_nothing_is_registered(
+    api: tuple[InProcess, dict[str, dict[str, str]]], field: str
+) -> None:
+    """A $ref that resolves nowhere would fail every invocation (or every output check) of a stored
+    version; it is a 422 at registration naming the schema, and the name stays unknown."""
+    http, headers = api
+    body = {"name": "report", "version": "1.0.0", "code": "print(1)", field: {"$ref": "#/$defs/missing"}}
+
+    answer = http.post("/v1/scripts", json=body, headers=headers["alpha"])
+
+    assert answer.status_code == 422, answer.text
+    assert any(problem["field"] == field for problem in answer.json()["errors"]), answer.json()
+    assert http.get("/v1/scripts/report", headers=headers["alpha"]).status_code == 404
