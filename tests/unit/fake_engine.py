@@ -1,5 +1,6 @@
 """A fake container engine for unit tests of the reaper and the warm pool (the real one is tested
-under tests/integration): it keeps containers in a dict and records what was asked of it."""
+under tests/integration): it keeps containers in a dict and records what was asked of it; runs and
+sessions are the in-memory sandbox's (execbox.sandbox.fake.FakeRuntime)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,20 @@ import itertools
 import time
 from dataclasses import dataclass, field, replace
 
-from execbox.sandbox.runtime import ContainerInfo, Limits, RunControl, RunOutcome, RunSpec, SessionSandbox
+from execbox.sandbox.fake import FakeRuntime
+from execbox.sandbox.runtime import ContainerInfo, Limits, RunSpec
 
 
 @dataclass
-class FakeEngine:
+class FakeEngine(FakeRuntime):
     containers: dict[str, ContainerInfo] = field(default_factory=dict)
     networks: dict[str, ContainerInfo] = field(default_factory=dict)
     removed: list[str] = field(default_factory=list)
     resized: list[tuple[str, Limits]] = field(default_factory=list)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
+
+    def __post_init__(self) -> None:
+        FakeRuntime.__init__(self)
 
     def add(
         self, execution_id: str | None = None, age_s: float = 3600.0, pool_memory_mb: int = 0, **labels: str | None
@@ -51,20 +56,4 @@ class FakeEngine:
         self.removed.append(network_id)
         self.networks.pop(network_id, None)
 
-    def run(self, spec: RunSpec, control: RunControl) -> RunOutcome:
-        raise NotImplementedError("the fake engine runs nothing")
-
-    def open_session(self, spec: RunSpec, session_id: str, start_timeout_s: float) -> SessionSandbox:
-        raise NotImplementedError("the fake engine holds no sessions")
-
-    def ping(self) -> None:
-        pass
-
-    def image_id(self, image: str) -> str:
-        return "sha256:fake"
-
-    def runtimes(self) -> list[str]:
-        return ["runc"]
-
-    def close(self) -> None:
-        pass
+    # run, open_session, ping, image_id, runtimes and close: FakeRuntime's

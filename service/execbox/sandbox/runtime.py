@@ -190,13 +190,21 @@ class SessionSandbox(Protocol):
         """Remove the container (and with it the kernel and the workspace)."""
 
 
-class Runtime(Protocol):
+class Sandbox(Protocol):
+    """The execution seam: everything an execution's life needs of a sandbox (a one-shot run, or a
+    session whose calls run one after another in one kernel). DockerRuntime and FakeRuntime
+    (execbox.sandbox.fake) are the two."""
+
     def run(self, spec: RunSpec, control: RunControl) -> RunOutcome:
         """Run spec in a fresh container and remove it afterwards, whatever happens."""
 
     def open_session(self, spec: RunSpec, session_id: str, start_timeout_s: float) -> SessionSandbox:
         """Create and start a session's container (spec.command is the session program) and wait
         until its kernel is ready; raises a ServiceError when it cannot."""
+
+
+class EngineHealth(Protocol):
+    """What the worker's heartbeat reports about the engine (execbox.worker.reaper.report_health)."""
 
     def ping(self) -> None:
         """Raise RuntimeUnavailable when the engine cannot be reached."""
@@ -206,6 +214,10 @@ class Runtime(Protocol):
 
     def runtimes(self) -> list[str]:
         """The OCI runtimes the engine has registered (runc, runsc, ...)."""
+
+
+class Housekeeping(Protocol):
+    """What the reaper and the worker's shutdown need: find and remove what dead runs left behind."""
 
     def managed_containers(self, deployment: str) -> list[ContainerInfo]:
         """Every sandbox container this deployment made on this engine."""
@@ -221,3 +233,8 @@ class Runtime(Protocol):
 
     def remove_network(self, network_id: str, proxy_container: str) -> None:
         """Detach the egress proxy from a run's network and remove it; a missing one is not an error."""
+
+
+class Runtime(Sandbox, EngineHealth, Housekeeping, Protocol):
+    """A worker's engine: the execution seam plus health and housekeeping. The warm pool is not part
+    of it: it drives DockerRuntime through its own narrower seam (execbox.sandbox.pool.PoolEngine)."""

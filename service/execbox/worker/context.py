@@ -54,14 +54,17 @@ class WorkerContext:
     pool: WarmPool | None = None
 
     @classmethod
-    def build(cls, settings: Settings, name: str | None = None) -> WorkerContext:
+    def build(cls, settings: Settings, name: str | None = None, runtime: Runtime | None = None) -> WorkerContext:
+        """`runtime`: the sandboxes to run in; None (production) builds the Docker runtime and its pool."""
         registry = CollectorRegistry()
         client = connect(settings)
         keys = Keys(settings.redis.key_prefix)
         store = ExecutionStore(client, settings)
-        runtime = DockerRuntime(
-            settings.docker, redis_uids(client, keys, settings.docker.uid_range), settings.policies_dir
-        )
+        docker = None
+        if runtime is None:
+            runtime = docker = DockerRuntime(
+                settings.docker, redis_uids(client, keys, settings.docker.uid_range), settings.policies_dir
+            )
         context = cls(
             settings=settings,
             store=store,
@@ -80,10 +83,11 @@ class WorkerContext:
             sessions=SessionStore(client, keys, settings.retention_s),
             backstop_s=PolicySet.load(settings.policies_dir).max_ceiling("timeout_s"),
         )
-        runtime.on_status_mismatch = context.metrics.status_mismatches.inc
         context.metrics.initialise((lang.name for lang in context.languages), SANDBOX_FAILURE_REASONS)
-        if settings.pool.all_classes():
-            context.pool = runtime.pool = build_pool(context, runtime)
+        if docker is not None:  # the warm pool and the launcher's status check are Docker's own
+            docker.on_status_mismatch = context.metrics.status_mismatches.inc
+            if settings.pool.all_classes():
+                context.pool = docker.pool = build_pool(context, docker)
         events.subscribe(store, context.metrics.outcomes)
         return context
 

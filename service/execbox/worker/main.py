@@ -24,6 +24,7 @@ from execbox.core.errors import ServiceError
 from execbox.core.poison import LOOPS, Loops
 from execbox.core.settings import Settings
 from execbox.executions.queue import make_queue
+from execbox.sandbox.runtime import Runtime
 from execbox.webhooks.delivery import WebhookConsumer
 from execbox.worker import gate, reaper
 from execbox.worker.context import WorkerContext, current, install
@@ -69,13 +70,16 @@ def _note_stop(signum: int, frame: object) -> None:
     _stop_early.set()
 
 
-def run_worker(settings: Settings, burst: bool = False, name: str | None = None) -> None:
+def run_worker(
+    settings: Settings, burst: bool = False, name: str | None = None, runtime: Runtime | None = None
+) -> None:
+    """Serve the queue until stopped (`burst`: until it is empty); `runtime` None: Docker's."""
     # As a container's PID 1 the process would ignore SIGTERM until RQ installs its handlers; a
     # stop during start-up must still end in the clean shutdown below (the pool is drained).
     signal.signal(signal.SIGTERM, _note_stop)
     signal.signal(signal.SIGINT, _note_stop)
     logs.configure(settings.log_level, "worker")
-    ctx = WorkerContext.build(settings, name)
+    ctx = WorkerContext.build(settings, name, runtime)
     install(ctx)
     try:
         ctx.runtime.ping()

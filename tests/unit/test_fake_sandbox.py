@@ -1,0 +1,241 @@
+"""The worker's real code path without Docker: the API in-process, the worker's job function and
+threads in-process, and the in-memory sandbox (execbox.sandbox.fake) behind the runtime seam. A
+POST becomes a terminal execution, a plan advances through three steps, a session's two calls
+share state, and a webhook reaches a local receiver."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from prometheus_client import CollectorRegistry
+
+from execbox.core.metrics import loop_metrics
+from execbox.core.poison import Loops
+from execbox.core.settings import Settings
+from execbox.sandbox.fake import FakeRuntime, Script, interpret
+from execbox.webhooks.delivery import WebhookConsumer
+from execbox.worker import context
+from execbox.worker.context import WorkerContext
+from execbox.worker.reaper import report_health
+from execbox.worker.sessions import SessionHost
+from execbox.worker.tasks import run_next
+from tests.conftest import Redis, free_port, wait_until
+from tests.unit.conftest import InProcess
+
+pytestmark = pytest.mark.redis
+Api = tuple[InProcess, dict[str, dict[str, str]]]
+
+
+@pytest.fixture
+def settings(redis_server: Redis, tmp_path: Path) -> Settings:
+    """The unit settings, with webhooks to loopback allowed (the receiver below listens there)."""
+    prefix = f"u{secrets.token_hex(4)}"
+    return Settings(
+        redis={"url": redis_server.url, "key_prefix": prefix},
+        queue={"name": prefix},
+        artifacts_dir=tmp_path / "artifacts",
+        webhooks={"allow_hosts": ["127.0.0.1"], "backoff_s": 0.2},
+    )
+
+
+@dataclass
+class Worker:
+    ctx: WorkerContext
+    fake: FakeRuntime
+
+    def run_one(self) -> str:
+        """One dispatch ticket, as RQ would call the job function; the id it ran."""
+        return run_next({})
+
+
+@pytest.fixture
+def worker(settings: Settings, client: redis.Redis) -> Iterator[Worker]:
+    fake = FakeRuntime()
+    ctx = WorkerContext.build(settings, "w-fake", fake)
+    context.install(ctx)
+    yield Worker(ctx, fake)
+    context._current = None  # the next test builds its own
+    ctx.store.redis.close()
+
+
+def submit(api: Api, body: dict[str, Any], tenant: str = "alpha") -> dict[str, Any]:
+    http, headers = api
+    answer = http.post("/v1/executions", json={"language": "python", **body}, headers=headers[tenant])
+    assert answer.status_code in (201, 202), answer.text
+    created: dict[str, Any] = answer.json()
+    return created
+
+
+def get(api: Api, execution_id: str, tenant: str = "alpha") -> dict[str, Any]:
+    http, headers = api
+    body: dict[str, Any] = http.get(f"/v1/executions/{execution_id}", headers=headers[tenant]).json()
+    return body
+
+
+def test_the_fake_interprets_prints_assignments_and_exits() -> None:
+    names: dict[str, Any] = {}
+    assert interpret("x = 41\nprint('x is', x)", names).stdout == "x is 41\n" and names == {"x": 41}
+    assert interpret("print(1)\nraise SystemExit(3)\nprint(2)", {}).exit_code == 3
+    unknown = interpret("import os", {})
+    assert unknown.exit_code == 1 and "NotImplementedError" in unknown.stderr and "fake sandbox" in unknown.stderr
+
+
+def test_a_posted_execution_ends_through_the_worker_with_its_stdout(api: Api, worker: Worker) -> None:
+    created = submit(api, {"code": "print('hello')"})
+    assert created["status"] == "queued"
+
+    assert worker.run_one() == created["id"]
+
+    done = get(api, created["id"])
+    assert done["status"] == "succeeded", done
+    assert done["stdout"] == "hello\n" and done["exit_code"] == 0 and done["error"] is None
+    assert done["worker"] == "w-fake" and done["image"] == "sha256:fake"
+    assert worker.run_one() == "nothing to run"
+
+
+def test_declared_outputs_checks_and_artifacts_are_read_as_from_a_real_sandbox(api: Api, worker: Worker) -> None:
+    worker.fake.scripts["make()"] = Script(outputs={"rows": 3}, files={"out/report.txt": b"three rows\n"})
+    worker.fake.scripts["judge()"] = Script(check={"message": "rows differ", "details": {"want": 4}})
+    worker.fake.scripts["crash()"] = Script(stderr="Traceback (most recent call last):\nKeyError: 'a'\n", exit_code=1)
+    made = submit(api, {"code": "make()"})
+    judged = submit(api, {"code": "judge()"})
+    crashed = submit(api, {"code": "crash()"})
+    for _ in range(3):
+        worker.run_one()
+
+    made_done, judged_done, crashed_done = (get(api, e["id"]) for e in (made, judged, crashed))
+    assert made_done["status"] == "succeeded" and made_done["outputs"] == {"rows": 3}, made_done
+    (artifact,) = made_done["artifacts"]
+    assert artifact["name"] == "report.txt" and artifact["size"] == len(b"three rows\n")
+    http, headers = api
+    assert http.get(artifact["url"], headers=headers["alpha"]).content == b"three rows\n"
+    assert judged_done["status"] == "failed" and judged_done["error"]["category"] == "check.failed", judged_done
+    assert crashed_done["status"] == "failed" and crashed_done["error"]["category"] == "code.exception", crashed_done
+
+
+def test_a_plan_advances_through_three_steps_run_by_the_worker(api: Api, worker: Worker) -> None:
+    http, headers = api
+    worker.fake.scripts["fetch()"] = Script(outputs={"rows": [1, 2, 3]})
+    worker.fake.scripts["total()"] = Script(outputs={"total": 6})
+    worker.fake.scripts["report()"] = Script(stdout="total 6\n", outputs={"sent": True})
+    steps = [
+        {"id": "fetch", "run": {"code": "fetch()", "language": "python"}},
+        {"id": "total", "run": {"code": "total()", "language": "python"},
+         "args": {"rows": {"$ref": "/steps/fetch/outputs/rows"}}},
+        {"id": "report", "run": {"code": "report()", "language": "python"},
+         "args": {"total": {"$ref": "/steps/total/outputs/total"}}},
+    ]  # fmt: skip
+    created = http.post("/v1/runs", json={"plan": {"format": "plan/v1", "steps": steps}}, headers=headers["alpha"])
+    assert created.status_code == 201, created.text
+    run_id = created.json()["id"]
+
+    ran = []
+    for _ in steps:  # the API's plan consumer dispatches the next step when the last one's end event arrives
+        ran.append(wait_until(lambda: (r := worker.run_one()) != "nothing to run" and r, 10, "the next step"))
+
+    def finished() -> dict[str, Any] | None:
+        body: dict[str, Any] = http.get(f"/v1/runs/{run_id}", headers=headers["alpha"]).json()
+        return body if body["status"] != "running" else None
+
+    run: Any = wait_until(finished, 10, "the run to finish")
+    assert run["status"] == "succeeded" and run["stop_reason"] == "completed", run
+    inputs = [worker.ctx.store.get(str(execution_id)) for execution_id in ran]
+    assert [r.inputs if r else None for r in inputs][1:] == [{"rows": [1, 2, 3]}, {"total": 6}]
+    assert [s.files[0][1] for s in worker.fake.runs] == [b"fetch()", b"total()", b"report()"]
+
+
+def test_a_sessions_second_call_sees_the_first_calls_variables(api: Api, worker: Worker) -> None:
+    http, headers = api
+    report_health(worker.ctx)  # the fleet's session slots come from the workers' heartbeats
+    stop = threading.Event()
+    host = SessionHost(worker.ctx)
+    thread = threading.Thread(target=host.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        opened = http.post("/v1/sessions", json={"language": "python"}, headers=headers["alpha"])
+        assert opened.status_code == 201, opened.text
+        session_id = opened.json()["id"]
+        first = submit(api, {"code": "x = 20", "session": session_id})
+        done_first = get_when_done(api, first["id"])
+        second = submit(api, {"code": "print('x is', x)", "session": session_id})
+        done_second = get_when_done(api, second["id"])
+        session = http.get(f"/v1/sessions/{session_id}", headers=headers["alpha"]).json()
+    finally:
+        stop.set()
+        thread.join(5)
+        host.join(5)  # as the worker does when it stops: each held session ends and its sandbox closes
+    assert done_first["status"] == "succeeded" and done_first["session"] == session_id, done_first
+    assert done_second["status"] == "succeeded" and done_second["stdout"] == "x is 20\n", done_second
+    assert session["executions"] == 2, session
+    fake_session = worker.fake.sessions[session_id]
+    assert fake_session.calls == ["x = 20", "print('x is', x)"] and fake_session.closed, "closed when its host stopped"
+
+
+def get_when_done(api: Api, execution_id: str) -> dict[str, Any]:
+    http, headers = api
+    body: dict[str, Any] = http.get(f"/v1/executions/{execution_id}?wait=10", headers=headers["alpha"]).json()
+    assert body["status"] not in ("queued", "running"), body
+    return body
+
+
+class Receiver:
+    """A webhook receiver on loopback that keeps each delivery (headers and body)."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[tuple[dict[str, str], bytes]] = []
+        self.arrived = threading.Event()
+        deliveries, arrived = self.deliveries, self.arrived
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                deliveries.append((dict(self.headers.items()), body))
+                arrived.set()
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.port = free_port()
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_a_finished_execution_is_delivered_signed_to_its_webhook(api: Api, worker: Worker, settings: Settings) -> None:
+    receiver = Receiver()
+    secret = "s" * 24
+    webhook = {"url": f"http://127.0.0.1:{receiver.port}/hook", "secret": secret}
+    created = submit(api, {"code": "print(7)", "webhook": webhook})
+    stop = threading.Event()
+    loops = Loops(stop, loop_metrics(CollectorRegistry()))
+    loops.start(
+        "webhooks",
+        WebhookConsumer(worker.ctx.store, settings.webhooks, "w-fake", loop_metrics(CollectorRegistry())).run,
+    )
+    try:
+        worker.run_one()
+        assert receiver.arrived.wait(10), "no delivery within 10 s"
+    finally:
+        stop.set()
+        loops.join(5)
+        receiver.server.shutdown()
+        receiver.server.server_close()
+    ((headers, body),) = receiver.deliveries
+    delivered = json.loads(body)
+    assert headers["Execbox-Execution-Id"] == created["id"]
+    assert delivered["status"] == "succeeded" and delivered["stdout"] == "7\n", delivered
+    fields = dict(part.split("=", 1) for part in headers["Execbox-Signature"].split(","))
+    expected = hmac.new(secret.encode(), f"{fields['t']}.".encode() + body, hashlib.sha256).hexdigest()
+    assert hmac.compare_digest(fields["v1"], expected)
