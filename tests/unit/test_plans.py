@@ -1,12 +1,13 @@
-"""Plans and runs in-process against a real Redis, with executions settled by hand (no worker):
-validation, the DAG's dispatch order, failure propagation, retries, unknown outcomes, approvals,
-revisions and budgets. The same behaviours run against real sandboxes in
-tests/integration/test_plans.py."""
+"""Plans and runs in-process against a real Redis: validation, the DAG's dispatch order, failure
+propagation, retries, unknown outcomes, approvals, revisions and budgets. A step's execution that
+succeeds or fails in its program runs through the worker's code with the in-memory sandbox
+(execbox.sandbox.fake); infrastructure failures and executions that never started are settled by
+hand. The same behaviours run against real sandboxes in tests/integration/test_plans.py."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -16,11 +17,16 @@ from execbox.api import create_app
 from execbox.core.keys import Keys
 from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
+from execbox.core.tracing import TraceContext
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, Origin
 from execbox.executions.store import ExecutionStore
 from execbox.plans.executor import Executor
+from execbox.sandbox.fake import FakeRuntime, Script
 from execbox.tenancy.apikeys import ApiKeys
+from execbox.worker.context import WorkerContext
+from execbox.worker.tasks import run_and_finish
+from execbox.worker.tasks import start as start_execution
 from tests.conftest import wait_until
 from tests.unit.conftest import InProcess
 
@@ -37,7 +43,8 @@ def plan(*steps: dict[str, Any], **extra: Any) -> dict[str, Any]:
 
 
 class Harness:
-    """Runs through the API, with each step's execution ended by the test instead of a worker."""
+    """Runs through the API; each step's execution is ended when the test says, by the worker's code
+    with a fake sandbox playing the program's part (or by hand, for what no program can cause)."""
 
     def __init__(self, api: Api, settings: Settings, client: redis.Redis) -> None:
         self.http, headers = api
@@ -45,6 +52,8 @@ class Harness:
         self.store = ExecutionStore(client, settings)
         self.client = client
         self.keys = Keys(settings.redis.key_prefix)
+        self.sandbox = FakeRuntime()
+        self.worker = WorkerContext.build(settings, "w-plans", self.sandbox)
 
     @property
     def executor(self) -> Executor:
@@ -70,6 +79,14 @@ class Harness:
         succeeded with outputs, or failed with category), then advance the run as the consumer would."""
         state = self.run(run_id)["steps"][step]
         execution_id = state["checks"][-1] if state["phase"] else state["attempts"][-1]
+        program = _PROGRAM_ENDS.get(category)
+        if program is not None and started:  # something a program does: the worker runs it in the fake
+            self.sandbox.scripts[execution_id] = program(outputs)
+            record = start_execution(self.worker, execution_id)
+            assert record is not None, "the execution was queued"
+            run_and_finish(self.worker, record, TraceContext(record.trace_id, "0" * 16))
+            self.executor.advance(run_id)
+            return
 
         def start(record: ExecutionRecord) -> ExecutionStatus:
             record.started_at = time.time() if started else None
@@ -91,9 +108,19 @@ class Harness:
         return attempts
 
 
+_PROGRAM_ENDS: dict[ErrorCategory | None, Callable[[dict[str, Any] | None], Script]] = {
+    None: lambda outputs: Script(outputs=outputs or {}),
+    ErrorCategory.CHECK_FAILED: lambda outputs: Script(check={"message": "check.failed (test)"}),
+    ErrorCategory.CODE_EXCEPTION: lambda outputs: Script(stderr="Traceback:\nValueError: (test)\n", exit_code=1),
+}
+"""How a program ends its execution each way (the others are settled by hand)."""
+
+
 @pytest.fixture
 def plans(api: Api, settings: Settings, client: redis.Redis) -> Iterator[Harness]:
-    yield Harness(api, settings, client)
+    harness = Harness(api, settings, client)
+    yield harness
+    harness.worker.store.redis.close()
 
 
 def test_a_bad_plan_gets_every_problem_at_once_and_stores_nothing(plans: Harness) -> None:
