@@ -17,12 +17,12 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from execbox_client import Client
+from execbox_client import Client, RunPublic
 
 HERE = Path(__file__).resolve().parent
 TRACES = HERE / "traces"
@@ -60,6 +60,10 @@ class Conversation:
                 "tokenizer": TOKENIZER}  # fmt: skip
 
 
+Answer = TypeVar("Answer", bound=Mapping[str, Any])
+"""Whatever the service answered to a call (its types: execbox_client.types)."""
+
+
 @dataclass
 class Trace:
     """One scenario of one example, as it went."""
@@ -71,7 +75,7 @@ class Trace:
     service: list[dict[str, Any]] = field(default_factory=list)
     outcome: dict[str, Any] = field(default_factory=dict)
 
-    def saw(self, call: str, answer: dict[str, Any]) -> dict[str, Any]:
+    def saw(self, call: str, answer: Answer) -> Answer:
         """Record what the service answered to one call (an execution, a run, an event)."""
         error = answer.get("error") or {}
         seen = {"call": call, "status": answer.get("status"), "category": error.get("category")}
@@ -86,7 +90,7 @@ class Trace:
                 "size": self.conversation.size()}  # fmt: skip
 
 
-def check_details(failed: dict[str, Any]) -> dict[str, Any]:
+def check_details(failed: Mapping[str, Any]) -> dict[str, Any]:
     """The details a failed `execbox.check` gave (of an execution, an event or a hand-off step's
     error holder); {} when there are none."""
     return dict(((failed.get("error") or {}).get("details") or {}).get("details") or {})
@@ -98,7 +102,7 @@ def fill(document: Any, placeholder: str, value: str) -> Any:
     return json.loads(json.dumps(document).replace(json.dumps(placeholder), json.dumps(value)))
 
 
-def outcome_of(execution: dict[str, Any]) -> str:
+def outcome_of(execution: Mapping[str, Any]) -> str:
     """The tool message a model reads after a call: its status, declared outputs, stdout and, on
     failure, the category, message and the check's details (never ids or timings)."""
     lines = [f"status: {execution['status']}"]
@@ -115,7 +119,7 @@ def outcome_of(execution: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def finish_run(box: Client, run: dict[str, Any]) -> dict[str, Any]:
+def finish_run(box: Client, run: RunPublic) -> RunPublic:
     """The run once it no longer runs: the server's wait, asked again while it is still running."""
     while run["status"] == "running":
         run = box.get_run(run["id"], wait_s=60)

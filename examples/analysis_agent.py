@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import random
 import sys
-from typing import Any
 
-from execbox_client import Client
+from execbox_client import Client, ExecutionPublic
 
 from agent import Conversation, Trace, check_details, main, outcome_of
 
@@ -87,7 +86,7 @@ def dataset(name: str) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def cell(box: Client, trace: Trace, session: str, code: str) -> dict[str, Any]:
+def cell(box: Client, trace: Trace, session: str, code: str) -> ExecutionPublic:
     trace.conversation.add("model", f"```python\n{code}```")
     done = trace.saw("cell", box.run(code, session=session, wait_s=120))
     text = outcome_of(done)

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
 
-from execbox_client import Client
+from execbox_client import Client, ExecutionPublic
 
 from agent import Conversation, Trace, check_details, main, outcome_of, wait_for_event
 
@@ -103,7 +102,7 @@ def schedule(box: Client, trace: Trace, version: str, files: list[dict[str, str]
     return str(created["id"])
 
 
-def fire(box: Client, trace: Trace, version: str, files: list[dict[str, str]]) -> dict[str, Any]:
+def fire(box: Client, trace: Trace, version: str, files: list[dict[str, str]]) -> ExecutionPublic:
     """One week's firing, as the schedule makes it: the script with the week's logs."""
     body = {"version": version, "inputs": {"logs": sorted(WEEKS["success"])}, "files": files}
     return trace.saw(f"firing {version}", box.invoke_script(NAME, body, wait_s=60))

@@ -19,6 +19,7 @@ import json
 import sqlite3
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +105,7 @@ def plan(question: str, sql: str) -> dict[str, Any]:
     return {"format": "plan/v1", "objective": question, "budgets": {"max_replans": 1}, "steps": [schema, *steps(sql)]}
 
 
-def handoff_text(handoff: dict[str, Any]) -> str:
+def handoff_text(handoff: Mapping[str, Any]) -> str:
     """What the planner is shown of the hand-off: completed steps' outputs, failed steps' errors."""
     completed = {s["step_id"]: s.get("outputs") for s in handoff["completed"]}
     failed = [{"step": s["step_id"], "category": s["error"]["category"], "message": s["error"]["message"],
@@ -145,7 +146,8 @@ def play(box: Client, name: str, about: str) -> Trace:
             trace.outcome = {"kind": "escalated", "to": "data team", "text": talk.add("model", text)}
             return trace
     if run["status"] == "succeeded":
-        rows = run["steps"]["execute2" if "execute2" in run["steps"] else "execute"]["outputs"]["rows"]
+        step = run["steps"]["execute2" if "execute2" in run["steps"] else "execute"]
+        rows = (step.get("outputs") or {})["rows"]
         talk.add("tool", "rows: " + json.dumps(rows))
         text = "Top countries by 2026 revenue: " + ", ".join(f"{c} ({v:,.2f})" for c, v in rows) + "."
         trace.outcome = {"kind": "answer", "text": talk.add("model", text)}

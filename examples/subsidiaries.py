@@ -17,9 +17,10 @@ from __future__ import annotations
 import gzip
 import random
 import sys
+from collections.abc import Mapping
 from typing import Any
 
-from execbox_client import Client
+from execbox_client import Client, ExecutionPublic
 
 from agent import Conversation, Trace, check_details, main, outcome_of
 
@@ -99,7 +100,7 @@ def upload(box: Client, files: dict[str, bytes]) -> list[dict[str, str]]:
     return [{"path": path, "file_id": box.upload_file(path.split("/")[-1], data)["id"]} for path, data in files.items()]
 
 
-def run(box: Client, trace: Trace, code: str, files: list[dict[str, str]]) -> dict[str, Any]:
+def run(box: Client, trace: Trace, code: str, files: list[dict[str, str]]) -> ExecutionPublic:
     trace.conversation.add("model", f"```python\n{code}```")
     execution = trace.saw("execution", box.run(code, files=files, policy=POLICY, wait_s=300))
     trace.conversation.add("tool", outcome_of(execution))
@@ -121,7 +122,7 @@ def play(box: Client, name: str, about: str, rows: int = 2400, **quirks: str) ->
     talk.add("model", "I will look at the file list and the first lines of one ledger before writing the script.")
     run(box, trace, PEEK, files)
     done = run(box, trace, script(sniff=False), files)
-    error = done.get("error") or {}
+    error: Mapping[str, Any] = done.get("error") or {}
     details = check_details(done)
     if done["status"] == "succeeded":
         trace.outcome = {"kind": "answer", "text": talk.add("model", answer(done["outputs"]["ranking"]))}

@@ -24,7 +24,7 @@ class Recorder(Endpoints):
     def __init__(self) -> None:
         self.calls: set[tuple[str, str]] = set()
 
-    def _send(self, call: Call) -> Any:
+    def _send(self, call: Call[Any]) -> Any:
         self.calls.add((call.method, call.path))
 
 

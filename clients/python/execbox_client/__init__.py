@@ -25,9 +25,32 @@ from execbox_client.errors import (
     Unauthorized,
     Unavailable,
 )
+from execbox_client.types import (
+    ApprovalPublic,
+    ExecutionPublic,
+    FilePublic,
+    Firing,
+    Handoff,
+    LanguagePublic,
+    LanguagesPublic,
+    RunPublic,
+    RunRecord,
+    Schedule,
+    ScriptDetail,
+    ScriptSummary,
+    ScriptVersion,
+    SessionList,
+    SessionPublic,
+    Surprise,
+    Validation,
+)
 
 __all__ = [
     "AsyncClient", "Client", "Conflict", "Event", "ExecboxError", "FieldProblem", "Forbidden", "InvalidRequest",
     "NotFound", "RateLimited", "ServerError", "TooLarge", "Unauthorized", "Unavailable",
+    # what the endpoint methods answer (the rest, nested in these: execbox_client.types)
+    "ApprovalPublic", "ExecutionPublic", "FilePublic", "Firing", "Handoff", "LanguagePublic", "LanguagesPublic",
+    "RunPublic", "RunRecord", "Schedule", "ScriptDetail", "ScriptSummary", "ScriptVersion", "SessionList",
+    "SessionPublic", "Surprise", "Validation",
 ]  # fmt: skip
 __version__ = "0.2.0"

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import httpx
 
 from execbox_client.client import TERMINAL, AsyncClient, Client
 from execbox_client.errors import ExecboxError
+from execbox_client.types import ExecutionPublic
 
 EXIT_CODES = {
     "limit.timeout": 124,  # as timeout(1)
@@ -60,7 +62,7 @@ class Context:
     def show(self, value: Any, text: str | None = None) -> None:
         click.echo(json.dumps(value, indent=2) if self.json or text is None else text)
 
-    def show_status(self, resource: dict[str, Any]) -> None:
+    def show_status(self, resource: Mapping[str, Any]) -> None:
         """An execution or session: all of it with --json, else its id and status."""
         self.show(resource, f"{resource['id']} {resource['status']}")
 
@@ -120,17 +122,17 @@ def _upload(box: Client, specs: tuple[str, ...]) -> list[dict[str, str]]:
     return files
 
 
-def _exit_code(execution: dict[str, Any]) -> int:
+def _exit_code(execution: ExecutionPublic) -> int:
     if execution["status"] == "succeeded":
         return 0
-    error = execution.get("error") or {}
-    category = error.get("category", execution["status"])
-    if category.startswith("code.") and isinstance(execution.get("exit_code"), int) and execution["exit_code"]:
-        return int(execution["exit_code"])
+    error = execution.get("error")
+    category: str = error["category"] if error and "category" in error else execution["status"]
+    if category.startswith("code.") and (exit_code := execution.get("exit_code")):
+        return int(exit_code)
     return EXIT_CODES.get(category, EXIT_CODES.get(execution["status"], 1))
 
 
-def _download(box: Client, execution: dict[str, Any], out: Path) -> list[Path]:
+def _download(box: Client, execution: ExecutionPublic, out: Path) -> list[Path]:
     saved = []
     for artifact in execution.get("artifacts") or []:
         target = (out / artifact["name"]).resolve()
@@ -142,9 +144,9 @@ def _download(box: Client, execution: dict[str, Any], out: Path) -> list[Path]:
     return saved
 
 
-def _stream(box: Client, execution_id: str, quiet: bool) -> dict[str, Any]:
+def _stream(box: Client, execution_id: str, quiet: bool) -> ExecutionPublic:
     """Live output to this terminal's stdout/stderr; the finished execution."""
-    finished: dict[str, Any] | None = None
+    finished: ExecutionPublic | None = None
     for event in box.events(execution_id):
         if event.event in ("stdout", "stderr") and not quiet:
             stream = sys.stdout if event.event == "stdout" else sys.stderr
@@ -181,7 +183,7 @@ def run(ctx: Context, file: str, lang: str | None, pairs: tuple[str, ...], files
     if ctx.json:
         ctx.show({**finished, "downloaded": [str(p) for p in saved]})
     else:
-        error = finished.get("error") or {}
+        error = finished.get("error")
         outcome = finished["status"] + (f" ({error['category']}: {error.get('message', '')})" if error else "")
         click.echo(f"ebx: {finished['id']} {outcome}" + (f"; artifacts in {saved[0].parent}" if saved else ""),
                    err=True)  # fmt: skip
@@ -265,7 +267,8 @@ def session_exec(ctx: Context, session_id: str, code: str) -> None:
         ctx.show(finished)
     else:
         for result in finished.get("results") or []:
-            text = (result.get("data") or {}).get("text/plain", {}).get("text")
+            plain = (result.get("data") or {}).get("text/plain")
+            text = plain.get("text") if plain else None
             if text is not None:
                 click.echo(text)
     sys.exit(_exit_code(finished))

@@ -2,7 +2,8 @@
 
 Every endpoint method is written once, in `Endpoints`, as a description of its request (`Call`);
 each client sends it its own way, so `Client.get_execution(...)` returns the execution and
-`AsyncClient.get_execution(...)` a coroutine of it. Both:
+`AsyncClient.get_execution(...)` a coroutine of it. What each answers is typed
+(execbox_client.types: TypedDicts of the server's JSON; the values stay plain dicts). Both:
 
 - send a W3C `traceparent` with every request (a new trace per call unless one is given) and an
   `Idempotency-Key` with every creation the service deduplicates, the same key on its retries;
@@ -16,6 +17,7 @@ each client sends it its own way, so `Client.get_execution(...)` returns the exe
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import os
@@ -23,13 +25,36 @@ import random
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, cast, overload
 
 import httpx
 
 from execbox_client.errors import ExecboxError, error_for
+from execbox_client.types import (
+    ApprovalPublic,
+    ExecutionPublic,
+    FilePublic,
+    Firing,
+    Handoff,
+    LanguagePublic,
+    LanguagesPublic,
+    RunPublic,
+    RunRecord,
+    Schedule,
+    ScriptDetail,
+    ScriptSummary,
+    ScriptVersion,
+    SessionList,
+    SessionPublic,
+    Surprise,
+    Validation,
+)
+
+P = ParamSpec("P")
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "expired"})
 RETRIED_STATUSES = frozenset({429, 503})
@@ -50,7 +75,7 @@ class Event:
 
 
 @dataclass
-class Call:
+class Call(Generic[T]):
     method: str
     path: str
     params: dict[str, Any] = field(default_factory=dict)
@@ -61,7 +86,8 @@ class Call:
     script invocations): sent with one, which makes it safe to retry."""
     idempotency_key: str | None = None
     raw: bool = False
-    """Answer with the body's bytes (downloads) rather than its JSON."""
+    """Answer with the body's bytes (downloads) rather than its JSON. T is what the answer is, for the
+    type checker only: the JSON is not validated against it."""
 
     def headers(self, traceparent: str | None) -> dict[str, str]:
         headers = {"traceparent": traceparent or new_traceparent()}
@@ -74,13 +100,13 @@ class Call:
     def safe(self) -> bool:
         return self.method in ("GET", "HEAD", "PUT", "DELETE") or self.creates
 
-    def answer(self, response: httpx.Response) -> Any:
+    def answer(self, response: httpx.Response) -> T:
         if self.raw:
-            return response.content
-        return response.json() if response.content else None
+            return cast(T, response.content)
+        return cast(T, response.json() if response.content else None)
 
 
-_RESUME = Call("GET", "")
+_RESUME: Call[None] = Call("GET", "")
 """Resuming a live stream: a read, safe to repeat."""
 
 
@@ -102,167 +128,237 @@ def _drop_none(**fields: Any) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if v is not None}
 
 
+class Endpoint(Protocol[P, T_co]):
+    """An endpoint method as the type checker sees it: read from a `Client` it answers T, from an
+    `AsyncClient` a coroutine of T (one definition for both, which no plain signature can say)."""
+
+    @overload
+    def __get__(self, client: None, owner: type[Any]) -> Callable[Concatenate[Endpoints, P], Any]: ...
+    @overload
+    def __get__(self, client: AsyncClient, owner: type[Any]) -> Callable[P, Coroutine[Any, Any, T_co]]: ...
+    @overload
+    def __get__(self, client: Client, owner: type[Any]) -> Callable[P, T_co]: ...
+    @overload
+    def __get__(self, client: Endpoints, owner: type[Any]) -> Callable[P, Any]: ...
+
+
+def endpoint(build: Callable[Concatenate[Any, P], Call[T]]) -> Endpoint[P, T]:
+    """The method that sends the call `build` describes; at run time a plain function, as before."""
+
+    @functools.wraps(build)
+    def send(self: Endpoints, *args: P.args, **kwargs: P.kwargs) -> Any:
+        return self._send(build(self, *args, **kwargs))
+
+    return cast("Endpoint[P, T]", send)
+
+
 class Endpoints:
     """Every endpoint of the API, as the call it makes."""
 
-    def _send(self, call: Call) -> Any:
+    def _send(self, call: Call[Any]) -> Any:
         raise NotImplementedError
 
     # -- executions ------------------------------------------------------------------------
-    def submit(self, code: str, language: str = "python", *, wait_s: float | None = None,
-               idempotency_key: str | None = None, **fields: Any) -> Any:  # fmt: skip
+    @endpoint
+    def submit(self, /, code: str, language: str = "python", *, wait_s: float | None = None,
+               idempotency_key: str | None = None, **fields: Any) -> Call[ExecutionPublic]:  # fmt: skip
         """Queue code (fields: policy, env, files, inputs, outputs, expect, session, labels,
         webhook, stdin_b64); with `wait_s`, the server holds the answer until it ends or the time is up."""
         body = {"language": language, "code": code, **fields}
-        return self._send(Call("POST", "/v1/executions", _wait(wait_s), body, creates=True,
-                                idempotency_key=idempotency_key))  # fmt: skip
+        return Call("POST", "/v1/executions", _wait(wait_s), body, creates=True,
+                                idempotency_key=idempotency_key)  # fmt: skip
 
-    def get_execution(self, execution_id: str, *, wait_s: float | None = None) -> Any:
-        return self._send(Call("GET", f"/v1/executions/{execution_id}", _wait(wait_s)))
+    @endpoint
+    def get_execution(self, execution_id: str, *, wait_s: float | None = None) -> Call[ExecutionPublic]:
+        return Call("GET", f"/v1/executions/{execution_id}", _wait(wait_s))
 
-    def get_execution_record(self, execution_id: str) -> Any:
+    @endpoint
+    def get_execution_record(self, execution_id: str) -> Call[RunRecord]:
         """The run record: request and code hashes, policy, image, worker, transitions, resources, outcome."""
-        return self._send(Call("GET", f"/v1/executions/{execution_id}/record"))
+        return Call("GET", f"/v1/executions/{execution_id}/record")
 
-    def cancel_execution(self, execution_id: str) -> Any:
-        return self._send(Call("POST", f"/v1/executions/{execution_id}/cancel"))
+    @endpoint
+    def cancel_execution(self, execution_id: str) -> Call[ExecutionPublic]:
+        return Call("POST", f"/v1/executions/{execution_id}/cancel")
 
-    def artifact(self, execution_id: str, name: str) -> Any:
+    @endpoint
+    def artifact(self, execution_id: str, name: str) -> Call[bytes]:
         """An artifact's bytes."""
-        return self._send(Call("GET", f"/v1/executions/{execution_id}/artifacts/{name}", raw=True))
+        return Call("GET", f"/v1/executions/{execution_id}/artifacts/{name}", raw=True)
 
-    def result_file(self, execution_id: str, file: str) -> Any:
+    @endpoint
+    def result_file(self, execution_id: str, file: str) -> Call[bytes]:
         """A rich result's representation (an image/png, a text/html) by the file name its URL ends in."""
-        return self._send(Call("GET", f"/v1/executions/{execution_id}/results/{file}", raw=True))
+        return Call("GET", f"/v1/executions/{execution_id}/results/{file}", raw=True)
 
-    def download(self, url: str) -> Any:
+    @endpoint
+    def download(self, url: str) -> Call[bytes]:
         """The bytes behind an artifact's or result's `url` (absolute or relative to the service)."""
-        return self._send(Call("GET", httpx.URL(url).raw_path.decode("ascii"), raw=True))
+        return Call("GET", httpx.URL(url).raw_path.decode("ascii"), raw=True)
 
     # -- files -----------------------------------------------------------------------------
-    def upload_file(self, name: str, data: bytes, *, idempotency_key: str | None = None) -> Any:
-        return self._send(Call("POST", "/v1/files", files={"file": (name, data)}, creates=True,
-                                idempotency_key=idempotency_key))  # fmt: skip
+    @endpoint
+    def upload_file(self, name: str, data: bytes, *, idempotency_key: str | None = None) -> Call[FilePublic]:
+        return Call("POST", "/v1/files", files={"file": (name, data)}, creates=True,
+                                idempotency_key=idempotency_key)  # fmt: skip
 
-    def get_file(self, file_id: str) -> Any:
-        return self._send(Call("GET", f"/v1/files/{file_id}"))
+    @endpoint
+    def get_file(self, file_id: str) -> Call[FilePublic]:
+        return Call("GET", f"/v1/files/{file_id}")
 
     # -- sessions --------------------------------------------------------------------------
-    def create_session(self, language: str = "python", **fields: Any) -> Any:
+    @endpoint
+    def create_session(self, /, language: str = "python", **fields: Any) -> Call[SessionPublic]:
         """Fields: policy, files, env, idle_timeout_s, max_lifetime_s, labels."""
-        return self._send(Call("POST", "/v1/sessions", json={"language": language, **fields}))
+        return Call("POST", "/v1/sessions", json={"language": language, **fields})
 
-    def get_session(self, session_id: str) -> Any:
-        return self._send(Call("GET", f"/v1/sessions/{session_id}"))
+    @endpoint
+    def get_session(self, session_id: str) -> Call[SessionPublic]:
+        return Call("GET", f"/v1/sessions/{session_id}")
 
-    def list_sessions(self, status: str | None = None) -> Any:
-        return self._send(Call("GET", "/v1/sessions", _drop_none(status=status)))
+    @endpoint
+    def list_sessions(self, status: str | None = None) -> Call[SessionList]:
+        return Call("GET", "/v1/sessions", _drop_none(status=status))
 
-    def delete_session(self, session_id: str) -> Any:
-        return self._send(Call("DELETE", f"/v1/sessions/{session_id}"))
+    @endpoint
+    def delete_session(self, session_id: str) -> Call[SessionPublic]:
+        return Call("DELETE", f"/v1/sessions/{session_id}")
 
     # -- languages and health --------------------------------------------------------------
-    def languages(self) -> Any:
-        return self._send(Call("GET", "/v1/languages"))
+    @endpoint
+    def languages(self) -> Call[LanguagesPublic]:
+        return Call("GET", "/v1/languages")
 
-    def language(self, name: str) -> Any:
-        return self._send(Call("GET", f"/v1/languages/{name}"))
+    @endpoint
+    def language(self, name: str) -> Call[LanguagePublic]:
+        return Call("GET", f"/v1/languages/{name}")
 
-    def healthz(self) -> Any:
-        return self._send(Call("GET", "/healthz"))
+    @endpoint
+    def healthz(self) -> Call[dict[str, str]]:
+        return Call("GET", "/healthz")
 
-    def readyz(self) -> Any:
-        return self._send(Call("GET", "/readyz"))
+    @endpoint
+    def readyz(self) -> Call[dict[str, Any]]:
+        return Call("GET", "/readyz")
 
     # -- plans, runs and approvals ---------------------------------------------------------
-    def validate_plan(self, plan: dict[str, Any]) -> Any:
-        return self._send(Call("POST", "/v1/plans/validate", json=plan))
+    @endpoint
+    def validate_plan(self, plan: dict[str, Any]) -> Call[Validation]:
+        return Call("POST", "/v1/plans/validate", json=plan)
 
-    def start_run(self, body: dict[str, Any], *, idempotency_key: str | None = None) -> Any:
+    @endpoint
+    def start_run(self, body: dict[str, Any], *, idempotency_key: str | None = None) -> Call[RunPublic]:
         """A plan run: body as POST /v1/runs takes it (the plan, inputs, budgets)."""
-        return self._send(Call("POST", "/v1/runs", json=body, creates=True, idempotency_key=idempotency_key))
+        return Call("POST", "/v1/runs", json=body, creates=True, idempotency_key=idempotency_key)
 
-    def list_runs(self, **params: Any) -> Any:
-        return self._send(Call("GET", "/v1/runs", _drop_none(**params)))
+    @endpoint
+    def list_runs(self, /, **params: Any) -> Call[list[RunPublic]]:
+        return Call("GET", "/v1/runs", _drop_none(**params))
 
-    def get_run(self, run_id: str, *, wait_s: float | None = None, after: int | None = None) -> Any:
+    @endpoint
+    def get_run(self, run_id: str, *, wait_s: float | None = None, after: int | None = None) -> Call[RunPublic]:
         """With `wait_s`, the run once it stops running; with `after` too, as soon as it has more
         than that many events (a step changed)."""
         params = _wait(wait_s) | ({} if after is None else {"after": after})
-        return self._send(Call("GET", f"/v1/runs/{run_id}", params))
+        return Call("GET", f"/v1/runs/{run_id}", params)
 
-    def run_handoff(self, run_id: str) -> Any:
+    @endpoint
+    def run_handoff(self, run_id: str) -> Call[Handoff]:
         """What a run that needs a re-plan hands back to the planner."""
-        return self._send(Call("GET", f"/v1/runs/{run_id}/handoff"))
+        return Call("GET", f"/v1/runs/{run_id}/handoff")
 
-    def revise_run(self, run_id: str, body: dict[str, Any]) -> Any:
-        return self._send(Call("POST", f"/v1/runs/{run_id}/revisions", json=body))
+    @endpoint
+    def revise_run(self, run_id: str, body: dict[str, Any]) -> Call[RunPublic]:
+        return Call("POST", f"/v1/runs/{run_id}/revisions", json=body)
 
-    def cancel_run(self, run_id: str) -> Any:
-        return self._send(Call("POST", f"/v1/runs/{run_id}/cancel"))
+    @endpoint
+    def cancel_run(self, run_id: str) -> Call[RunPublic]:
+        return Call("POST", f"/v1/runs/{run_id}/cancel")
 
-    def reconcile_step(self, run_id: str, step_id: str, body: dict[str, Any]) -> Any:
-        return self._send(Call("POST", f"/v1/runs/{run_id}/steps/{step_id}/reconcile", json=body))
+    @endpoint
+    def reconcile_step(self, run_id: str, step_id: str, body: dict[str, Any]) -> Call[RunPublic]:
+        return Call("POST", f"/v1/runs/{run_id}/steps/{step_id}/reconcile", json=body)
 
-    def report_usage(self, run_id: str, body: dict[str, Any]) -> Any:
-        return self._send(Call("POST", f"/v1/runs/{run_id}/usage", json=body))
+    @endpoint
+    def report_usage(self, run_id: str, body: dict[str, Any]) -> Call[RunPublic]:
+        return Call("POST", f"/v1/runs/{run_id}/usage", json=body)
 
-    def list_approvals(self, **params: Any) -> Any:
-        return self._send(Call("GET", "/v1/approvals", _drop_none(**params)))
+    @endpoint
+    def list_approvals(self, /, **params: Any) -> Call[list[ApprovalPublic]]:
+        return Call("GET", "/v1/approvals", _drop_none(**params))
 
-    def get_approval(self, approval_id: str) -> Any:
-        return self._send(Call("GET", f"/v1/approvals/{approval_id}"))
+    @endpoint
+    def get_approval(self, approval_id: str) -> Call[ApprovalPublic]:
+        return Call("GET", f"/v1/approvals/{approval_id}")
 
-    def decide_approval(self, approval_id: str, body: dict[str, Any]) -> Any:
-        return self._send(Call("POST", f"/v1/approvals/{approval_id}/decision", json=body))
+    @endpoint
+    def decide_approval(self, approval_id: str, body: dict[str, Any]) -> Call[ApprovalPublic]:
+        return Call("POST", f"/v1/approvals/{approval_id}/decision", json=body)
 
     # -- scripts and schedules -------------------------------------------------------------
-    def register_script(self, body: dict[str, Any]) -> Any:
-        return self._send(Call("POST", "/v1/scripts", json=body))
+    @endpoint
+    def register_script(self, body: dict[str, Any]) -> Call[ScriptVersion]:
+        return Call("POST", "/v1/scripts", json=body)
 
-    def list_scripts(self, **params: Any) -> Any:
-        return self._send(Call("GET", "/v1/scripts", _drop_none(**params)))
+    @endpoint
+    def list_scripts(self, /, **params: Any) -> Call[list[ScriptSummary]]:
+        return Call("GET", "/v1/scripts", _drop_none(**params))
 
-    def get_script(self, name: str) -> Any:
-        return self._send(Call("GET", f"/v1/scripts/{name}"))
+    @endpoint
+    def get_script(self, name: str) -> Call[ScriptDetail]:
+        return Call("GET", f"/v1/scripts/{name}")
 
-    def get_script_version(self, name: str, version: str) -> Any:
-        return self._send(Call("GET", f"/v1/scripts/{name}/versions/{version}"))
+    @endpoint
+    def get_script_version(self, name: str, version: str) -> Call[ScriptVersion]:
+        return Call("GET", f"/v1/scripts/{name}/versions/{version}")
 
-    def promote_script(self, name: str, version: str, body: dict[str, Any] | None = None) -> Any:
-        return self._send(Call("POST", f"/v1/scripts/{name}/versions/{version}/promote", json=body or {}))
+    @endpoint
+    def promote_script(self, name: str, version: str, body: dict[str, Any] | None = None) -> Call[ScriptVersion]:
+        return Call("POST", f"/v1/scripts/{name}/versions/{version}/promote", json=body or {})
 
-    def invoke_script(self, name: str, body: dict[str, Any] | None = None, *, wait_s: float | None = None) -> Any:
+    @endpoint
+    def invoke_script(
+        self, name: str, body: dict[str, Any] | None = None, *, wait_s: float | None = None
+    ) -> Call[ExecutionPublic]:
         """Run a version of a script (body: version, inputs, files, labels); `wait_s` as for submit."""
-        return self._send(Call("POST", f"/v1/scripts/{name}/invoke", _wait(wait_s), body or {}, creates=True))
+        return Call("POST", f"/v1/scripts/{name}/invoke", _wait(wait_s), body or {}, creates=True)
 
-    def create_schedule(self, body: dict[str, Any]) -> Any:
-        return self._send(Call("POST", "/v1/schedules", json=body))
+    @endpoint
+    def create_schedule(self, body: dict[str, Any]) -> Call[Schedule]:
+        return Call("POST", "/v1/schedules", json=body)
 
-    def list_schedules(self, **params: Any) -> Any:
-        return self._send(Call("GET", "/v1/schedules", _drop_none(**params)))
+    @endpoint
+    def list_schedules(self, /, **params: Any) -> Call[list[Schedule]]:
+        return Call("GET", "/v1/schedules", _drop_none(**params))
 
-    def get_schedule(self, schedule_id: str) -> Any:
-        return self._send(Call("GET", f"/v1/schedules/{schedule_id}"))
+    @endpoint
+    def get_schedule(self, schedule_id: str) -> Call[Schedule]:
+        return Call("GET", f"/v1/schedules/{schedule_id}")
 
-    def update_schedule(self, schedule_id: str, body: dict[str, Any]) -> Any:
-        return self._send(Call("PATCH", f"/v1/schedules/{schedule_id}", json=body))
+    @endpoint
+    def update_schedule(self, schedule_id: str, body: dict[str, Any]) -> Call[Schedule]:
+        return Call("PATCH", f"/v1/schedules/{schedule_id}", json=body)
 
-    def pause_schedule(self, schedule_id: str) -> Any:
-        return self._send(Call("POST", f"/v1/schedules/{schedule_id}/pause"))
+    @endpoint
+    def pause_schedule(self, schedule_id: str) -> Call[Schedule]:
+        return Call("POST", f"/v1/schedules/{schedule_id}/pause")
 
-    def resume_schedule(self, schedule_id: str) -> Any:
-        return self._send(Call("POST", f"/v1/schedules/{schedule_id}/resume"))
+    @endpoint
+    def resume_schedule(self, schedule_id: str) -> Call[Schedule]:
+        return Call("POST", f"/v1/schedules/{schedule_id}/resume")
 
-    def delete_schedule(self, schedule_id: str) -> Any:
-        return self._send(Call("DELETE", f"/v1/schedules/{schedule_id}"))
+    @endpoint
+    def delete_schedule(self, schedule_id: str) -> Call[None]:
+        return Call("DELETE", f"/v1/schedules/{schedule_id}")
 
-    def schedule_firings(self, schedule_id: str) -> Any:
-        return self._send(Call("GET", f"/v1/schedules/{schedule_id}/firings"))
+    @endpoint
+    def schedule_firings(self, schedule_id: str) -> Call[list[Firing]]:
+        return Call("GET", f"/v1/schedules/{schedule_id}/firings")
 
-    def list_events(self, **params: Any) -> Any:
+    @endpoint
+    def list_events(self, /, **params: Any) -> Call[list[Surprise]]:
         """The surprises scripts raised (params: type, since), for the conversation to resume on."""
-        return self._send(Call("GET", "/v1/events", _drop_none(**params)))
+        return Call("GET", "/v1/events", _drop_none(**params))
 
 
 def _settings(base_url: str | None, api_key: str | None) -> tuple[str, dict[str, str]]:
@@ -271,7 +367,7 @@ def _settings(base_url: str | None, api_key: str | None) -> tuple[str, dict[str,
     return url, ({"Authorization": f"Bearer {key}"} if key else {})
 
 
-def _retry_delay(call: Call, attempt: int, error: ExecboxError | None, max_retries: int) -> float:
+def _retry_delay(call: Call[Any], attempt: int, error: ExecboxError | None, max_retries: int) -> float:
     """How long to wait before trying `call` again after `error` (None: the connection failed);
     re-raises when a retry is not safe or cannot help."""
     if error is not None and (error.status not in RETRIED_STATUSES or not call.safe or attempt >= max_retries):
@@ -313,8 +409,10 @@ class Client(Endpoints):
     def close(self) -> None:
         self._http.close()
 
-    def _send(self, call: Call) -> Any:
-        for attempt in itertools.count():
+    def _send(self, call: Call[T]) -> T:
+        attempts = itertools.count()
+        while True:  # until answered, or _retry_delay gives up and raises
+            attempt = next(attempts)
             try:
                 headers = call.headers(self.traceparent)
                 response = self._http.request(call.method, call.path, params=call.params, json=call.json,
@@ -326,10 +424,10 @@ class Client(Endpoints):
                 return call.answer(response)
             time.sleep(_retry_delay(call, attempt, error_for(response), self._max_retries))
 
-    def run(self, code: str, language: str = "python", *, wait_s: float = 600.0, **fields: Any) -> dict[str, Any]:
+    def run(self, code: str, language: str = "python", *, wait_s: float = 600.0, **fields: Any) -> ExecutionPublic:
         """Submit and wait until the execution ends (or `wait_s` passes: then it is returned as it is)."""
         deadline = time.monotonic() + wait_s
-        execution: dict[str, Any] = self.submit(code, language, wait_s=wait_s, **fields)
+        execution = self.submit(code, language, wait_s=wait_s, **fields)
         while execution["status"] not in TERMINAL and (left := deadline - time.monotonic()) > 0:
             execution = self.get_execution(execution["id"], wait_s=left)
         return execution
@@ -376,8 +474,10 @@ class AsyncClient(Endpoints):
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _send(self, call: Call) -> Any:
-        for attempt in itertools.count():
+    async def _send(self, call: Call[T]) -> T:
+        attempts = itertools.count()
+        while True:  # until answered, or _retry_delay gives up and raises
+            attempt = next(attempts)
             try:
                 headers = call.headers(self.traceparent)
                 response = await self._http.request(call.method, call.path, params=call.params, json=call.json,
@@ -389,9 +489,11 @@ class AsyncClient(Endpoints):
                 return call.answer(response)
             await asyncio.sleep(_retry_delay(call, attempt, error_for(response), self._max_retries))
 
-    async def run(self, code: str, language: str = "python", *, wait_s: float = 600.0, **fields: Any) -> Any:
+    async def run(
+        self, code: str, language: str = "python", *, wait_s: float = 600.0, **fields: Any
+    ) -> ExecutionPublic:
         deadline = time.monotonic() + wait_s
-        execution: dict[str, Any] = await self.submit(code, language, wait_s=wait_s, **fields)
+        execution = await self.submit(code, language, wait_s=wait_s, **fields)
         while execution["status"] not in TERMINAL and (left := deadline - time.monotonic()) > 0:
             execution = await self.get_execution(execution["id"], wait_s=left)
         return execution

@@ -24,7 +24,7 @@ from typing import Any
 from deepagents.backends.protocol import ExecuteResponse, FileDownloadResponse, FileUploadResponse
 from deepagents.backends.sandbox import BaseSandbox
 
-from execbox_client import Client
+from execbox_client import Client, ExecutionPublic
 
 DEFAULT_TIMEOUT_S = 60
 INLINE_OUTPUT_BYTES = 512 << 10
@@ -110,12 +110,13 @@ class ExecboxSandbox(BaseSandbox):
     def delete(self) -> None:
         self._client.delete_session(self._session)
 
-    def _call(self, code: str, timeout_s: int, files: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    def _call(self, code: str, timeout_s: int, files: list[dict[str, str]] | None = None) -> ExecutionPublic:
         execution = self._client.run(code, session=self._session, wait_s=timeout_s + 60,
                                      policy={"timeout_s": timeout_s + 10}, files=files or [])  # fmt: skip
         if execution["status"] != "succeeded":
-            error = execution.get("error") or {}
-            raise RuntimeError(f"execbox call {execution['id']} {execution['status']}: {error.get('message')}")
+            error = execution.get("error")
+            message = error["message"] if error else None
+            raise RuntimeError(f"execbox call {execution['id']} {execution['status']}: {message}")
         return execution
 
     def execute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:

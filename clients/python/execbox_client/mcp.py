@@ -19,6 +19,7 @@ from mcp.types import ContentBlock, ImageContent, TextContent
 
 from execbox_client.client import AsyncClient
 from execbox_client.errors import ExecboxError
+from execbox_client.types import ExecutionPublic
 
 MAX_TEXT = 64 << 10
 """Output a tool result quotes inline; the rest is in the execution (get it by id)."""
@@ -26,8 +27,8 @@ Connect = Callable[[Context[Any, Any, Any]], AsyncClient]
 """The client a tool call uses (it may depend on the call's request, e.g. its API key)."""
 
 
-def _summary(execution: dict[str, Any]) -> dict[str, Any]:
-    error = execution.get("error") or {}
+def _summary(execution: ExecutionPublic) -> dict[str, Any]:
+    error = execution.get("error")
     return {
         "id": execution["id"], "status": execution["status"], "exit_code": execution.get("exit_code"),
         "stdout": (execution.get("stdout") or "")[:MAX_TEXT], "stderr": (execution.get("stderr") or "")[:MAX_TEXT],
