@@ -155,7 +155,9 @@ def test_a_plan_advances_through_three_steps_run_by_the_worker(api: Api, worker:
     assert [s.files[0][1] for s in worker.fake.runs] == [b"fetch()", b"total()", b"report()"]
 
 
-def test_a_sessions_second_call_sees_the_first_calls_variables(api: Api, worker: Worker) -> None:
+@pytest.fixture
+def session(api: Api, worker: Worker) -> Iterator[str]:
+    """A session held by the worker's session host (in a thread, as `execbox worker` runs it)."""
     http, headers = api
     report_health(worker.ctx)  # the fleet's session slots come from the workers' heartbeats
     stop = threading.Event()
@@ -165,21 +167,54 @@ def test_a_sessions_second_call_sees_the_first_calls_variables(api: Api, worker:
     try:
         opened = http.post("/v1/sessions", json={"language": "python"}, headers=headers["alpha"])
         assert opened.status_code == 201, opened.text
-        session_id = opened.json()["id"]
-        first = submit(api, {"code": "x = 20", "session": session_id})
-        done_first = get_when_done(api, first["id"])
-        second = submit(api, {"code": "print('x is', x)", "session": session_id})
-        done_second = get_when_done(api, second["id"])
-        session = http.get(f"/v1/sessions/{session_id}", headers=headers["alpha"]).json()
+        yield str(opened.json()["id"])
     finally:
         stop.set()
         thread.join(5)
         host.join(5)  # as the worker does when it stops: each held session ends and its sandbox closes
-    assert done_first["status"] == "succeeded" and done_first["session"] == session_id, done_first
+
+
+def test_a_sessions_second_call_sees_the_first_calls_variables(api: Api, worker: Worker, session: str) -> None:
+    http, headers = api
+    first = submit(api, {"code": "x = 20", "session": session})
+    done_first = get_when_done(api, first["id"])
+    second = submit(api, {"code": "print('x is', x)", "session": session})
+    done_second = get_when_done(api, second["id"])
+    record = http.get(f"/v1/sessions/{session}", headers=headers["alpha"]).json()
+
+    assert done_first["status"] == "succeeded" and done_first["session"] == session, done_first
     assert done_second["status"] == "succeeded" and done_second["stdout"] == "x is 20\n", done_second
-    assert session["executions"] == 2, session
-    fake_session = worker.fake.sessions[session_id]
-    assert fake_session.calls == ["x = 20", "print('x is', x)"] and fake_session.closed, "closed when its host stopped"
+    assert record["executions"] == 2, record
+    assert worker.fake.sessions[session].calls == ["x = 20", "print('x is', x)"]
+
+
+def test_a_sessions_call_keeps_as_artifacts_only_the_files_it_wrote(api: Api, worker: Worker, session: str) -> None:
+    worker.fake.scripts["draw()"] = Script(files={"out/a.png": b"first"})
+    worker.fake.scripts["plot()"] = Script(files={"out/b.png": b"second"})
+    first = get_when_done(api, submit(api, {"code": "draw()", "session": session})["id"])
+    second = get_when_done(api, submit(api, {"code": "plot()", "session": session})["id"])
+
+    assert [a["name"] for a in first["artifacts"]] == ["a.png"], first
+    assert [a["name"] for a in second["artifacts"]] == ["b.png"], "a.png is still in out/ but was not this call's"
+    assert set(worker.fake.sessions[session].workspace.files) >= {"out/a.png", "out/b.png"}, "the workspace is kept"
+
+
+def test_a_cancel_stops_a_running_execution_through_the_workers_watcher(api: Api, worker: Worker) -> None:
+    http, headers = api
+    held = threading.Event()  # never set: only the cancel ends the run
+    worker.fake.scripts["wait()"] = Script(hold=held)
+    created = submit(api, {"code": "wait()"})
+    runner = threading.Thread(target=worker.run_one, daemon=True)
+    runner.start()
+    wait_until(lambda: get(api, created["id"])["status"] == "running", 10, "the run to start")
+
+    answer = http.post(f"/v1/executions/{created['id']}/cancel", headers=headers["alpha"])
+    done = get_when_done(api, created["id"])
+    runner.join(10)
+
+    assert answer.status_code == 202, answer.text
+    assert done["status"] == "cancelled" and done["error"]["category"] == "cancelled", done
+    assert not held.is_set() and not runner.is_alive()
 
 
 def get_when_done(api: Api, execution_id: str) -> dict[str, Any]:
