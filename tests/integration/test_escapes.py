@@ -89,7 +89,9 @@ print(json.dumps({"cgroup": read("/proc/self/cgroup"), "interrupts": read("/proc
     assert found["interrupts"] in ("", "error PermissionError", "error FileNotFoundError"), found["interrupts"][:200]
 
 
-def test_the_hosts_oom_killer_picks_a_sandbox_first(api: httpx.Client, docker_client: docker.DockerClient) -> None:
+def test_a_sandboxs_host_process_has_the_highest_oom_score_adj(
+    api: httpx.Client, docker_client: docker.DockerClient
+) -> None:
     """oom_score_adj of the sandbox's host process (the launcher under runc, gVisor's sandbox
     kernel under runsc) is the configured 1000, so a host short of memory kills sandboxes before
     dockerd or Redis."""

@@ -208,7 +208,7 @@ def test_max_lifetime_ends_a_busy_session(api: httpx.Client, docker_client: dock
     wait_until(lambda: not containers(docker_client, sid), 20, "the session's container to go")
 
 
-def test_delete_removes_the_container_at_once_and_cancels_what_waits(
+def test_delete_removes_the_container_and_cancels_what_waits(
     api: httpx.Client, docker_client: docker.DockerClient
 ) -> None:
     sid = open_session(api)["id"]

@@ -113,7 +113,7 @@ def test_a_waiting_client_is_answered_when_the_execution_ends(
     answer = http.wait_while(f"/v1/executions/{execution_id}?wait=20", as_["alpha"], finish)
 
     assert answer.status_code == 200 and answer.json()["status"] == "succeeded"
-    assert time.monotonic() - started < 10, "woken by the done channel, not by the end of the wait"
+    assert time.monotonic() - started < 2, "woken by the done channel, not by the end of the 20 s wait"
 
 
 def test_a_run_wait_past_events_needs_a_wait(api: Api) -> None:
