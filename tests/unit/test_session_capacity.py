@@ -33,7 +33,9 @@ def test_one_tenant_holds_its_share_and_a_full_fleet_is_refused_at_once(
     http, as_ = api
     fleet = WorkerRegistry(client, Keys(settings.redis.key_prefix))
     for name in ("w1", "w2"):  # the stack's fleet: 2 workers x 4 session slots
-        fleet.report(Heartbeat(name, True, session_slots=4), ttl_s=120)
+        fleet.report(Heartbeat(name, True, session_slots=4, queue=settings.queue.name), ttl_s=120)
+    # A worker of another queue (a second API's) cannot hold these sessions: its slots do not count.
+    fleet.report(Heartbeat("elsewhere", True, session_slots=4, queue="another"), ttl_s=120)
     gamma = {"Authorization": f"Bearer {ApiKeys(client, settings.redis.key_prefix).create('gamma')[0]}"}
 
     # alpha, with a quota of 10, opens sessions and leaves them idle: it gets its share, 4 of 8
@@ -71,8 +73,8 @@ def test_without_a_known_fleet_only_the_quota_applies(api: Api, client: redis.Re
     """No healthy worker has reported yet (or one that does not say its slots): nothing to bound by."""
     http, as_ = api
     fleet = WorkerRegistry(client, Keys(settings.redis.key_prefix))
-    fleet.report(Heartbeat("old", True), ttl_s=120)
-    assert fleet.session_capacity() is None
+    fleet.report(Heartbeat("old", True, queue=settings.queue.name), ttl_s=120)
+    assert fleet.session_capacity(settings.queue.name) is None
     opened = [http.post("/v1/sessions", json=SESSION, headers=as_["alpha"]).status_code for _ in range(5)]
     assert opened == [201] * 5
 

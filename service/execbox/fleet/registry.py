@@ -26,6 +26,8 @@ class Heartbeat:
     """Warm containers waiting in the worker's pool."""
     session_slots: int | None = None
     """Sessions the worker may hold at once (EXECBOX_SESSIONS__PER_WORKER); None from a worker that does not say."""
+    queue: str = ""
+    """The queue it serves ("" from a worker that does not say): only its queue's sessions can use its slots."""
     at: float = 0.0
 
 
@@ -51,10 +53,11 @@ class WorkerRegistry:
         live = [beat for beat in self.alive() if beat.docker_ok]
         return {runtime for beat in live for runtime in beat.runtimes} if live else None
 
-    def session_capacity(self) -> int | None:
-        """Sessions the healthy workers may hold together; None when that is not known (no healthy
-        worker yet, or one that does not report its slots)."""
-        live = [beat for beat in self.alive() if beat.docker_ok]
+    def session_capacity(self, queue: str) -> int | None:
+        """Sessions the healthy workers of `queue` may hold together; None when that is not known (no
+        healthy worker of it yet, or one that does not report its slots). A deployment's workers of
+        other queues (a second API on a queue of its own) cannot hold this queue's sessions."""
+        live = [beat for beat in self.alive() if beat.docker_ok and beat.queue == queue]
         if not live or any(beat.session_slots is None for beat in live):
             return None
         return sum(int(beat.session_slots or 0) for beat in live)

@@ -151,7 +151,7 @@ class Sessions:
         A session holds a worker's slot for its whole life, idle or not, so a tenant may hold only
         its share of the fleet's slots (however high its quota), and a full fleet is refused now
         rather than left `starting` until a slot frees or the start times out."""
-        capacity = self.fleet.session_capacity() if self.fleet is not None else None
+        capacity = self.fleet.session_capacity(self.settings.queue.name) if self.fleet is not None else None
         limit = quota if capacity is None else min(quota, max(1, math.floor(capacity * share)))
         verdict = self.store.admit(tenant, session_id, limit, capacity)
         if verdict == "tenant":

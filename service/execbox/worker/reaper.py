@@ -45,7 +45,7 @@ def report_health(ctx: WorkerContext) -> None:
         ok, detail = False, exc.message
     warm = sum(ctx.pool.idle().values()) if ctx.pool is not None else 0
     beat = Heartbeat(ctx.name, ok, detail, missing_images=missing, runtimes=runtimes, warm=warm,
-                     session_slots=ctx.settings.sessions.per_worker)  # fmt: skip
+                     session_slots=ctx.settings.sessions.per_worker, queue=ctx.settings.queue.name)  # fmt: skip
     ctx.fleet.report(beat, ttl_s=3 * ctx.settings.worker.reaper_interval_s)
 
 
