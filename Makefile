@@ -41,15 +41,16 @@ down-host:
 check: install
 	scripts/check
 
-# The fast tier (< 1 min): no root, no Docker, no apt; needs python3 and redis-server on PATH.
+# The fast tier: no root, no Docker, no apt; needs python3 and redis-server on PATH. Prints branch
+# coverage and fails under its floor ([tool.coverage] in pyproject.toml); make test applies the same floor.
 unit: venv
-	.venv/bin/pytest -m "not docker and not stack" tests/unit
+	.venv/bin/pytest -m "not docker and not stack" --cov=execbox --cov=execbox_client tests/unit
 
 integration: images
 	.venv/bin/pytest tests/integration
 
 test: images check
-	.venv/bin/pytest tests/unit tests/integration
+	.venv/bin/pytest --cov=execbox --cov=execbox_client tests/unit tests/integration
 
 # Brings the compose stack up with three workers, runs tests/stack and langchain-tests' sandbox
 # suite (scripts/conformance) against it, takes it down. It replaces a running `make up` stack, on
