@@ -9,6 +9,8 @@ import inspect
 import json
 import operator
 import re
+import subprocess
+import sys
 import typing
 from typing import Any, Literal, NotRequired
 
@@ -129,3 +131,13 @@ def test_each_endpoint_method_is_typed_with_what_its_route_answers(document: dic
         assert returns == answered(document["paths"][call.path][call.method.lower()]), (name, call.path, returns)
         checked += 1
     assert checked >= 40, checked
+
+
+def test_the_typed_client_still_imports_nothing_of_the_server_nor_pydantic() -> None:
+    """The types are TypedDicts so that the client stays a light install (docs/decisions.md)."""
+    code = (
+        "import sys, execbox_client, execbox_client.cli\n"
+        "print([m for m in ('pydantic', 'execbox') if m in sys.modules])"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert loaded.stdout.strip() == "[]", loaded.stdout
