@@ -24,6 +24,17 @@ WaitQuery = Annotated[
 ]
 PreferHeader = Annotated[str | None, Header(description="RFC 7240 `wait=SECONDS`, like ?wait=.")]
 TraceHeader = Annotated[str | None, Header(description="W3C trace context; a new trace starts without it.")]
+IdempotencyHeader = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description="Retries with the same key (per tenant and route) and the same body return what the first "
+        "request created (with `Idempotent-Replayed: true`); another body under the key is a 422 "
+        "`idempotency.mismatch`, a first request still in progress a 409 `idempotency.in_progress`.",
+    ),
+]
+"""One declaration for every route that creates under an Idempotency-Key (executions, files, runs,
+script invocations)."""
 
 
 def wait_seconds(services: Services, query: float | None, prefer: str | None) -> float:

@@ -10,20 +10,16 @@ category (execbox.core.status.ErrorCategory); only the faults below raise.
     │   ├── UnknownLanguage         request.unknown_language (422)
     │   ├── UnknownPolicy           request.unknown_policy (422)
     │   ├── PolicyExceeded          request.policy_exceeded (422)
-    │   ├── ExecutionNotFound       execution.not_found (404)
-    │   ├── ArtifactNotFound        artifact.not_found (404)
-    │   ├── FileNotFound            file.not_found (404)
+    │   ├── NotFound                404: `no <noun> <id>; <what to do>`, one subclass per kind:
+    │   │     ExecutionNotFound execution.not_found, ArtifactNotFound artifact.not_found,
+    │   │     FileNotFound file.not_found, KeyNotFound admin.key_not_found, RunNotFound run.not_found,
+    │   │     ScriptNotFound script.not_found, ScheduleNotFound schedule.not_found,
+    │   │     SessionNotFound session.not_found, ApprovalNotFound approval.not_found
     │   ├── InvalidKey              auth.invalid_key (401)
     │   ├── PolicyNotAllowed        request.policy_not_allowed (403)
     │   ├── IdempotencyMismatch     idempotency.mismatch (422)
     │   ├── AdminOff                admin.disabled (404)
-    │   ├── KeyNotFound             admin.key_not_found (404)
     │   ├── InvalidPlan             plan.invalid (422, every problem listed)
-    │   ├── RunNotFound             run.not_found (404)
-    │   ├── ScriptNotFound          script.not_found (404)
-    │   ├── ScheduleNotFound        schedule.not_found (404)
-    │   ├── SessionNotFound         session.not_found (404)
-    │   ├── ApprovalNotFound        approval.not_found (404)
     │   └── ApprovalForbidden       approval.forbidden (403: another API key must decide)
     ├── ConflictError               execution.finished (409)
     │   ├── RunConflict             run.conflict (409: revision moved, approval decided, step not settleable)
@@ -141,28 +137,36 @@ class VariantNotAllowed(RequestError):
         )
 
 
-class ExecutionNotFound(RequestError):
+class NotFound(RequestError):
+    """No such item for this tenant (404): one message shape for every kind, `no <noun> <id><hint>`,
+    so a new kind names its code, noun and what to do, and nothing else."""
+
+    http_status = 404
+    noun = "item"
+    hint = ""
+    """What to do next, after a semicolon."""
+
+    def __init__(self, item_id: str) -> None:
+        super().__init__(f"no {self.noun} {item_id}{self.hint}")
+
+
+class ExecutionNotFound(NotFound):
     code = "execution.not_found"
-    http_status = 404
-
-    def __init__(self, execution_id: str) -> None:
-        super().__init__(f"no execution {execution_id}; it never existed or passed its retention")
+    noun = "execution"
+    hint = "; it never existed or passed its retention"
 
 
-class ArtifactNotFound(RequestError):
+class ArtifactNotFound(NotFound):
     code = "artifact.not_found"
-    http_status = 404
 
-    def __init__(self, execution_id: str, name: str) -> None:
-        super().__init__(f"execution {execution_id} has no artifact {name!r} (or it passed its retention)")
+    def __init__(self, execution_id: str, name: str) -> None:  # two ids: its own message
+        RequestError.__init__(self, f"execution {execution_id} has no artifact {name!r} (or it passed its retention)")
 
 
-class FileNotFound(RequestError):
+class FileNotFound(NotFound):
     code = "file.not_found"
-    http_status = 404
-
-    def __init__(self, file_id: str) -> None:
-        super().__init__(f"no file {file_id}; it never existed or expired; upload it again")
+    noun = "file"
+    hint = "; it never existed or expired; upload it again"
 
 
 class InvalidKey(RequestError):
@@ -202,12 +206,9 @@ class AdminOff(RequestError):
         super().__init__("admin endpoints are off: set EXECBOX_AUTH__ADMIN_TOKEN, or use `execbox keys`")
 
 
-class KeyNotFound(RequestError):
+class KeyNotFound(NotFound):
     code = "admin.key_not_found"
-    http_status = 404
-
-    def __init__(self, key_id: str) -> None:
-        super().__init__(f"no API key {key_id}")
+    noun = "API key"
 
 
 class InvalidPlan(RequestError):
@@ -217,20 +218,15 @@ class InvalidPlan(RequestError):
         super().__init__(f"the plan has {len(problems)} problem(s); each is listed under `errors`", problems)
 
 
-class RunNotFound(RequestError):
+class RunNotFound(NotFound):
     code = "run.not_found"
-    http_status = 404
-
-    def __init__(self, run_id: str) -> None:
-        super().__init__(f"no run {run_id}; it never existed or passed its retention")
+    noun = "run"
+    hint = "; it never existed or passed its retention"
 
 
-class ApprovalNotFound(RequestError):
+class ApprovalNotFound(NotFound):
     code = "approval.not_found"
-    http_status = 404
-
-    def __init__(self, approval_id: str) -> None:
-        super().__init__(f"no approval {approval_id}")
+    noun = "approval"
 
 
 class ConflictError(ServiceError):
@@ -238,28 +234,21 @@ class ConflictError(ServiceError):
     http_status = 409
 
 
-class ScriptNotFound(RequestError):
+class ScriptNotFound(NotFound):
     code = "script.not_found"
-    http_status = 404
-
-    def __init__(self, what: str) -> None:
-        super().__init__(f"no script {what}; GET /v1/scripts lists this tenant's scripts")
+    noun = "script"
+    hint = "; GET /v1/scripts lists this tenant's scripts"
 
 
-class ScheduleNotFound(RequestError):
+class ScheduleNotFound(NotFound):
     code = "schedule.not_found"
-    http_status = 404
-
-    def __init__(self, schedule_id: str) -> None:
-        super().__init__(f"no schedule {schedule_id}")
+    noun = "schedule"
 
 
-class SessionNotFound(RequestError):
+class SessionNotFound(NotFound):
     code = "session.not_found"
-    http_status = 404
-
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"no session {session_id}; GET /v1/sessions lists this tenant's sessions")
+    noun = "session"
+    hint = "; GET /v1/sessions lists this tenant's sessions"
 
 
 class ApprovalForbidden(RequestError):

@@ -16,7 +16,7 @@ from starlette.datastructures import UploadFile
 
 from execbox.api.bodies import PARSES, OffLoopRoute, parse_json
 from execbox.api.deps import ServicesDep, TenantDep
-from execbox.api.params import PreferHeader, TraceHeader, WaitQuery, disconnected, wait_seconds
+from execbox.api.params import IdempotencyHeader, PreferHeader, TraceHeader, WaitQuery, disconnected, wait_seconds
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.core.errors import ArtifactNotFound, FieldProblem, InvalidRequest
 from execbox.core.tracing import TraceContext, from_traceparent
@@ -34,11 +34,6 @@ then queues here instead of starving the event loop of the interpreter lock (on 
 threads made /healthz wait seconds; 8 gave a /healthz max of 60-210 ms under 300 arrivals at once, 4 gave 38-64 ms)."""
 
 ExecutionId = Annotated[str, Path(pattern=EXECUTION_ID_PATTERN, description="Execution id (`exe_...`).")]
-IdempotencyHeader = Annotated[
-    str | None,
-    Header(alias="Idempotency-Key", description="Retries with the same key and body return the first execution "
-           "(with `Idempotent-Replayed: true`); a different body is refused with 422 `idempotency.mismatch`."),
-]  # fmt: skip
 _PROBLEM = PROBLEM_DOC
 _RESPONSES: dict[int | str, dict[str, object]] = {
     200: {"description": "Finished within the wait.", "model": ExecutionPublic},

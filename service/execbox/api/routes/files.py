@@ -5,12 +5,13 @@ from __future__ import annotations
 import hashlib
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Request, Response
+from fastapi import APIRouter, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from execbox.api.bodies import OffLoopRoute
 from execbox.api.deps import ServicesDep, TenantDep
+from execbox.api.params import IdempotencyHeader
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.core.errors import FieldProblem, FileNotFound, InvalidRequest
 from execbox.files.schemas import FilePublic
@@ -49,13 +50,7 @@ async def upload_file(
     response: Response,
     services: ServicesDep,
     tenant: TenantDep,
-    idempotency_key: Annotated[
-        str | None,
-        Header(
-            alias="Idempotency-Key",
-            description="Retries with the same key and file return the first upload (`Idempotent-Replayed: true`).",
-        ),
-    ] = None,
+    idempotency_key: IdempotencyHeader = None,
 ) -> FilePublic:
     form = await request.form(max_files=1, max_fields=1)
     part = form.get("file")

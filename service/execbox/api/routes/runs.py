@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import Annotated
 
 from anyio import to_thread
-from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from execbox.api.bodies import OffLoopRoute
 from execbox.api.deps import ServicesDep, TenantDep
-from execbox.api.params import PreferHeader, TraceHeader, WaitQuery, disconnected, wait_seconds
+from execbox.api.params import IdempotencyHeader, PreferHeader, TraceHeader, WaitQuery, disconnected, wait_seconds
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.core.errors import FieldProblem, InvalidPlan, InvalidRequest
 from execbox.executions.submit import request_digest
@@ -38,10 +38,6 @@ router = APIRouter(tags=["plans"], route_class=OffLoopRoute)
 RunId = Annotated[str, Path(pattern=RUN_ID_PATTERN, description="Run id (`run_...`).")]
 StepId = Annotated[str, Path(pattern=STEP_ID_PATTERN, description="Step id.")]
 ApprovalId = Annotated[str, Path(pattern=APPROVAL_ID_PATTERN, description="Approval id (`apr_...`).")]
-IdempotencyHeader = Annotated[
-    str | None,
-    Header(alias="Idempotency-Key", description="Retries with the same key and body return the first run."),
-]
 _P = PROBLEM_DOC
 _RUN_RESPONSES: dict[int | str, dict[str, object]] = {
     400: {"description": "The body is not JSON.", **_P},

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from anyio import to_thread
-from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 
 from execbox.api.bodies import OffLoopRoute
 from execbox.api.deps import ServicesDep, TenantDep
-from execbox.api.params import PreferHeader, TraceHeader, WaitQuery, disconnected, wait_seconds
+from execbox.api.params import IdempotencyHeader, PreferHeader, TraceHeader, WaitQuery, disconnected, wait_seconds
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.executions.schemas import ExecutionPublic
 from execbox.scripts.schemas import (
@@ -88,7 +88,7 @@ async def invoke(
     wait: WaitQuery = None,
     prefer: PreferHeader = None,
     traceparent: TraceHeader = None,
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+    idempotency_key: IdempotencyHeader = None,
 ) -> ExecutionPublic:
     wait_s = wait_seconds(services, wait, prefer)
     submitted = await to_thread.run_sync(lambda: services.scripts.invoke(
