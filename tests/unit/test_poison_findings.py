@@ -29,6 +29,7 @@ from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, Webhook
 from execbox.executions.store import ExecutionStore
+from execbox.plans.consumer import PlanConsumer
 from execbox.schedules.schemas import ScheduleCreate
 from execbox.tenancy.apikeys import ApiKeys
 from execbox.webhooks.delivery import WebhookConsumer
@@ -285,3 +286,30 @@ def test_the_reaper_settles_other_tenants_lost_work_in_a_sweep_that_meets_unread
     assert settled is not None and settled.error is not None and settled.error.category is ErrorCategory.SANDBOX_ERROR
     poison = ctx.registry.get_sample_value("execbox_poison_total", {"loop": "reaper"})
     assert poison == 2, "the unreadable execution and session, each counted"
+
+
+def test_a_run_set_aside_after_its_last_attempt_ends_failed_rather_than_running_for_ever(
+    api: Api, client: redis.Redis, settings: Settings
+) -> None:
+    """A run whose every advance raises (here its step's execution record no longer reads) is set
+    aside as a dead letter, and its owner sees it ended: failed, `internal_error`, the reason given."""
+    http, as_ = api
+    keys = Keys(settings.redis.key_prefix)
+    plan = {"format": "plan/v1", "steps": [{"id": "a", "run": {"code": "print(1)"}}]}
+    run = http.post("/v1/runs", json={"plan": plan}, headers=as_["alpha"]).json()
+    client.set(keys.execution(run["steps"]["a"]["attempts"][-1]), "{not json")
+    consumer = PlanConsumer(http.app.state.services.runs.executor, "poison-test", idle_s=5.0)
+    consumer.guard.backoff_s = 0.0  # every round is its next attempt
+
+    def ended() -> str | None:
+        client.zadd(keys.active_runs, {run["id"]: 0}, xx=True)  # due now, while it is still active
+        consumer.advance_due()
+        status: str = http.get(f"/v1/runs/{run['id']}", headers=as_["alpha"]).json()["status"]
+        return status if status != "running" else None
+
+    assert wait_until(ended, 15, "the run to be set aside") == "failed"
+    body = http.get(f"/v1/runs/{run['id']}", headers=as_["alpha"]).json()
+    assert body["stop_reason"] == "internal_error", body
+    assert "set aside after its last attempt" in body["events"][-1]["detail"], body["events"][-1]
+    assert [letter.item for letter in DeadLetters(client, keys).list("plans")] == [run["id"]]
+    assert client.zscore(keys.active_runs, run["id"]) is None, "no longer due"

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import redis
@@ -141,12 +142,20 @@ class Guard:
 
     # -- due records (sorted sets of work by due time) -----------------------------------------
 
-    def record(self, source: str, member: str, handle: Callable[[], None], taken: bool = False) -> bool:
+    def record(
+        self,
+        source: str,
+        member: str,
+        handle: Callable[[], None],
+        taken: bool = False,
+        on_dead: Callable[[str], object] | None = None,
+    ) -> bool:
         """Handle one due member of the sorted set `source`; True when it was handled.
 
         On failure the member is put back `backoff` later (if it is still in the set; `taken`: the
         caller removed it to take it, so it is added again), and after max_attempts taken out of
-        the set as a dead letter, so it is never first in line for ever.
+        the set as a dead letter, so it is never first in line for ever; `on_dead` is then told why
+        (so that what the record stands for can say it ended, rather than look alive for ever).
         """
         try:
             handle()
@@ -155,6 +164,8 @@ class Guard:
             if attempts >= self.max_attempts:
                 letter = DeadLetter(self.loop, "record", member, source, _describe(exc), attempts, self.clock())
                 self._bury(letter, lambda pipe: pipe.zrem(source, member))
+                if on_dead is not None:
+                    self.item(f"{member} (set aside)", partial(on_dead, letter.error))
             else:
                 with redis_errors():
                     self.redis.zadd(source, {member: self.clock() + self.backoff(attempts)}, xx=not taken)
@@ -163,7 +174,7 @@ class Guard:
             self.redis.delete(self._count_key(member))
         return True
 
-    def item(self, name: str, handle: Callable[[], None]) -> bool:
+    def item(self, name: str, handle: Callable[[], object]) -> bool:
         """Run one unit of a periodic loop's work that has no queue of its own to set it aside in
         (one session, one container): a failure is logged and counted, and the loop goes on."""
         try:

@@ -48,7 +48,9 @@ class PlanConsumer:
         later (and set aside after its last attempt), so it never fills the due slots for ever."""
         active = self._executor.store.keys.active_runs
         for run_id in self._executor.store.due():
-            self.guard.record(active, run_id, partial(self._advance, run_id))
+            # Set aside after its last attempt, the run ends failed (internal_error) if it still
+            # reads, so its owner sees it ended instead of a run `running` for ever.
+            self.guard.record(active, run_id, partial(self._advance, run_id), on_dead=partial(self._abandon, run_id))
 
     def handle(self, event: dict[str, str]) -> None:
         """An execution ended: advance the run it belongs to. Raises when that cannot be done now
@@ -65,3 +67,6 @@ class PlanConsumer:
 
     def _advance(self, run_id: str) -> None:
         self._executor.advance(run_id)
+
+    def _abandon(self, run_id: str, why: str) -> None:
+        self._executor.abandon(run_id, f"set aside after its last attempt: {why}")

@@ -130,6 +130,8 @@ class Executor:
                     self.submissions.cancel(run.tenant, current(state))
                 except ServiceError:
                     pass  # it ended meanwhile
+                except Exception:  # its record no longer reads: the run ends all the same
+                    log.warning("run %s: step %s's execution could not be cancelled", run.id, step_id, exc_info=True)
             if not state.status.settled and state.status is not StepStatus.UNKNOWN_OUTCOME:
                 self._fail(run, step_id, "cancelled", detail, StepStatus.CANCELLED)
         self.set_run_status(run, status, reason, detail)
