@@ -81,8 +81,12 @@ def test_three_hundred_waiting_clients_do_not_stall_the_api(roomy: tuple[Side, d
     assert sorted({a.status_code for a in answers}) <= [200, 202], [a.text for a in answers if a.status_code > 202][:2]
     finished = [a.json() for a in answers if a.status_code == 200]
     assert finished and all(f["status"] == "succeeded" and f["stdout"] == "ok\n" for f in finished)
+    ordered = sorted(probes)
+    print(f"/healthz under 300 waiters: {len(ordered)} probes, p50 {ordered[len(ordered) // 2] * 1000:.0f} ms, "  # noqa: T201
+          f"p95 {ordered[int(len(ordered) * 0.95)] * 1000:.0f} ms, max {ordered[-1] * 1000:.0f} ms")  # fmt: skip
     # A stall is what this guards against (27 s before); 0.2 s was within reach of a busy 2-core host's noise.
-    assert len(probes) > 50 and max(probes) < 0.5, (len(probes), max(probes), sorted(probes)[-5:])
+    # The typical figure (tens of ms, README) is bench/waiters.py's to measure, printed here for the log.
+    assert len(probes) > 50 and max(probes) < 0.5, (len(probes), max(probes), ordered[-5:])
 
 
 def test_a_crashed_first_attempt_does_not_lock_its_idempotency_key(stack: Stack, redis_server: Redis) -> None:
