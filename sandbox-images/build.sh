@@ -11,7 +11,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 base="${SANDBOX_BASE_IMAGE:-${BASE_IMAGE:-local/debian:trixie}}"
-if [ -z "${SANDBOX_BASE_IMAGE:-}${BASE_IMAGE:-}" ]; then "$here/../scripts/phase" "base image $base" "$here/base/build.sh" "$base"; fi
+if [ -z "${SANDBOX_BASE_IMAGE:-}${BASE_IMAGE:-}" ]; then "$here/../scripts/phase" "base image $base" "$here/base/build.sh" local/debian:trixie; fi
 wheels_port="${EXECBOX_WHEELS_PORT:-38517}"
 server=""
 trap '[ -z "$server" ] || kill "$server" 2>/dev/null || true' EXIT
