@@ -8,12 +8,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import secrets
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,7 +28,7 @@ from execbox.worker.context import WorkerContext
 from execbox.worker.reaper import report_health
 from execbox.worker.sessions import SessionHost
 from execbox.worker.tasks import run_next
-from tests.conftest import Redis, free_port, wait_until
+from tests.conftest import free_port, wait_until
 from tests.unit.conftest import InProcess
 
 pytestmark = pytest.mark.redis
@@ -38,15 +36,10 @@ Api = tuple[InProcess, dict[str, dict[str, str]]]
 
 
 @pytest.fixture
-def settings(redis_server: Redis, tmp_path: Path) -> Settings:
+def settings(settings: Settings) -> Settings:
     """The unit settings, with webhooks to loopback allowed (the receiver below listens there)."""
-    prefix = f"u{secrets.token_hex(4)}"
-    return Settings(
-        redis={"url": redis_server.url, "key_prefix": prefix},
-        queue={"name": prefix},
-        artifacts_dir=tmp_path / "artifacts",
-        webhooks={"allow_hosts": ["127.0.0.1"], "backoff_s": 0.2},
-    )
+    hooks = settings.webhooks.model_copy(update={"allow_hosts": ["127.0.0.1"], "backoff_s": 0.2})
+    return settings.model_copy(update={"webhooks": hooks})
 
 
 @dataclass
