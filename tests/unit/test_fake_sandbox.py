@@ -22,11 +22,11 @@ from execbox.core.metrics import loop_metrics
 from execbox.core.poison import Loops
 from execbox.core.settings import Settings
 from execbox.sandbox.fake import FakeRuntime, Script, interpret
+from execbox.sessions.host import SessionHost
 from execbox.webhooks.delivery import WebhookConsumer
 from execbox.worker import context
 from execbox.worker.context import WorkerContext
 from execbox.worker.reaper import report_health
-from execbox.worker.sessions import SessionHost
 from execbox.worker.tasks import run_next
 from tests.conftest import free_port, wait_until
 from tests.unit.conftest import InProcess

@@ -13,8 +13,8 @@ from execbox.catalog.languages import LanguageConfigError, Languages
 from execbox.catalog.policies import PolicyConfigError, PolicySet
 from execbox.core.errors import UnknownLanguage, VariantNotAllowed
 from execbox.core.status import ErrorCategory
+from execbox.executions.classify import classify
 from execbox.sandbox.runtime import Limits, RunOutcome
-from execbox.worker.classify import classify
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMITS = Limits(timeout_s=5, cpu=1, cpu_time_s=3, memory_mb=64, pids=16, disk_mb=8, output_bytes=1000)

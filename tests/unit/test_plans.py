@@ -18,6 +18,8 @@ from execbox.core.keys import Keys
 from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.core.tracing import TraceContext
+from execbox.executions.lifecycle import run_and_finish
+from execbox.executions.lifecycle import take as start_execution
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, Origin
 from execbox.executions.store import ExecutionStore
@@ -25,8 +27,6 @@ from execbox.plans.executor import Executor
 from execbox.sandbox.fake import FakeRuntime, Script
 from execbox.tenancy.apikeys import ApiKeys
 from execbox.worker.context import WorkerContext
-from execbox.worker.tasks import run_and_finish
-from execbox.worker.tasks import start as start_execution
 from tests.conftest import wait_until
 from tests.unit.conftest import InProcess
 

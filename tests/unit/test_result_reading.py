@@ -16,8 +16,7 @@ from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import Expect
 from execbox.files.blobs import LocalArtifactStore
 from execbox.files.collect import ArtifactCaps, Collector
-from execbox.worker.results import apply_outcome
-from tests.unit.test_results import EXE, LIMITS, make_record, run
+from tests.unit.test_results import EXE, LIMITS, apply_outcome, make_record, run
 
 
 def collector(tmp_path: Path, index: Any = None, result: bytes | None = None) -> Collector:

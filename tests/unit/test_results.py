@@ -9,14 +9,16 @@ from typing import Any
 
 import pytest
 
+from execbox.catalog.languages import ErrorRules
 from execbox.catalog.policies import PolicySet
 from execbox.core.status import ErrorCategory, ExecutionStatus
+from execbox.executions.outcome import decide, decode_stream
+from execbox.executions.outputs import INLINE_OUTPUT_BYTES, read_files
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionCreate, Expect
-from execbox.files.blobs import LocalArtifactStore
+from execbox.files.blobs import ArtifactStore, LocalArtifactStore
 from execbox.files.collect import ArtifactCaps, Collector
 from execbox.sandbox.runtime import Limits, RunOutcome
-from execbox.worker.results import INLINE_OUTPUT_BYTES, apply_outcome, decode_stream
 from tests.unit.test_policies import ROOT
 
 LIMITS = Limits(timeout_s=5, cpu=1, cpu_time_s=3, memory_mb=64, pids=16, disk_mb=8, output_bytes=1000)
@@ -34,6 +36,19 @@ def make_record(**fields: Any) -> ExecutionRecord:
                             "trace_id": "1" * 32, "created_at": 0.0, "policy": policy, "code": "x",
                             "request_sha256": "0" * 64, "queue_deadline": 1.0}  # fmt: skip
     return ExecutionRecord(**(base | fields))
+
+
+def apply_outcome(
+    rec: ExecutionRecord,
+    outcome: RunOutcome,
+    found: Collector | None,
+    limits: Limits,
+    store: ArtifactStore,
+    errors: ErrorRules | None = None,
+) -> ExecutionStatus:
+    """The lifecycle's outcome step on its own: read the files, decide, apply to the record."""
+    files = read_files(rec.id, found, store) if found is not None else None
+    return decide(rec, outcome, files, limits, errors).apply(rec)
 
 
 def run(exit_code: int = 0, **kw: Any) -> RunOutcome:

@@ -18,7 +18,9 @@ from execbox.catalog.schemas import PolicyRequest
 from execbox.core.keys import Keys
 from execbox.core.settings import Settings
 from execbox.core.status import SessionEnd, SessionStatus
+from execbox.executions.classify import classify
 from execbox.executions.live import LiveOutput
+from execbox.executions.outputs import rich_results
 from execbox.files.blobs import LocalArtifactStore
 from execbox.files.collect import ArtifactCaps, Collector
 from execbox.sandbox.docker.capture import STDOUT, Capture
@@ -27,8 +29,6 @@ from execbox.sandbox.runtime import RunOutcome
 from execbox.sessions.record import SessionRecord
 from execbox.sessions.service import new_session_id
 from execbox.sessions.store import WAKE, SessionStore
-from execbox.worker.classify import classify
-from execbox.worker.results import rich_results
 from tests.unit.test_artifacts import REG, stream
 from tests.unit.test_reaper_and_pool import LIMITS
 

@@ -2,7 +2,9 @@
 
 Keys: execbox.core.keys (exe, deadlines, running, lease, cancel, done, events, active). A status
 change is a WATCH/MULTI compare-and-set; a terminal one also appends the outbox event, frees the
-tenant's running slot and drops the lease in the same transaction.
+tenant's quota slot (execbox.tenancy.quotas.free, the room that takes it) and drops the lease in
+the same transaction. A mutation only edits the record: it may run again on a retry, so it
+writes nothing else (the lifecycle writes its blobs before).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions import live
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, Transition
+from execbox.tenancy import quotas
 
 Mutation = Callable[[ExecutionRecord], "ExecutionStatus | None"]
 
@@ -135,7 +138,7 @@ class ExecutionStore:
             # The outbox: the event is written in the status change's own transaction, so no
             # consumer (webhook delivery) can miss it, whichever process dies when.
             self.events.append(pipe, {"type": TERMINAL, "id": record.id, "status": record.status.value})
-            pipe.zrem(self.keys.active(record.tenant), record.id)
+            quotas.free(pipe, self.keys, record.tenant, record.id)
             pipe.zrem(self.keys.deadlines, record.id)
             pipe.srem(self.keys.running, record.id)
             pipe.delete(self.keys.lease(record.id), self.keys.signals(record.id))

@@ -61,8 +61,8 @@ class Admission:
 
 class Slots:
     """The counters behind the quotas: submissions per tenant and minute (`t:rate:{tenant}:{minute}`)
-    and the tenant's queued or running executions (`t:active:{tenant}`, freed by the terminal
-    transition itself, see execbox.executions.store)."""
+    and the tenant's queued or running executions (`t:active:{tenant}`): a slot is taken here at
+    admission and freed here (`free`), queued into the execution's terminal transition."""
 
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.redis = client
@@ -81,7 +81,7 @@ class Slots:
 
     def release(self, tenant: str, execution_id: str) -> None:
         with redis_errors():
-            self.redis.zrem(self.keys.active(tenant), execution_id)
+            free(self.redis, self.keys, tenant, execution_id)
 
     def reclaim(self, older_than_s: float, ended: Callable[[str], bool]) -> int:
         """Give back slots whose execution has `ended` (or was never created: an API died between
@@ -95,6 +95,12 @@ class Slots:
                     if ended(execution_id):
                         freed += int(self.redis.zrem(key, execution_id))
         return freed
+
+
+def free(target: redis.Redis | redis.client.Pipeline, keys: Keys, tenant: str, execution_id: str) -> None:
+    """Give the execution's slot back; on a pipeline, as part of that transaction (the terminal
+    transition frees it in the same commit that ends the execution)."""
+    target.zrem(keys.active(tenant), execution_id)
 
 
 class Quotas:

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import DEFAULT_POLICY, PolicySet
-from execbox.catalog.schemas import AppliedPolicy, PolicyRequest
+from execbox.catalog.schemas import PolicyRequest
 from execbox.core.errors import SANDBOX_FAILURE_REASONS, ServiceError
 from execbox.core.keys import Keys
 from execbox.core.metrics import WorkerMetrics, worker_metrics
@@ -21,13 +21,14 @@ from execbox.core.tracing import Spans
 from execbox.core.tracing import setup as setup_tracing
 from execbox.egress.store import EgressStore
 from execbox.executions import events
+from execbox.executions.lifecycle import run_limits
 from execbox.executions.store import ExecutionStore
 from execbox.files.blobs import ArtifactStore, LocalArtifactStore
 from execbox.files.store import FileStore
 from execbox.fleet.registry import WorkerRegistry
 from execbox.sandbox.docker import DockerRuntime
 from execbox.sandbox.pool import PoolClass, Sizing, WarmPool
-from execbox.sandbox.runtime import Limits, RunSpec, Runtime
+from execbox.sandbox.runtime import RunSpec, Runtime
 from execbox.sandbox.uids import redis_uids
 from execbox.sessions.store import SessionStore
 from execbox.tenancy.quotas import Slots
@@ -90,12 +91,6 @@ class WorkerContext:
                 context.pool = docker.pool = build_pool(context, docker)
         events.subscribe(store, context.metrics.outcomes)
         return context
-
-
-def run_limits(policy: AppliedPolicy) -> Limits:
-    """The part of an applied policy the sandbox runtime enforces."""
-    return Limits(policy.timeout_s, policy.cpu, policy.cpu_time_s, policy.memory_mb, policy.pids,
-                  policy.disk_mb, policy.output_bytes)  # fmt: skip
 
 
 def build_pool(ctx: WorkerContext, runtime: DockerRuntime) -> WarmPool:

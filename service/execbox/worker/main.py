@@ -25,10 +25,10 @@ from execbox.core.poison import LOOPS, Loops
 from execbox.core.settings import Settings
 from execbox.executions.queue import make_queue
 from execbox.sandbox.runtime import Runtime
+from execbox.sessions.host import SessionHost
 from execbox.webhooks.delivery import WebhookConsumer
 from execbox.worker import gate, reaper
 from execbox.worker.context import WorkerContext, current, install
-from execbox.worker.sessions import SessionHost
 
 log = logging.getLogger(__name__)
 

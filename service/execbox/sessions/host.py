@@ -1,8 +1,10 @@
-"""The worker's sessions: take new sessions while there is room, hold each in a thread of its own.
+"""Holding sessions in a worker: take new sessions while there is room, hold each in a thread of its own.
 
-A held session's thread starts the sandbox and its kernel, marks the session ready, then waits on
-the session's own list and runs each execution as a call in the kernel (through the same path as
-a one-shot execution: start, run, classify, store), renewing the session's lease all along. It
+A held session's thread opens its sandbox behind the same seam as a one-shot run
+(`Sandbox.open_session`), marks the session ready, then waits on the session's own list and runs
+each execution as a call in the kernel through the execution lifecycle itself
+(execbox.executions.lifecycle: taken, running, outcome, stored, announced; only "where it runs"
+differs), renewing the session's lease all along. It
 ends the session when it is deleted, idle past its timeout, past its lifetime, or when the sandbox
 is lost, and removes the container whatever happens. A worker that dies takes its sessions with
 it: the reaper ends them (`worker_lost`) once their lease lapses, and removes the containers.
@@ -15,19 +17,26 @@ import threading
 import time
 from dataclasses import dataclass
 from secrets import token_hex
+from typing import Protocol
 
 from execbox.core import logs
 from execbox.core.errors import ServiceError
 from execbox.core.status import SessionEnd, SessionStatus
 from execbox.core.tracing import TraceContext
+from execbox.executions.lifecycle import Worker, input_archive, run_and_finish, run_limits, take
 from execbox.sandbox.runtime import RunControl, RunOutcome, RunSpec, SessionSandbox
 from execbox.sessions.record import SessionRecord
 from execbox.sessions.service import ended_error, settle_waiting
 from execbox.sessions.store import WAKE, SessionStore
-from execbox.worker.context import WorkerContext, run_limits
-from execbox.worker.tasks import input_archive, run_and_finish, start
 
 log = logging.getLogger(__name__)
+
+
+class SessionWorker(Worker, Protocol):
+    """What holding sessions needs of the worker beyond the lifecycle's own (the sessions' store)."""
+
+    @property
+    def sessions(self) -> SessionStore: ...
 
 
 @dataclass
@@ -39,7 +48,7 @@ class _Held:
 
 
 class SessionHost:
-    def __init__(self, ctx: WorkerContext) -> None:
+    def __init__(self, ctx: SessionWorker) -> None:
         self.ctx = ctx
         self.store: SessionStore = ctx.sessions
         self._held: dict[str, threading.Thread] = {}
@@ -175,7 +184,7 @@ class SessionHost:
             return True
 
         logs.bind(None, execution_id)
-        started = start(ctx, execution_id)
+        started = take(ctx, execution_id)
         if started is None:
             return
         logs.bind(started.trace_id, execution_id)
@@ -246,7 +255,7 @@ class SessionHost:
             limits=run_limits(record.policy),
             language=language.name,
             deployment=ctx.settings.redis.key_prefix,
-            input_archive=input_archive(ctx, record.files) if record.files else None,
+            input_archive=input_archive(ctx.files, record.files) if record.files else None,
             runtime="runc",
             seccomp_deny=tuple(record.policy.seccomp_deny),
         )

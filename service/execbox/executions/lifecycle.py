@@ -1,0 +1,396 @@
+"""An execution's life after it was accepted, top to bottom: taken → running → outcome → stored →
+announced (accepted is `executions.submit`).
+
+- taken (`take`): queued → running with the run's lease, in one compare-and-set;
+- running (`run_and_finish`): the sandbox runs the spec (`_spec`) while a watcher renews the lease
+  and passes a cancel on; live output goes to the execution's stream as it comes;
+- outcome: the program's files are read (`executions.outputs`, which writes the blobs of large
+  outputs now, before any transaction), then `executions.outcome.decide` makes the result a value;
+- stored (`_store`): the terminal transition applies that value to the record (a pure change that
+  a WATCH/MULTI retry may run again), frees the tenant's quota slot and drops the lease;
+- announced: the same transaction appends the outbox event (webhooks, plans) and publishes the
+  done channel (waiting requests); the process's listeners (outcome metrics) hear of it after
+  the commit (`executions.events`).
+
+A session's call goes the same way: only where it runs differs (`session.run_cell` in a kept
+kernel instead of `Sandbox.run` in a fresh container); `execbox.sessions.host` holds the session.
+The worker (`execbox.worker`) only feeds this module tickets. The API never imports it: it is the
+one module of the room that reaches the sandbox.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import io
+import json
+import logging
+import tarfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from execbox.catalog.languages import Languages
+from execbox.catalog.schemas import AppliedPolicy, NetworkAllowlist
+from execbox.core.errors import InputUnavailable, ServiceError
+from execbox.core.metrics import WorkerMetrics
+from execbox.core.settings import Settings
+from execbox.core.status import ErrorCategory, ExecutionStatus
+from execbox.core.tracing import Spans, TraceContext
+from execbox.egress.rules import EgressRule
+from execbox.egress.store import EgressStore
+from execbox.executions.inputs import INPUTS_FILE
+from execbox.executions.live import LiveOutput
+from execbox.executions.outcome import Outcome, decide
+from execbox.executions.outputs import read_files
+from execbox.executions.record import ExecutionRecord
+from execbox.executions.schemas import ExecutionError
+from execbox.executions.store import ExecutionStore, mark_expired_if_due
+from execbox.files.blobs import ArtifactStore
+from execbox.files.collect import RESULT_FILE, ArtifactCaps, Collector
+from execbox.files.schemas import InputFileRef
+from execbox.files.store import FileStore
+from execbox.sandbox.pool import WarmPool
+from execbox.sandbox.runtime import (
+    WORKDIR,
+    EgressSpec,
+    Limits,
+    RunControl,
+    RunOutcome,
+    RunSpec,
+    Sandbox,
+    SessionSandbox,
+)
+
+log = logging.getLogger(__name__)
+_ACTIVE = {ExecutionStatus.RUNNING}
+
+
+class Worker(Protocol):
+    """What the lifecycle needs of the process running it (execbox.worker.context.WorkerContext)."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def store(self) -> ExecutionStore: ...
+    @property
+    def files(self) -> FileStore: ...
+    @property
+    def egress(self) -> EgressStore: ...
+    @property
+    def artifacts(self) -> ArtifactStore: ...
+    @property
+    def languages(self) -> Languages: ...
+    @property
+    def runtime(self) -> Sandbox: ...
+    @property
+    def pool(self) -> WarmPool | None: ...
+    @property
+    def metrics(self) -> WorkerMetrics: ...
+    @property
+    def spans(self) -> Spans: ...
+
+
+# -- taken ------------------------------------------------------------------------------------
+
+
+def take(ctx: Worker, execution_id: str) -> ExecutionRecord | None:
+    """queued → running, with the run's lease, in one transaction; None when it expired, was
+    cancelled, or is gone."""
+
+    def started(record: ExecutionRecord) -> ExecutionStatus | None:
+        if mark_expired_if_due(record) is not None:
+            return ExecutionStatus.EXPIRED
+        record.started_at = time.time()
+        record.worker = ctx.name
+        record.policy.runtime = record.policy.runtime or ctx.settings.docker.runtime or "runc"
+        record.attempt += 1
+        record.timing.queue_wait_ms = round((record.started_at - record.created_at) * 1000, 1)
+        return ExecutionStatus.RUNNING
+
+    record = ctx.store.transition(execution_id, {ExecutionStatus.QUEUED}, ctx.name, started, lease=True)
+    if record is None:
+        log.info("execution not queued any more (cancelled or gone); skipped")
+    elif record.status is ExecutionStatus.EXPIRED:
+        log.info("execution expired in the queue")
+        return None
+    return record
+
+
+# -- running, outcome, stored -------------------------------------------------------------------
+
+
+def run_and_finish(
+    ctx: Worker,
+    record: ExecutionRecord,
+    parent: TraceContext,
+    session: SessionSandbox | None = None,
+    control: RunControl | None = None,
+    before_store: Callable[[RunOutcome | None], None] | None = None,
+) -> None:
+    """Run a taken execution (in a fresh sandbox, or as a call in `session`) and store its outcome;
+    `before_store` is told the sandbox's outcome first."""
+    control = control or RunControl()
+    limits = run_limits(record.policy)
+    collector = Collector(
+        record.id,
+        ctx.artifacts,
+        ArtifactCaps(record.policy.artifact_file_bytes, record.policy.artifact_total_bytes,
+                     record.policy.artifact_files),
+        root="workspace" if record.outputs_spec.files else "out",
+        globs=tuple(record.outputs_spec.files),
+    )  # fmt: skip
+    run, failure = _run(ctx, record, limits, collector, session, control)
+    _trace_run(ctx, record, run, parent)
+    denials = ctx.egress.denials(record.id) if isinstance(record.policy.network, NetworkAllowlist) else None
+    ctx.metrics.network_denials.inc(len(denials or []))
+    files = read_files(record.id, collector, ctx.artifacts) if run is not None else None
+    errors = ctx.languages.get(record.language).errors if run is not None else None
+    outcome = decide(record, run, files, limits, errors, failure, denials, finished_at=time.time())
+    if before_store is not None:
+        before_store(run)
+    _store(ctx, record.id, outcome)
+    if ctx.pool is not None and session is None:
+        ctx.pool.refill()  # only now: creating the successor would compete with the run and its result
+
+
+def _run(
+    ctx: Worker,
+    record: ExecutionRecord,
+    limits: Limits,
+    collector: Collector,
+    session: SessionSandbox | None,
+    control: RunControl,
+) -> tuple[RunOutcome | None, ExecutionError | None]:
+    """The sandbox's outcome, or the service fault that kept it from giving one."""
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(ctx, record.id, control, stop), daemon=True)
+    watcher.start()
+    run: RunOutcome | None = None
+    failure: ExecutionError | None = None
+    metrics = ctx.metrics
+    metrics.running.inc()
+    metrics.queue_wait.labels(record.language).observe((record.timing.queue_wait_ms or 0.0) / 1000)
+    if session is None:
+        metrics.sandbox_starts.inc()  # a session call starts none
+    registered: list[str] = []  # the proxy addresses this run's egress rule is stored under
+    live = LiveOutput(ctx.store.redis, ctx.store.keys, record.id, limits.output_bytes, ctx.settings.retention_s)
+    if ctx.pool is not None:
+        ctx.pool.run_started()  # no refill starts while the run is in progress
+    try:
+        spec = dataclasses.replace(_spec(ctx, record, limits, collector, registered), on_output=live.write)
+        run = ctx.runtime.run(spec, control) if session is None else session.run_cell(spec, record.code, control)
+    except ServiceError as exc:
+        failure = ExecutionError(
+            category=ErrorCategory.SANDBOX_ERROR, message=exc.message, retryable=True, details={"code": exc.code}
+        )
+    except Exception as exc:  # never leave an execution running because of a bug here
+        log.exception("sandbox run failed unexpectedly")
+        failure = ExecutionError(
+            category=ErrorCategory.SANDBOX_ERROR,
+            message=f"internal error: {exc!r}; retry",
+            retryable=True,
+            details={"code": "service.error"},
+        )
+    finally:
+        live.close()  # before the result is stored: the live output precedes the `end` event
+        for address in registered:
+            _quietly(ctx.egress.drop_rule, address)  # it expires anyway
+        stop.set()
+        ctx.store.signal(record.id, "stop")  # wakes the watcher out of its blocking wait
+        watcher.join(timeout=5)
+        metrics.running.dec()
+        if ctx.pool is not None:
+            ctx.pool.run_ended()
+    _observe_run(ctx, record.language, run, failure, collector)
+    return run, failure
+
+
+def _store(ctx: Worker, execution_id: str, outcome: Outcome) -> None:
+    """The terminal transition: the record takes the outcome; the same transaction announces it."""
+    done = ctx.store.transition(execution_id, _ACTIVE, ctx.name, outcome.apply)
+    if done is None:
+        log.warning("execution was settled elsewhere (lease lost?) before its result was stored")
+    else:
+        category = done.error.category.value if done.error else None
+        log.info("execution finished", extra={"status": done.status.value, "category": category})
+
+
+# -- what the sandbox is given ---------------------------------------------------------------------
+
+
+def run_limits(policy: AppliedPolicy) -> Limits:
+    """The part of an applied policy the sandbox runtime enforces."""
+    return Limits(policy.timeout_s, policy.cpu, policy.cpu_time_s, policy.memory_mb, policy.pids,
+                  policy.disk_mb, policy.output_bytes)  # fmt: skip
+
+
+def _spec(ctx: Worker, record: ExecutionRecord, limits: Limits, collector: Collector, registered: list[str]) -> RunSpec:
+    language = ctx.languages.get(record.language)
+    # In a session the code goes to the kernel, not to a file.
+    service_files = [(language.file, record.code.encode())] if record.session is None else []
+    if record.inputs is not None:
+        service_files.append((INPUTS_FILE, json.dumps(record.inputs).encode()))
+    env = {
+        **(dict(language.env) if record.session is None else {}),  # a session's kernel has the language's already
+        **record.env,
+        "EXECBOX_OUTPUT_DIR": f"{WORKDIR}/out",
+        "EXECBOX_RESULT_FILE": f"{WORKDIR}/out/{RESULT_FILE}",
+        "EXECBOX_INPUTS_FILE": f"{WORKDIR}/{INPUTS_FILE}",
+        **{f"EXECBOX_{name.upper()}": value for name, value in record.context.items()},
+    }
+    return RunSpec(
+        execution_id=record.id,
+        trace_id=record.trace_id,
+        worker=ctx.name,
+        image=language.image,
+        command=language.command,
+        files=tuple(service_files),
+        env=tuple(sorted(env.items())),
+        limits=limits,
+        language=language.name,
+        deployment=ctx.settings.redis.key_prefix,
+        input_archive=input_archive(ctx.files, record.files) if record.files else None,
+        stdin=base64.b64decode(record.stdin_b64),
+        collect_path="" if collector.root == "workspace" else "out",
+        collector=collector,
+        egress=_egress(ctx, record, limits, registered),
+        runtime=record.policy.runtime,
+        seccomp_deny=tuple(record.policy.seccomp_deny),
+        submitted_at=record.created_at,
+    )
+
+
+def _egress(ctx: Worker, record: ExecutionRecord, limits: Limits, registered: list[str]) -> EgressSpec | None:
+    """The run's road out through the egress proxy, under an allowlist policy (None: no network)."""
+    if not isinstance(record.policy.network, NetworkAllowlist):
+        return None
+    settings = ctx.settings.egress
+    rule = EgressRule(
+        execution_id=record.id,
+        tenant=record.tenant,
+        trace_id=record.trace_id,
+        allow=tuple(record.policy.network.allow),
+        max_connections=settings.max_connections,
+        max_bytes=settings.max_bytes,
+        connect_timeout_s=settings.connect_timeout_s,
+        idle_timeout_s=settings.idle_timeout_s,
+    )
+    ttl = limits.timeout_s + ctx.settings.queue.setup_margin_s
+
+    def register(address: str) -> None:
+        ctx.egress.put_rule(address, rule.to_json(), ttl)
+        registered.append(address)
+
+    store, execution_id = ctx.egress, record.id
+    return EgressSpec(
+        settings.container,
+        settings.port,
+        settings.subnet_pool,
+        register,
+        # Held for the run (and its clean-up), then cooling down: see execbox.egress.main.
+        reserve=lambda subnet: store.reserve_slot(subnet, execution_id, ttl + settings.slot_cooldown_s),
+        release=lambda subnet: store.cool_slot(subnet, execution_id, settings.slot_cooldown_s),
+        slot_wait_s=settings.slot_cooldown_s + 2.0,
+    )
+
+
+def input_archive(files: FileStore, refs: list[InputFileRef]) -> bytes:
+    """A tar of the input files for the engine's archive API.
+
+    Files belong to root (mode 0644): the program reads them but, with the kernel's
+    protected_hardlinks, cannot hard-link them into its output directory; directories are
+    writable by anyone (the sandbox's own uid is chosen later, and it is alone in there) so it can
+    still add files next to its inputs.
+    """
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        made: set[str] = set()
+        for ref in refs:
+            data = files.data(ref.file_id)
+            if data is None:
+                raise InputUnavailable(ref.path, ref.file_id)
+            parts = ref.path.split("/")
+            for depth in range(1, len(parts)):
+                directory = "/".join(parts[:depth])
+                if directory not in made:
+                    made.add(directory)
+                    tar.addfile(_tar_entry(directory, tarfile.DIRTYPE, 0o777))
+            tar.addfile(_tar_entry(ref.path, tarfile.REGTYPE, 0o644, len(data)), io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _tar_entry(name: str, kind: bytes, mode: int, size: int = 0) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.size = kind, mode, size
+    info.uid = info.gid = 0
+    info.mtime = int(time.time())
+    return info
+
+
+# -- beside the run: lease, cancel, metrics, spans ---------------------------------------------------
+
+
+def _watch(ctx: Worker, execution_id: str, control: RunControl, stop: threading.Event) -> None:
+    """Renew the lease while the run lasts, and stop the sandbox when a cancel request arrives."""
+    interval = max(ctx.settings.worker.lease_s / 3, 0.2)
+    renew = False  # take() took the lease; from then on it is renewed before every wait
+    while not stop.is_set():
+        try:
+            if renew:
+                ctx.store.renew_lease(execution_id, ctx.name)
+            renew = True
+            message = ctx.store.wait_signal(execution_id, interval)
+            if message == "cancel":
+                log.info("cancel requested; stopping the sandbox")
+                control.cancel()
+                return
+            if message == "stop":
+                return
+        except ServiceError as exc:
+            log.warning("lease renewal failed: %s", exc.message)
+            stop.wait(interval)
+
+
+def _observe_run(
+    ctx: Worker, language: str, run: RunOutcome | None, failure: ExecutionError | None, collector: Collector
+) -> None:
+    metrics = ctx.metrics
+    if run is None:
+        metrics.sandbox_failures.labels(failure.details.get("code", "unknown") if failure else "unknown").inc()
+        return
+    metrics.sandbox_start.labels(language).observe(run.start_ms / 1000)
+    metrics.run.labels(language).observe(run.run_ms / 1000)
+    metrics.output_bytes.labels("stdout").inc(len(run.stdout))
+    metrics.output_bytes.labels("stderr").inc(len(run.stderr))
+    metrics.artifact_bytes.inc(sum(a.size for a in collector.kept))
+    if run.oom_killed:
+        metrics.oom_kills.labels(language).inc()
+
+
+def _trace_run(ctx: Worker, record: ExecutionRecord, run: RunOutcome | None, parent: TraceContext) -> None:
+    """Spans for each phase, placed back in time from the durations the run measured."""
+    spans = ctx.spans
+    if not spans.enabled:
+        return
+    end = time.time_ns()
+    started = int((record.started_at or record.created_at) * 1e9)
+    spans.record("execbox.queue_wait", parent, int(record.created_at * 1e9), started)
+    spans.record("execbox.execution", parent, started, end, {"execution.id": record.id, "worker": ctx.name})
+    if run is None:
+        return
+    collect_start = end - int(run.collect_ms * 1e6)
+    run_start = collect_start - int(run.run_ms * 1e6)
+    spans.record("execbox.sandbox_create", parent, run_start - int(run.start_ms * 1e6), run_start)
+    spans.record("execbox.run", parent, run_start, collect_start, {"language": record.language})
+    spans.record("execbox.collect", parent, collect_start, end)
+
+
+def _quietly(action: Callable[[str], None], arg: str) -> None:
+    try:
+        action(arg)
+    except ServiceError as exc:
+        log.warning("clean-up step failed: %s", exc.message)
