@@ -4,11 +4,16 @@ network), per-run network slots, refusals, and secret headers sealed to the prox
 from __future__ import annotations
 
 import json
+import logging
+from dataclasses import dataclass, field
 
 import redis
 
+from execbox.core.errors import ServiceError
 from execbox.core.keys import Keys
 from execbox.core.redis import redis_errors, text
+
+log = logging.getLogger(__name__)
 
 _COOL = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], 'cooling', 'PX', ARGV[2]) end
@@ -95,3 +100,35 @@ class EgressStore:
                     data = json.loads(raw)
                     found.append((tenant, host, text(header), str(data["sealed"]), bool(data["tls"])))
         return sorted(found)
+
+
+@dataclass
+class RunEgress:
+    """One run's hold on the egress path (execbox.sandbox.runtime.EgressLease): the /28 it holds
+    for the run and its clean-up, then cooling down (see execbox.egress.main), and its rule kept
+    under the proxy's address on its network until `drop`."""
+
+    store: EgressStore
+    execution_id: str
+    rule_json: str
+    ttl_s: float
+    cooldown_s: float
+    addresses: list[str] = field(default_factory=list)
+
+    def reserve(self, subnet: str) -> bool:
+        return self.store.reserve_slot(subnet, self.execution_id, self.ttl_s + self.cooldown_s)
+
+    def release(self, subnet: str) -> None:
+        self.store.cool_slot(subnet, self.execution_id, self.cooldown_s)
+
+    def register(self, proxy_address: str) -> None:
+        self.store.put_rule(proxy_address, self.rule_json, self.ttl_s)
+        self.addresses.append(proxy_address)
+
+    def drop(self) -> None:
+        """The run is over: its rules go (they would expire anyway, so a failure is only logged)."""
+        for address in self.addresses:
+            try:
+                self.store.drop_rule(address)
+            except ServiceError as exc:
+                log.warning("clean-up step failed: %s", exc.message)

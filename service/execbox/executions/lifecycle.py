@@ -39,7 +39,7 @@ from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.core.tracing import Spans, TraceContext
 from execbox.egress.rules import EgressRule
-from execbox.egress.store import EgressStore
+from execbox.egress.store import EgressStore, RunEgress
 from execbox.executions.inputs import INPUTS_FILE
 from execbox.executions.live import LiveOutput
 from execbox.executions.outcome import Outcome, decide
@@ -176,12 +176,12 @@ def _run(
     metrics.queue_wait.labels(record.language).observe((record.timing.queue_wait_ms or 0.0) / 1000)
     if session is None:
         metrics.sandbox_starts.inc()  # a session call starts none
-    registered: list[str] = []  # the proxy addresses this run's egress rule is stored under
+    lease = _egress_lease(ctx, record, limits)
     live = LiveOutput(ctx.store.redis, ctx.store.keys, record.id, limits.output_bytes, ctx.settings.retention_s)
     if ctx.pool is not None:
         ctx.pool.run_started()  # no refill starts while the run is in progress
     try:
-        spec = dataclasses.replace(_spec(ctx, record, limits, collector, registered), on_output=live.write)
+        spec = dataclasses.replace(_spec(ctx, record, limits, collector, lease), on_output=live.write)
         run = ctx.runtime.run(spec, control) if session is None else session.run_cell(spec, record.code, control)
     except ServiceError as exc:
         failure = ExecutionError(
@@ -197,8 +197,8 @@ def _run(
         )
     finally:
         live.close()  # before the result is stored: the live output precedes the `end` event
-        for address in registered:
-            _quietly(ctx.egress.drop_rule, address)  # it expires anyway
+        if lease is not None:
+            lease.drop()
         stop.set()
         ctx.store.signal(record.id, "stop")  # wakes the watcher out of its blocking wait
         watcher.join(timeout=5)
@@ -228,7 +228,9 @@ def run_limits(policy: AppliedPolicy) -> Limits:
                   policy.disk_mb, policy.output_bytes)  # fmt: skip
 
 
-def _spec(ctx: Worker, record: ExecutionRecord, limits: Limits, collector: Collector, registered: list[str]) -> RunSpec:
+def _spec(
+    ctx: Worker, record: ExecutionRecord, limits: Limits, collector: Collector, lease: RunEgress | None
+) -> RunSpec:
     language = ctx.languages.get(record.language)
     # In a session the code goes to the kernel, not to a file.
     service_files = [(language.file, record.code.encode())] if record.session is None else []
@@ -257,15 +259,15 @@ def _spec(ctx: Worker, record: ExecutionRecord, limits: Limits, collector: Colle
         stdin=base64.b64decode(record.stdin_b64),
         collect_path="" if collector.root == "workspace" else "out",
         collector=collector,
-        egress=_egress(ctx, record, limits, registered),
+        egress=None if lease is None else _egress(ctx, lease),
         runtime=record.policy.runtime,
         seccomp_deny=tuple(record.policy.seccomp_deny),
         submitted_at=record.created_at,
     )
 
 
-def _egress(ctx: Worker, record: ExecutionRecord, limits: Limits, registered: list[str]) -> EgressSpec | None:
-    """The run's road out through the egress proxy, under an allowlist policy (None: no network)."""
+def _egress_lease(ctx: Worker, record: ExecutionRecord, limits: Limits) -> RunEgress | None:
+    """The run's hold on the egress path under an allowlist policy (None: no network at all)."""
     if not isinstance(record.policy.network, NetworkAllowlist):
         return None
     settings = ctx.settings.egress
@@ -279,23 +281,13 @@ def _egress(ctx: Worker, record: ExecutionRecord, limits: Limits, registered: li
         connect_timeout_s=settings.connect_timeout_s,
         idle_timeout_s=settings.idle_timeout_s,
     )
-    ttl = limits.timeout_s + ctx.settings.queue.setup_margin_s
+    ttl_s = limits.timeout_s + ctx.settings.queue.setup_margin_s
+    return RunEgress(ctx.egress, record.id, rule.to_json(), ttl_s, settings.slot_cooldown_s)
 
-    def register(address: str) -> None:
-        ctx.egress.put_rule(address, rule.to_json(), ttl)
-        registered.append(address)
 
-    store, execution_id = ctx.egress, record.id
-    return EgressSpec(
-        settings.container,
-        settings.port,
-        settings.subnet_pool,
-        register,
-        # Held for the run (and its clean-up), then cooling down: see execbox.egress.main.
-        reserve=lambda subnet: store.reserve_slot(subnet, execution_id, ttl + settings.slot_cooldown_s),
-        release=lambda subnet: store.cool_slot(subnet, execution_id, settings.slot_cooldown_s),
-        slot_wait_s=settings.slot_cooldown_s + 2.0,
-    )
+def _egress(ctx: Worker, lease: RunEgress) -> EgressSpec:
+    settings = ctx.settings.egress
+    return EgressSpec(settings.container, settings.port, settings.subnet_pool, lease, settings.slot_cooldown_s + 2.0)
 
 
 def input_archive(files: FileStore, refs: list[InputFileRef]) -> bytes:
@@ -387,10 +379,3 @@ def _trace_run(ctx: Worker, record: ExecutionRecord, run: RunOutcome | None, par
     spans.record("execbox.sandbox_create", parent, run_start - int(run.start_ms * 1e6), run_start)
     spans.record("execbox.run", parent, run_start, collect_start, {"language": record.language})
     spans.record("execbox.collect", parent, collect_start, end)
-
-
-def _quietly(action: Callable[[str], None], arg: str) -> None:
-    try:
-        action(arg)
-    except ServiceError as exc:
-        log.warning("clean-up step failed: %s", exc.message)

@@ -43,6 +43,23 @@ class Collector(Protocol):
     def __call__(self, chunks: Iterator[bytes]) -> None: ...
 
 
+class EgressLease(Protocol):
+    """The run's hold on the egress path (execbox.egress.store.RunEgress is the one). Only the
+    engine knows which /28 of the pool it can create a network in (another deployment on it may
+    hold one), so the runtime asks while it tries them."""
+
+    def reserve(self, subnet: str) -> bool:
+        """Claim a /28 of the pool (by its text) for this run; False when another run holds it or
+        its cool-down after a previous run has not passed."""
+
+    def release(self, subnet: str) -> None:
+        """The run's network is gone (or was never made): the /28 starts its cool-down."""
+
+    def register(self, proxy_address: str) -> None:
+        """The proxy's address on the run's network, before the program starts: the run's rule is
+        kept under it."""
+
+
 @dataclass(frozen=True)
 class EgressSpec:
     """Network through the egress proxy: the run gets a network of its own that only the proxy shares."""
@@ -50,14 +67,7 @@ class EgressSpec:
     proxy_container: str
     proxy_port: int
     subnet_pool: str
-    register: Callable[[str], None]
-    """Called with the proxy's address on the run's network before the program starts (the worker
-    stores the execution's rule under it)."""
-    reserve: Callable[[str], bool]
-    """Claim a /28 of the pool (by its text) for this run; False when another run holds it or its
-    cool-down after a previous run has not passed."""
-    release: Callable[[str], None]
-    """The run's network is gone: the /28 starts its cool-down."""
+    lease: EgressLease
     slot_wait_s: float = 0.0
     """How long to wait for a slot when every one is held or cooling down, before failing."""
 

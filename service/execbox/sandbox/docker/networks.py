@@ -57,12 +57,12 @@ class EgressNetworks:
             order = secrets.SystemRandom().sample(range(slots), min(slots, 16))
             for index in order:
                 subnet = ipaddress.ip_network((int(pool.network_address) + index * 16, 28))
-                if not egress.reserve(str(subnet)):
+                if not egress.lease.reserve(str(subnet)):
                     continue
                 network = self._create(execution_id, deployment, egress, subnet)
                 if network is not None:
                     return network
-                egress.release(str(subnet))  # another deployment on this engine holds it
+                egress.lease.release(str(subnet))  # another deployment on this engine holds it
             if time.monotonic() >= deadline:
                 raise RuntimeUnavailable(
                     f"no free /28 in the egress subnet pool {pool}: every slot tried is in use or cooling down "
@@ -89,10 +89,12 @@ class EgressNetworks:
             if "overlap" in str(exc).lower():
                 return None
             raise
-        network = EgressNetwork(str(created["Id"]), str(subnet[2]), egress.proxy_container, str(subnet), egress.release)
+        network = EgressNetwork(
+            str(created["Id"]), str(subnet[2]), egress.proxy_container, str(subnet), egress.lease.release
+        )
         try:
             api.connect_container_to_network(egress.proxy_container, network.id, ipv4_address=network.proxy)
-            egress.register(network.proxy)
+            egress.lease.register(network.proxy)
         except NotFound as exc:
             self.close(network)
             raise RuntimeUnavailable(
