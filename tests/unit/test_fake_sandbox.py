@@ -21,6 +21,8 @@ from prometheus_client import CollectorRegistry
 from execbox.core.metrics import loop_metrics
 from execbox.core.poison import Loops
 from execbox.core.settings import Settings
+from execbox.core.status import ExecutionStatus
+from execbox.executions.outputs import INLINE_OUTPUT_BYTES
 from execbox.sandbox.fake import FakeRuntime, Script, interpret
 from execbox.sessions.host import SessionHost
 from execbox.webhooks.delivery import WebhookConsumer
@@ -115,6 +117,49 @@ def test_declared_outputs_checks_and_artifacts_are_read_as_from_a_real_sandbox(a
     assert http.get(artifact["url"], headers=headers["alpha"]).content == b"three rows\n"
     assert judged_done["status"] == "failed" and judged_done["error"]["category"] == "check.failed", judged_done
     assert crashed_done["status"] == "failed" and crashed_done["error"]["category"] == "code.exception", crashed_done
+
+
+def test_a_large_output_is_written_once_before_the_terminal_transaction_even_when_it_retries(
+    api: Api, worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The outcome is decided (its blobs written) before the WATCH/MULTI loop; a concurrent write
+    to the record makes the loop run the change again, which writes nothing a second time."""
+    worker.fake.scripts["big()"] = Script(outputs={"big": "x" * INLINE_OUTPUT_BYTES})
+    created = submit(api, {"code": "big()"})
+    store, artifacts = worker.ctx.store, worker.ctx.artifacts
+    puts: list[tuple[str, bool]] = []  # (blob name, written inside the transaction)
+    changes: list[str] = []
+    inside: list[bool] = []
+    real_put, real_transition = artifacts.put, store.transition
+
+    def put(execution_id: str, name: str, data: Any, size: int) -> tuple[int, str]:
+        puts.append((name, bool(inside)))
+        return real_put(execution_id, name, data, size)
+
+    def transition(execution_id: str, allowed: Any, by: str, mutate: Any, lease: bool = False) -> Any:
+        if ExecutionStatus.RUNNING not in allowed:
+            return real_transition(execution_id, allowed, by, mutate, lease)
+
+        def racing(record: Any) -> Any:
+            changes.append(execution_id)
+            inside.append(True)
+            try:
+                if len(changes) == 1:
+                    store.update(execution_id, lambda r: None)  # another writer: this commit will fail
+                return mutate(record)
+            finally:
+                inside.pop()
+
+        return real_transition(execution_id, allowed, by, racing, lease)
+
+    monkeypatch.setattr(artifacts, "put", put)
+    monkeypatch.setattr(store, "transition", transition)
+    worker.run_one()
+
+    done = get(api, created["id"])
+    assert done["status"] == "succeeded" and done["outputs"]["big"]["artifact"] == "execbox-outputs/big.json", done
+    assert len(changes) == 2, "the terminal change ran again after the concurrent write"
+    assert puts == [("execbox-outputs/big.json", False)]
 
 
 def test_a_plan_advances_through_three_steps_run_by_the_worker(api: Api, worker: Worker) -> None:
