@@ -49,9 +49,12 @@ def roomy(side_stack: Callable[..., Side], tmp_path: Path) -> tuple[Side, dict[s
     return side, {tenant: create_key(side.env, tenant) for tenant in ("busy", "rated")}
 
 
-def test_three_hundred_waiting_clients_do_not_stall_the_api(roomy: tuple[Side, dict[str, str]]) -> None:
-    """Each waiter used to hold one of the API's 40 threads: 45 of them made /healthz take 27 s.
-    Now 300 clients wait at once (two workers, code that sleeps) while /healthz is probed."""
+def test_healthz_answers_in_tens_of_milliseconds_while_three_hundred_clients_wait(
+    roomy: tuple[Side, dict[str, str]],
+) -> None:
+    """What the README promises: /healthz stays in tens of milliseconds (its p95 under 100 ms)
+    while 300 clients wait at once (two workers, code that sleeps), and never stalls (each waiter
+    used to hold one of the API's 40 threads: 45 of them made /healthz take 27 s)."""
     side, keys = roomy
     side.worker("load-1")
     side.worker("load-2")
@@ -84,9 +87,12 @@ def test_three_hundred_waiting_clients_do_not_stall_the_api(roomy: tuple[Side, d
     ordered = sorted(probes)
     print(f"/healthz under 300 waiters: {len(ordered)} probes, p50 {ordered[len(ordered) // 2] * 1000:.0f} ms, "  # noqa: T201
           f"p95 {ordered[int(len(ordered) * 0.95)] * 1000:.0f} ms, max {ordered[-1] * 1000:.0f} ms")  # fmt: skip
-    # A stall is what this guards against (27 s before); 0.2 s was within reach of a busy 2-core host's noise.
-    # The typical figure (tens of ms, README) is bench/waiters.py's to measure, printed here for the log.
-    assert len(probes) > 50 and max(probes) < 0.5, (len(probes), max(probes), ordered[-5:])
+    # Measured on the 2-core host, 5 runs idle: p50 2-3 ms, p95 9-14 ms, max 160-378 ms; 3 runs beside
+    # two busy loops: p50 4-10 ms, p95 31-56 ms, max 150-425 ms. The slowest probe is the host's
+    # scheduling noise, not a stall (27 s before): it is held to 2 s, the p95 to what the README says.
+    p95 = ordered[int(len(ordered) * 0.95)]
+    assert len(probes) > 50 and p95 < 0.1, (len(probes), p95, ordered[-5:])
+    assert max(probes) < 2, ("a stall", ordered[-5:])
 
 
 def test_a_crashed_first_attempt_does_not_lock_its_idempotency_key(stack: Stack, redis_server: Redis) -> None:

@@ -62,18 +62,23 @@ def test_python_syntax_error(api: httpx.Client) -> None:
     assert error["details"]["type"] == "SyntaxError"
 
 
-def test_wall_clock_timeout_kills(api: httpx.Client) -> None:
+def test_a_1s_wall_clock_limit_kills_the_program_at_1s(api: httpx.Client) -> None:
     body = run_code(api, "import time\nprint('start', flush=True)\ntime.sleep(60)", timeout_s=1)
     assert_failed(body, "limit.timeout")
     assert body["stdout"] == "start\n"
     assert body["signal"] == "SIGKILL"
-    assert 900 <= body["timing"]["run_ms"] < 5000
+    # Measured, runc and runsc, 10 runs idle and 10 beside two busy loops: 1000.8-1005.1 ms. A
+    # quarter second leaves a busy host's thread wake-up latency room, and still tells 1 s from 2.
+    assert 1000 <= body["timing"]["run_ms"] < 1250, body["timing"]
 
 
-def test_cpu_time_limit(api: httpx.Client) -> None:
+def test_a_1s_cpu_time_limit_ends_a_busy_loop_within_5s_long_before_its_20s_wall_clock(api: httpx.Client) -> None:
     body = run_code(api, "while True:\n    pass\n", cpu_time_s=1, timeout_s=20)
     assert_failed(body, "limit.cpu")
-    assert body["timing"]["run_ms"] < 10000
+    # 1 s of CPU takes at least 1 s of wall clock, more when the loop shares the cores; gVisor has no
+    # RLIMIT_CPU, and the worker reads the cgroup's CPU time once a second. Measured, 5 runs each:
+    # runc 1014-1071 ms idle, 1780-1984 ms beside two busy loops; runsc 1008-2015 ms idle, 2010-3034 ms.
+    assert 1000 <= body["timing"]["run_ms"] < 5000, body["timing"]
 
 
 def test_memory_limit_is_oom(api: httpx.Client) -> None:
