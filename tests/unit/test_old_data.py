@@ -136,6 +136,15 @@ def test_old_artifact_blobs_and_input_files_are_served_byte_for_byte(old_stack: 
     assert printed["stdout"] == "hello from 7\n" and printed["status"] == "succeeded"
 
 
+def test_the_old_runs_step_executions_and_the_script_invocation_read_back(old_stack: InProcess) -> None:
+    run = META["answers"][f"/v1/runs/{META['run']}"]
+    for step in run["steps"].values():
+        done = old_stack.get(f"/v1/executions/{step['attempts'][-1]}", headers=as_("alpha")).json()
+        assert done["status"] == "succeeded" and done["outputs"] == step["outputs"], done
+    invoked = old_stack.get(f"/v1/executions/{META['script']['invocation']}", headers=as_("alpha")).json()
+    assert invoked["status"] == "succeeded" and invoked["stdout"] == "tick\n", invoked
+
+
 def test_an_old_idempotency_claim_still_answers_with_the_old_execution(old_stack: InProcess) -> None:
     again = old_stack.post("/v1/executions", json=META["idempotency"]["body"],
                            headers={**as_("alpha"), "Idempotency-Key": META["idempotency"]["key"]})  # fmt: skip
