@@ -7,7 +7,8 @@ blobs, and what its API answered for each thing. Here that export is loaded into
 redis-server, the current app is built by `create_app()` from the environment alone, and each
 thing is read back through the HTTP API and compared with the old answer: every field the old
 answer had keeps its value (new fields may be added). Then new work is accepted beside the old,
-and the current OpenAPI document keeps every old path, method, parameter and schema property.
+and the current OpenAPI document keeps every old path, method, parameter, schema property and
+enum value.
 
 Only the stable entry points are used (create_app, EXECBOX_* settings, HTTP, `execbox` CLI), so
 the tree may move underneath.
@@ -189,12 +190,13 @@ def _resolve(doc: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def fields(doc: dict[str, Any], schema: dict[str, Any], at: str = "", seen: frozenset[str] = frozenset()) -> set[str]:
-    """Every property path a schema describes ("artifacts[].name"), through $refs, unions and items."""
+    """Every property path a schema describes ("artifacts[].name") and each enum value it allows
+    ("error.category=limit.disk"), through $refs, unions and items."""
     ref = schema.get("$ref", "")
     if ref in seen:
         return set()
     schema, seen = _resolve(doc, schema), seen | {ref}
-    found = set()
+    found = {f"{at}={value}" for value in schema.get("enum", [])}  # stored values are never renamed
     for name, sub in schema.get("properties", {}).items():
         found |= {f"{at}{name}"} | fields(doc, sub, f"{at}{name}.", seen)
     for union in ("anyOf", "oneOf", "allOf"):
@@ -224,7 +226,7 @@ def surface(doc: dict[str, Any]) -> set[str]:
     return lines
 
 
-def test_the_openapi_document_keeps_every_old_path_method_and_schema_property() -> None:
+def test_the_openapi_document_keeps_every_old_path_method_schema_property_and_enum_value() -> None:
     old = json.loads((DATA / f"openapi-{COMMIT}.json").read_text())
     new = create_app().openapi()
     old_surface = surface(old)
