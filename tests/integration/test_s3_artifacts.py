@@ -243,6 +243,25 @@ def test_s3_keeps_the_checksum_with_the_object(seaweedfs: Cluster, size: int) ->
     assert head["Metadata"] == {"sha256": sha256}
 
 
+def test_s3_retention_also_aborts_uploads_left_open(seaweedfs: Cluster) -> None:
+    """A worker that died mid-upload leaves a multipart upload open (parts stored, no object):
+    retention aborts it once it is older than the cutoff, and leaves a younger one."""
+    store, client = seaweedfs.store(f"t-{uuid.uuid4().hex}"), seaweedfs.client()
+    key = f"{store.prefix}{execution_id()}/{hashlib.sha256(b'half').hexdigest()}"
+    upload = client.create_multipart_upload(Bucket=BUCKET, Key=key)["UploadId"]
+    client.upload_part(Bucket=BUCKET, Key=key, UploadId=upload, PartNumber=1, Body=b"x" * 1000)
+
+    def open_uploads() -> list[str]:
+        return [
+            u["UploadId"] for u in client.list_multipart_uploads(Bucket=BUCKET, Prefix=store.prefix).get("Uploads", [])
+        ]
+
+    assert store.delete_older_than(time.time() - 3600) == 0
+    assert open_uploads() == [upload]
+    assert store.delete_older_than(time.time() + 60) == 0  # no finished objects: no execution counted
+    assert open_uploads() == []
+
+
 def test_starting_the_script_again_finds_the_running_cluster(seaweedfs: Cluster) -> None:
     pids = {part: seaweedfs.pid(part) for part in ("master", "volume-1", "volume-2", "filer", "s3")}
     done = subprocess.run([SCRIPT], env={**os.environ, "SEAWEEDFS_ROOT": str(seaweedfs.root)}, capture_output=True,
