@@ -14,13 +14,13 @@ import pytest
 import redis
 
 from execbox.api import create_app
-from execbox.core.keys import Keys
 from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.core.tracing import TraceContext
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, Origin
 from execbox.executions.store import ExecutionStore
+from execbox.keyschema import Keys
 from execbox.plans.executor import Executor
 from execbox.sandbox.fake import FakeRuntime, Script
 from execbox.tenancy.apikeys import ApiKeys

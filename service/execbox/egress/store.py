@@ -7,8 +7,8 @@ import json
 
 import redis
 
-from execbox.core.keys import Keys
 from execbox.core.redis import redis_errors, text
+from execbox.egress.keys import EgressKeys
 
 _COOL = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], 'cooling', 'PX', ARGV[2]) end
@@ -16,7 +16,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], 'coolin
 
 
 class EgressStore:
-    def __init__(self, client: redis.Redis, keys: Keys, retention_s: int) -> None:
+    def __init__(self, client: redis.Redis, keys: EgressKeys, retention_s: int) -> None:
         self.redis = client
         self.keys = keys
         self._retention_s = retention_s

@@ -17,9 +17,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from execbox.catalog.policies import PolicyConfigError
-from execbox.core.errors import PolicyNotAllowed, QueueFull, RateLimited
-from execbox.core.keys import Keys
 from execbox.core.redis import redis_errors, text
+from execbox.tenancy.errors import PolicyNotAllowed, QueueFull, RateLimited
+from execbox.tenancy.keys import TenancyKeys
 
 _ADMIT = """
 local count = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -64,7 +64,7 @@ class Slots:
     and the tenant's queued or running executions (`t:active:{tenant}`, freed by the terminal
     transition itself, see execbox.executions.store)."""
 
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: TenancyKeys) -> None:
         self.redis = client
         self.keys = keys
 

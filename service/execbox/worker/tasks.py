@@ -17,7 +17,7 @@ from typing import Any
 
 from execbox.catalog.schemas import NetworkAllowlist
 from execbox.core import logs
-from execbox.core.errors import InputUnavailable, ServiceError
+from execbox.core.errors import ServiceError
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.core.tracing import TraceContext, parse_traceparent
 from execbox.egress.rules import EgressRule
@@ -28,6 +28,7 @@ from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, NetworkDenial, NetworkReport
 from execbox.executions.store import mark_expired_if_due
 from execbox.files.collect import RESULT_FILE, ArtifactCaps, Collector
+from execbox.files.errors import InputUnavailable
 from execbox.files.schemas import InputFileRef
 from execbox.sandbox.runtime import WORKDIR, EgressSpec, Limits, RunControl, RunOutcome, RunSpec, SessionSandbox
 from execbox.worker.context import WorkerContext, current, run_limits
