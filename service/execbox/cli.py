@@ -117,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         create_app(settings).state.services.schedules.run(stop)
     elif args.command == "migrate":
         from execbox.core.keymigration import migrate
-        from execbox.core.keys import Keys
         from execbox.core.redis import connect
+        from execbox.keyschema import Keys
 
         done = migrate(connect(settings), Keys(settings.redis.key_prefix))
         print(f"moved {done.moved} keys, merged {done.merged}, listed {done.untangled} index members as their tenant's")
@@ -146,10 +146,10 @@ def main(argv: list[str] | None = None) -> int:
 
         run_egress(settings, host=args.host)
     elif args.command == "secrets":
-        from execbox.core.keys import Keys
         from execbox.core.redis import connect
         from execbox.egress.sealing import Opener, SealingError, seal
         from execbox.egress.store import EgressStore
+        from execbox.keyschema import Keys
 
         store = EgressStore(connect(settings), Keys(settings.redis.key_prefix), settings.retention_s)
         public_key = settings.egress.public_key
@@ -176,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     elif args.command == "records":
         # Needs the Redis role that owns runs and schedules: run it where the API runs (its role).
-        from execbox.core.keys import Keys
         from execbox.core.redis import connect
+        from execbox.keyschema import Keys
         from execbox.plans.store import RunStore
         from execbox.schedules.store import ScheduleStore
 
@@ -194,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         import dataclasses
 
         from execbox.core.deadletters import DeadLetters
-        from execbox.core.keys import Keys
         from execbox.core.redis import connect
+        from execbox.keyschema import Keys
 
         letters = DeadLetters(connect(settings), Keys(settings.redis.key_prefix))
         if args.dead_command == "list":

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import redis
 
-from execbox.core.errors import PolicyNotAllowed, QueueFull, RateLimited
-from execbox.core.keys import Keys
 from execbox.core.settings import Settings
 from execbox.executions.queue import depth, enqueue, make_queue, restore_tickets, take_next
+from execbox.keyschema import Keys
+from execbox.tenancy.errors import PolicyNotAllowed, QueueFull, RateLimited
 from execbox.tenancy.quotas import Quotas, Slots
 from tests.unit.conftest import make_record
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from execbox.core.keys import SCHEMA, Keys
 from execbox.core.redis_roles import roles
 from execbox.core.settings import Settings
+from execbox.keyschema import SCHEMA, Keys
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE = ROOT / "service" / "execbox"
@@ -87,3 +87,25 @@ def test_default_paths_point_into_the_repository() -> None:
     settings = Settings()
     assert (settings.policies_dir / "default.yaml").is_file()
     assert (settings.images_dir / "python").is_dir()
+
+
+def test_every_rooms_keys_are_in_the_assembled_schema() -> None:
+    """A room's `keys.py` is part of the schema only once `execbox.keyschema` lists its table and its
+    class: each room's SCHEMA is in ROOM_SCHEMAS and each room's key class is one of Keys' bases."""
+    import importlib
+
+    from execbox.core.keys import KeyBuilder
+    from execbox.keyschema import ROOM_SCHEMAS
+
+    missing = []
+    for path in sorted(SERVICE.glob("*/keys.py")):
+        room = path.parent.name
+        module = importlib.import_module(f"execbox.{room}.keys")
+        if room != "core" and ROOM_SCHEMAS.get(room) is not getattr(module, "SCHEMA", None):
+            missing.append(f"{room}: SCHEMA not in keyschema.ROOM_SCHEMAS")
+        for value in vars(module).values():
+            owned = isinstance(value, type) and issubclass(value, KeyBuilder) and value.__module__ == module.__name__
+            if owned and not issubclass(Keys, value):
+                missing.append(f"{room}: {value.__name__} is not a base of keyschema.Keys")
+    assert missing == []
+    assert len({spec.pattern for spec in SCHEMA}) == len(SCHEMA), "a key pattern named by two rooms"

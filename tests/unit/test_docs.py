@@ -14,6 +14,8 @@ from execbox.api import create_app
 from execbox.core.config_reference import render
 from execbox.core.errors import ServiceError
 from execbox.core.settings import Settings
+from execbox.vocabulary import TABLES, section
+from execbox.vocabulary import render as render_table
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE = ROOT / "service" / "execbox"
@@ -28,6 +30,14 @@ def test_config_reference_is_current() -> None:
     start = text.index("<!-- config-reference:start -->\n") + len("<!-- config-reference:start -->\n")
     end = text.index("<!-- config-reference:end -->")
     assert text[start:end] == render(), "run scripts/config-reference"
+
+
+def test_architecture_key_schema_and_error_tables_are_current() -> None:
+    """docs/architecture.md's key-schema and error tables are what the rooms' keys.py and errors.py say."""
+    text = ARCHITECTURE.read_text()
+    for name in TABLES:
+        start, end = section(text, name)
+        assert text[start:end] == render_table(name), f"the {name} table is stale: run scripts/vocabulary-tables"
 
 
 # -- problem codes ---------------------------------------------------------------------------------

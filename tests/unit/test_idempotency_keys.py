@@ -7,10 +7,11 @@ import threading
 import pytest
 import redis
 
-from execbox.core.errors import IdempotencyMismatch, RequestError
-from execbox.core.keys import Keys
+from execbox.core.errors import RequestError
 from execbox.core.settings import Settings
+from execbox.executions.errors import IdempotencyMismatch
 from execbox.executions.idempotency import IdempotencyKeys, Outcome
+from execbox.keyschema import Keys
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.redis

@@ -17,8 +17,8 @@ from pydantic import SecretStr
 
 from execbox.api import create_app
 from execbox.core.keymigration import migrate
-from execbox.core.keys import SCHEMA, Keys
 from execbox.core.settings import Settings
+from execbox.keyschema import SCHEMA, Keys
 from execbox.tenancy.apikeys import RESERVED_TENANTS, TENANT_PATTERN, ApiKeys
 from tests.unit.conftest import InProcess
 
@@ -229,3 +229,10 @@ def test_the_migration_merges_into_keys_written_since(settings: Settings, client
     assert client.hgetall(keys.script("alpha", "a")) == {b"1.0.0": b"old", b"2.0.0": b"new"}
     assert 0 < client.ttl(keys.rate("alpha", 7)) <= 100, "a moved key keeps its expiry"
     assert list(client.scan_iter(match=f"{prefix}:runs:*")) == []
+
+
+def test_every_fixed_word_of_the_key_schema_is_reserved() -> None:
+    """The reserved names are written in tenancy (below the rooms that own the keys): a room's new key
+    with a new word must add it there."""
+    words = {segment for spec in SCHEMA for segment in spec.pattern.split(":") if not segment.startswith("{")}
+    assert sorted(words - RESERVED_TENANTS) == [], "add these to execbox.tenancy.apikeys.KEY_WORDS"

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from execbox.catalog.errors import UnknownLanguage, VariantNotAllowed
 from execbox.catalog.languages import LanguageConfigError, Languages
 from execbox.catalog.policies import PolicyConfigError, PolicySet
-from execbox.core.errors import UnknownLanguage, VariantNotAllowed
 from execbox.core.status import ErrorCategory
 from execbox.executions.classify import classify
 from execbox.sandbox.runtime import Limits, RunOutcome

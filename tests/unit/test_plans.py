@@ -14,7 +14,6 @@ import pytest
 import redis
 
 from execbox.api import create_app
-from execbox.core.keys import Keys
 from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.core.tracing import TraceContext
@@ -23,6 +22,7 @@ from execbox.executions.lifecycle import take as start_execution
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, Origin
 from execbox.executions.store import ExecutionStore
+from execbox.keyschema import Keys
 from execbox.plans.executor import Executor
 from execbox.sandbox.fake import FakeRuntime, Script
 from execbox.tenancy.apikeys import ApiKeys

@@ -21,7 +21,6 @@ from prometheus_client import CollectorRegistry
 from execbox.api import create_app
 from execbox.core.deadletters import DeadLetters
 from execbox.core.events import TERMINAL
-from execbox.core.keys import Keys
 from execbox.core.metrics import loop_metrics
 from execbox.core.poison import Loops
 from execbox.core.settings import Settings
@@ -29,6 +28,7 @@ from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, Webhook
 from execbox.executions.store import ExecutionStore
+from execbox.keyschema import Keys
 from execbox.plans.consumer import PlanConsumer
 from execbox.schedules.schemas import ScheduleCreate
 from execbox.tenancy.apikeys import ApiKeys

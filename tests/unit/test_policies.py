@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from execbox.catalog.errors import PolicyExceeded, UnknownPolicy
 from execbox.catalog.policies import PolicyConfigError, PolicySet
 from execbox.catalog.schemas import PolicyRequest
-from execbox.core.errors import PolicyExceeded, UnknownPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,15 +11,15 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from execbox.catalog.languages import Languages
-from execbox.core.keys import Keys
-from execbox.core.metrics import worker_metrics
 from execbox.core.settings import Settings
 from execbox.core.tracing import setup as setup_tracing
 from execbox.egress.store import EgressStore
+from execbox.executions.metrics import worker_metrics
 from execbox.executions.store import ExecutionStore
 from execbox.files.blobs import LocalArtifactStore
 from execbox.files.store import FileStore
 from execbox.fleet.registry import Heartbeat, WorkerRegistry
+from execbox.keyschema import Keys
 from execbox.sandbox.pool import PoolClass, Sizing, WarmPool
 from execbox.sandbox.poolsize import Demand, within_budget
 from execbox.sandbox.runtime import Limits, RunSpec

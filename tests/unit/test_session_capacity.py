@@ -9,9 +9,9 @@ import time
 import pytest
 import redis
 
-from execbox.core.keys import Keys
 from execbox.core.settings import Settings
 from execbox.fleet.registry import Heartbeat, WorkerRegistry
+from execbox.keyschema import Keys
 from execbox.sessions.store import SessionStore
 from execbox.tenancy.apikeys import ApiKeys
 from tests.unit.conftest import InProcess

@@ -15,7 +15,6 @@ import redis
 
 from execbox.catalog.policies import PolicySet
 from execbox.catalog.schemas import PolicyRequest
-from execbox.core.keys import Keys
 from execbox.core.settings import Settings
 from execbox.core.status import SessionEnd, SessionStatus
 from execbox.executions.classify import classify
@@ -23,6 +22,7 @@ from execbox.executions.live import LiveOutput
 from execbox.executions.outputs import rich_results
 from execbox.files.blobs import LocalArtifactStore
 from execbox.files.collect import ArtifactCaps, Collector
+from execbox.keyschema import Keys
 from execbox.sandbox.docker.capture import STDOUT, Capture
 from execbox.sandbox.protocol import done_marker
 from execbox.sandbox.runtime import RunOutcome

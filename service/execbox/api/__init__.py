@@ -18,6 +18,7 @@ from rq import Queue
 from execbox import __version__
 from execbox.api import mcp, problems
 from execbox.api.deps import Services
+from execbox.api.metrics import HttpMetrics, SharedStateCollector, api_metrics
 from execbox.api.routes import admin, executions, files, health, languages, runs, schedules, scripts
 from execbox.api.routes import sessions as sessions_routes
 from execbox.catalog.languages import Languages
@@ -25,8 +26,7 @@ from execbox.catalog.policies import PolicySet
 from execbox.core import logs
 from execbox.core.deadletters import DeadLetters
 from execbox.core.keymigration import migrate_at_start as migrate_keys
-from execbox.core.keys import Keys
-from execbox.core.metrics import DeadLetterCollector, HttpMetrics, SharedStateCollector, api_metrics
+from execbox.core.metrics import DeadLetterCollector
 from execbox.core.poison import LOOPS, Loops
 from execbox.core.redis import connect
 from execbox.core.settings import Settings
@@ -41,6 +41,7 @@ from execbox.executions.waits import Waiters
 from execbox.files.blobs import LocalArtifactStore
 from execbox.files.store import FileStore
 from execbox.fleet.registry import WorkerRegistry
+from execbox.keyschema import Keys
 from execbox.plans.consumer import PlanConsumer
 from execbox.plans.executor import Executor
 from execbox.plans.runs import Runs

@@ -9,9 +9,9 @@ from fastapi import Depends, Header, Request
 from prometheus_client import CollectorRegistry
 from rq import Queue
 
+from execbox.api.metrics import ApiMetrics
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
-from execbox.core.metrics import ApiMetrics
 from execbox.core.redis import redis_errors
 from execbox.core.settings import Settings
 from execbox.core.tracing import Spans

@@ -18,8 +18,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from execbox.catalog.errors import UnknownLanguage
 from execbox.catalog.schemas import LanguagePublic, RuntimePublic
-from execbox.core.errors import UnknownLanguage
 
 VARIANT_MARK = "@"
 

@@ -13,8 +13,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from execbox.catalog.errors import PolicyExceeded, UnknownPolicy, VariantNotAllowed
 from execbox.catalog.schemas import AppliedPolicy, NetworkAllowlist, PolicyRequest
-from execbox.core.errors import FieldProblem, PolicyExceeded, UnknownPolicy, VariantNotAllowed
+from execbox.core.errors import FieldProblem
 from execbox.egress.rules import HostPattern, uncovered
 
 DEFAULT_POLICY = "default"

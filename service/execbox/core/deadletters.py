@@ -9,7 +9,7 @@ from typing import Any
 import redis
 from redis.exceptions import WatchError
 
-from execbox.core.keys import Keys
+from execbox.core.keys import LoopKeys
 from execbox.core.poison import LOOPS, DeadLetter
 from execbox.core.redis import redis_errors, text
 
@@ -17,7 +17,7 @@ from execbox.core.redis import redis_errors, text
 class DeadLetters:
     """What the operator's CLI does with dead letters: list, show, replay, drop (admin role)."""
 
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: LoopKeys) -> None:
         self.redis, self.keys = client, keys
 
     def list(self, loop: str | None = None, limit: int = 100) -> list[DeadLetter]:

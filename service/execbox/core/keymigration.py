@@ -19,7 +19,7 @@ from typing import Any
 import redis
 
 from execbox.core.errors import ServiceError
-from execbox.core.keys import TENANT_SPACE, Keys
+from execbox.core.keys import TENANT_SPACE, LoopKeys
 from execbox.core.redis import redis_errors, text
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class Migration:
     """Members of a shared index that belonged to a tenant of the index's name, now listed as its own."""
 
 
-def migrate(client: redis.Redis, keys: Keys) -> Migration:
+def migrate(client: redis.Redis, keys: LoopKeys) -> Migration:
     """Move every key of the old layout under the tenant namespace; safe to run at any time, and again."""
     done = Migration()
     head = f"{keys.prefix}:"
@@ -65,7 +65,7 @@ def migrate(client: redis.Redis, keys: Keys) -> Migration:
     return done
 
 
-def migrate_at_start(client: redis.Redis, keys: Keys) -> None:
+def migrate_at_start(client: redis.Redis, keys: LoopKeys) -> None:
     """migrate(), for a process starting up: Redis not answering yet is logged, not fatal (the next
     start, or `execbox migrate`, moves what is left)."""
     try:
@@ -97,7 +97,7 @@ def _merge(client: redis.Redis, old: str, new: str) -> None:
     client.delete(old)
 
 
-def _untangle(client: redis.Redis, keys: Keys, index: str, record_kind: str, list_kind: str) -> int:
+def _untangle(client: redis.Redis, keys: LoopKeys, index: str, record_kind: str, list_kind: str) -> int:
     """List under the tenant's own key the members of a shared index that belong to a tenant of that name."""
     tenant = index.split(":")[1]
     ids = [text(i) for i in client.zrange(f"{keys.prefix}:{index}", 0, -1)]

@@ -29,7 +29,7 @@ from redis.exceptions import WatchError
 
 from execbox.core.errors import ServiceError
 from execbox.core.events import EVENTS_MAXLEN, EventStream
-from execbox.core.keys import Keys
+from execbox.core.keys import LoopKeys
 from execbox.core.metrics import LoopMetrics
 from execbox.core.redis import redis_errors, text
 
@@ -90,7 +90,7 @@ class Guard:
     only to one of them.
     """
 
-    def __init__(self, client: redis.Redis, keys: Keys, loop: str, sources: tuple[str, ...] = (),
+    def __init__(self, client: redis.Redis, keys: LoopKeys, loop: str, sources: tuple[str, ...] = (),
                  metrics: LoopMetrics | None = None, max_attempts: int = MAX_ATTEMPTS, backoff_s: float = BACKOFF_S,
                  clock: Callable[[], float] = time.time) -> None:  # fmt: skip
         if loop not in LOOPS:

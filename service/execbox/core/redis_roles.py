@@ -7,9 +7,9 @@ read egress rules or secrets; a worker cannot read API keys, idempotency records
 role can run administrative commands (CONFIG, ACL, FLUSHALL, MONITOR, DEBUG, KEYS, ...). Nobody
 can log in as the `default` user (it is off), so a connection without credentials can do nothing.
 
-The key schema lives in `execbox.core.keys` (prefix `p`, RQ's own keys under `rq:`). Patterns here name
-those keys; a key a role does not name is invisible to it. `%R~` grants read only, `%W~` write
-only (Redis 7 key permissions).
+The key schema is assembled in `execbox.keyschema` from each room's `keys` (prefix `p`, RQ's own
+keys under `rq:`). Patterns here name those keys; a key a role does not name is invisible to it.
+`%R~` grants read only, `%W~` write only (Redis 7 key permissions).
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ import logging
 import time
 
 from execbox.core import logs
-from execbox.core.keys import Keys
 from execbox.core.redis import connect
 from execbox.core.settings import Settings
+from execbox.egress.keys import EgressKeys
 from execbox.egress.proxy import Denied, EgressProxy, SecretHeader
 from execbox.egress.rules import EgressRule
 from execbox.egress.sealing import Opener, SealingError
@@ -59,7 +59,7 @@ class RedisRules:
 
 def run_egress(settings: Settings, host: str = "0.0.0.0") -> None:
     logs.configure(settings.log_level, "egress")
-    store = EgressStore(connect(settings), Keys(settings.redis.key_prefix), settings.retention_s)
+    store = EgressStore(connect(settings), EgressKeys(settings.redis.key_prefix), settings.retention_s)
     egress = settings.egress
     opener = Opener(egress.private_key_file) if egress.private_key_file else None
     proxy = EgressProxy(

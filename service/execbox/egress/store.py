@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import redis
 
 from execbox.core.errors import ServiceError
-from execbox.core.keys import Keys
 from execbox.core.redis import redis_errors, text
+from execbox.egress.keys import EgressKeys
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], 'coolin
 
 
 class EgressStore:
-    def __init__(self, client: redis.Redis, keys: Keys, retention_s: int) -> None:
+    def __init__(self, client: redis.Redis, keys: EgressKeys, retention_s: int) -> None:
         self.redis = client
         self.keys = keys
         self._retention_s = retention_s

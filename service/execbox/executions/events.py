@@ -15,7 +15,7 @@ Every process that changes statuses calls `subscribe` once, after building its s
 
 from __future__ import annotations
 
-from execbox.core.metrics import OutcomeMetrics
+from execbox.executions.metrics import OutcomeMetrics
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.store import ExecutionStore
 

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 import redis
 
-from execbox.core.errors import FieldProblem, IdempotencyInProgress, IdempotencyMismatch, RequestError
-from execbox.core.keys import Keys
+from execbox.core.errors import FieldProblem, RequestError
 from execbox.core.redis import redis_errors
+from execbox.executions.errors import IdempotencyInProgress, IdempotencyMismatch
+from execbox.executions.keys import ExecutionKeys
 
 KEY_PATTERN = re.compile(r"^[\x21-\x7e]{1,255}$")
 _PENDING = "pending"
@@ -52,7 +53,7 @@ class Outcome:
 class IdempotencyKeys:
     def __init__(self, client: redis.Redis, prefix: str, ttl_s: int, wait_s: float = 30.0) -> None:
         self._redis = client
-        self._keys = Keys(prefix)
+        self._keys = ExecutionKeys(prefix)
         self._ttl_s = ttl_s
         self._wait_s = wait_s
 

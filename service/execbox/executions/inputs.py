@@ -11,8 +11,9 @@ import binascii
 import json
 from dataclasses import dataclass
 
+from execbox.catalog.errors import PolicyExceeded
 from execbox.catalog.schemas import AppliedPolicy
-from execbox.core.errors import FieldProblem, InvalidRequest, PolicyExceeded
+from execbox.core.errors import FieldProblem, InvalidRequest
 from execbox.executions.schemas import ExecutionCreate
 from execbox.files.schemas import InputFileRef
 from execbox.files.store import FileStore

@@ -33,8 +33,7 @@ from typing import Protocol
 
 from execbox.catalog.languages import Languages
 from execbox.catalog.schemas import AppliedPolicy, NetworkAllowlist
-from execbox.core.errors import InputUnavailable, ServiceError
-from execbox.core.metrics import WorkerMetrics
+from execbox.core.errors import ServiceError
 from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.core.tracing import Spans, TraceContext
@@ -42,6 +41,7 @@ from execbox.egress.rules import EgressRule
 from execbox.egress.store import EgressStore, RunEgress
 from execbox.executions.inputs import INPUTS_FILE
 from execbox.executions.live import LiveOutput
+from execbox.executions.metrics import WorkerMetrics
 from execbox.executions.outcome import Outcome, decide
 from execbox.executions.outputs import read_files
 from execbox.executions.record import ExecutionRecord
@@ -49,6 +49,7 @@ from execbox.executions.schemas import ExecutionError
 from execbox.executions.store import ExecutionStore, mark_expired_if_due
 from execbox.files.blobs import ArtifactStore
 from execbox.files.collect import RESULT_FILE, ArtifactCaps, Collector
+from execbox.files.errors import InputUnavailable
 from execbox.files.schemas import InputFileRef
 from execbox.files.store import FileStore
 from execbox.sandbox.pool import WarmPool

@@ -27,8 +27,8 @@ import redis
 import redis.asyncio as aioredis
 
 from execbox.core.errors import ServiceError
-from execbox.core.keys import Keys
 from execbox.core.redis import redis_errors, text
+from execbox.executions.keys import ExecutionKeys
 
 log = logging.getLogger(__name__)
 STREAM_MAXLEN = 10_000
@@ -38,7 +38,9 @@ END = "end"
 STREAMS = {1: "stdout", 2: "stderr"}
 
 
-def append(pipe: redis.client.Pipeline, keys: Keys, execution_id: str, event: str, data: Any, ttl_s: int) -> None:
+def append(
+    pipe: redis.client.Pipeline, keys: ExecutionKeys, execution_id: str, event: str, data: Any, ttl_s: int
+) -> None:
     """Queue one event on a pipeline (the caller's transaction)."""
     key = keys.stream(execution_id)
     pipe.xadd(key, {"event": event, "data": json.dumps(data)}, maxlen=STREAM_MAXLEN, approximate=True)
@@ -49,7 +51,7 @@ class LiveOutput:
     """The worker's writer of one run's stdout and stderr events: coalesced, capped, flushed by a
     thread of its own (a slow Redis never blocks the reader of the sandbox's streams)."""
 
-    def __init__(self, client: redis.Redis, keys: Keys, execution_id: str, cap: int, ttl_s: int) -> None:
+    def __init__(self, client: redis.Redis, keys: ExecutionKeys, execution_id: str, cap: int, ttl_s: int) -> None:
         self._client, self._keys, self._id, self._cap, self._ttl = client, keys, execution_id, cap, ttl_s
         self._pending: dict[int, bytearray] = {1: bytearray(), 2: bytearray()}
         self._decoders = {fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in STREAMS}
@@ -109,7 +111,7 @@ class LiveOutput:
 
 
 async def read(
-    client: aioredis.Redis, keys: Keys, execution_id: str, after: str, block_ms: int
+    client: aioredis.Redis, keys: ExecutionKeys, execution_id: str, after: str, block_ms: int
 ) -> AsyncIterator[tuple[str, str, str] | None]:
     """(id, event, data JSON) from the stream after `after` ("0" for all), until `end`; None
     each time block_ms passes without one (the caller sends a keepalive)."""

@@ -33,9 +33,9 @@ import redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from execbox.core.keys import Keys
 from execbox.core.redis import redis_errors
 from execbox.core.settings import Settings
+from execbox.executions.keys import ExecutionKeys
 from execbox.executions.record import ExecutionRecord
 
 TASK = "execbox.worker.tasks.run_next"
@@ -78,7 +78,9 @@ class Entry:
 
 
 def _keys(settings: Settings) -> tuple[str, str, str]:
-    return Keys(settings.redis.key_prefix).queue(settings.queue.name)  # a queue's tickets serve its own entries
+    return ExecutionKeys(settings.redis.key_prefix).queue(
+        settings.queue.name
+    )  # a queue's tickets serve its own entries
 
 
 def _ticket(queue: Queue, settings: Settings, backstop_s: int, description: str, pipe: redis.client.Pipeline) -> None:

@@ -1,7 +1,7 @@
 """Execution records in Redis: creation, atomic status transitions, leases, signals and sweeps.
 
-Keys: execbox.core.keys (exe, deadlines, running, lease, cancel, done, events, active). A status
-change is a WATCH/MULTI compare-and-set; a terminal one also appends the outbox event, frees the
+Keys: execbox.executions.keys (exe, deadlines, running, lease, cancel, done, events) and tenancy's
+active set. A status change is a WATCH/MULTI compare-and-set; a terminal one also appends the outbox event, frees the
 tenant's quota slot (execbox.tenancy.quotas.free, the room that takes it) and drops the lease in
 the same transaction. A mutation only edits the record: it may run again on a retry, so it
 writes nothing else (the lifecycle writes its blobs before).
@@ -15,11 +15,11 @@ from collections.abc import Callable
 import redis
 
 from execbox.core.events import TERMINAL, EventStream
-from execbox.core.keys import Keys
 from execbox.core.redis import compare_and_set, redis_errors, text
 from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions import live
+from execbox.executions.keys import ExecutionKeys
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, Transition
 from execbox.tenancy import quotas
@@ -30,7 +30,7 @@ Mutation = Callable[[ExecutionRecord], "ExecutionStatus | None"]
 class ExecutionStore:
     def __init__(self, client: redis.Redis, settings: Settings) -> None:
         self.redis = client
-        self.keys = Keys(settings.redis.key_prefix)
+        self.keys = ExecutionKeys(settings.redis.key_prefix)
         self._retention_s = settings.retention_s
         self._lease_s = settings.worker.lease_s
         self.events = EventStream(client, self.keys.events)

@@ -20,14 +20,16 @@ from typing import Protocol
 from pydantic import BaseModel
 from rq import Queue
 
+from execbox.catalog.errors import PolicyExceeded
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet, runtime_problems
 from execbox.catalog.schemas import AppliedPolicy
 from execbox.catalog.webhook_hosts import host_allowed
-from execbox.core.errors import ConflictError, ExecutionNotFound, FieldProblem, InvalidRequest, PolicyExceeded
+from execbox.core.errors import ConflictError, FieldProblem, InvalidRequest
 from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.core.tracing import Spans, TraceContext, from_traceparent
+from execbox.executions.errors import ExecutionNotFound
 from execbox.executions.idempotency import IdempotencyKeys
 from execbox.executions.inputs import prepare
 from execbox.executions.queue import depth, enqueue

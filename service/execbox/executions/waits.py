@@ -23,9 +23,9 @@ from redis.exceptions import BusyLoadingError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from execbox.core.keys import Keys
 from execbox.core.redis import redis_errors
 from execbox.core.settings import Settings
+from execbox.executions.keys import ExecutionKeys
 from execbox.executions.record import ExecutionRecord
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ T = TypeVar("T")
 
 class Waiters:
     def __init__(self, settings: Settings) -> None:
-        self._keys = Keys(settings.redis.key_prefix)
+        self._keys = ExecutionKeys(settings.redis.key_prefix)
         # A few connections shared by every request of the process: a burst of reads queues for
         # one (bounded by the socket timeout) instead of opening hundreds.
         # Connections found dead (Redis restarted, or still loading its AOF) are replaced and the

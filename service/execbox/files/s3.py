@@ -94,7 +94,8 @@ class S3ArtifactStore:
         self._client_pid = -1
         self._client_obj: Any = None
 
-    def _client(self) -> Any:
+    def client(self) -> Any:
+        """This process's boto3 S3 client (for the store's own calls, tools and tests' stubs)."""
         # One client per process, made on first use: a client is thread-safe but its connection
         # pool must not be shared with a process RQ forked (a work horse) after it was made.
         with self._lock:
@@ -109,7 +110,7 @@ class S3ArtifactStore:
 
     def ensure_bucket(self) -> None:
         """Create the bucket unless it exists (tests, a first start; in production the operator makes it)."""
-        client = self._client()
+        client = self.client()
         try:
             with _mapped("head_bucket"):
                 client.head_bucket(Bucket=self.bucket)
@@ -147,7 +148,7 @@ class S3ArtifactStore:
             part.seek(0)
             return part, length
 
-        client = self._client()
+        client = self.client()
         part, length = next_part()
         if length < self.part_size:  # all of it fits in one part: a single PUT
             metadata = {"sha256": digest.hexdigest()}
@@ -196,7 +197,7 @@ class S3ArtifactStore:
     def read(self, execution_id: str, name: str) -> Iterator[bytes]:
         key = self._key(execution_id, name)
         with _mapped("get_object"):
-            body = self._client().get_object(Bucket=self.bucket, Key=key)["Body"]
+            body = self.client().get_object(Bucket=self.bucket, Key=key)["Body"]
         try:
             with _mapped("get_object (body)"):
                 yield from body.iter_chunks(_CHUNK)
@@ -206,20 +207,20 @@ class S3ArtifactStore:
     def size(self, execution_id: str, name: str) -> int:
         with _mapped("head_object"):
             return int(
-                self._client().head_object(Bucket=self.bucket, Key=self._key(execution_id, name))["ContentLength"]
+                self.client().head_object(Bucket=self.bucket, Key=self._key(execution_id, name))["ContentLength"]
             )
 
     def sha256(self, execution_id: str, name: str) -> str | None:
         """The checksum kept with the object when it was stored (None for an object stored without one)."""
         with _mapped("head_object"):
-            head = self._client().head_object(Bucket=self.bucket, Key=self._key(execution_id, name))
+            head = self.client().head_object(Bucket=self.bucket, Key=self._key(execution_id, name))
         value = head.get("Metadata", {}).get("sha256")
         return str(value) if value else None
 
     def delete_older_than(self, cutoff: float) -> int:
         """Remove each execution whose newest artifact was stored before `cutoff`, as the local
         store removes a directory not modified since; also abort uploads left open since then."""
-        client = self._client()
+        client = self.client()
         removed = 0
         # Keys are listed in order, so one execution's objects come together: only one execution's
         # keys are held at a time, however many the bucket has.

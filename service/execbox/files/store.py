@@ -9,8 +9,8 @@ import time
 
 import redis
 
-from execbox.core.keys import Keys
 from execbox.core.redis import redis_errors
+from execbox.files.keys import FileKeys
 from execbox.files.schemas import FilePublic
 
 
@@ -19,7 +19,7 @@ def new_file_id() -> str:
 
 
 class FileStore:
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: FileKeys) -> None:
         self.redis = client
         self.keys = keys
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import redis
 
-from execbox.core.keys import Keys
 from execbox.core.redis import redis_errors
+from execbox.fleet.keys import FleetKeys
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Heartbeat:
 
 
 class WorkerRegistry:
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: FleetKeys) -> None:
         self.redis = client
         self.keys = keys
 

@@ -23,7 +23,6 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from execbox.core.errors import CapacityError, InfrastructureError, ServiceError
-from execbox.core.metrics import PlanMetrics
 from execbox.core.status import ExecutionStatus
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionCreate
@@ -31,6 +30,7 @@ from execbox.executions.submit import Submissions
 from execbox.files.blobs import ArtifactStore
 from execbox.plans import approvals
 from execbox.plans.dispatch import Dispatcher, MissingArtifact, StepRefused, script_request
+from execbox.plans.metrics import PlanMetrics
 from execbox.plans.refs import RefError, resolve
 from execbox.plans.schemas import (
     ApprovalStatus,

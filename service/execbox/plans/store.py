@@ -20,11 +20,11 @@ import redis
 from pydantic import ValidationError
 from redis.exceptions import LockError
 
-from execbox.core.errors import RunBusy
 from execbox.core.events import EventStream
-from execbox.core.keys import Keys
 from execbox.core.readable import readable
 from execbox.core.redis import redis_errors, text
+from execbox.plans.errors import RunBusy
+from execbox.plans.keys import PlanKeys
 from execbox.plans.schemas import ApprovalPublic, RunRecord
 
 M = TypeVar("M", RunRecord, ApprovalPublic)
@@ -40,7 +40,7 @@ def new_id(prefix: str) -> str:
 
 
 class RunStore:
-    def __init__(self, client: redis.Redis, keys: Keys, retention_s: int) -> None:
+    def __init__(self, client: redis.Redis, keys: PlanKeys, retention_s: int) -> None:
         self.redis = client
         self.keys = keys
         self._retention_s = retention_s

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from execbox.core.errors import RuntimeUnavailable
+from execbox.sandbox.errors import RuntimeUnavailable
 from execbox.sandbox.runtime import WORKDIR, ContainerInfo, RunControl, RunOutcome, RunSpec
 
 FAKE_IMAGE_ID = "sha256:fake"

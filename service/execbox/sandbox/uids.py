@@ -16,9 +16,9 @@ from typing import Protocol
 
 import redis
 
-from execbox.core.errors import RuntimeUnavailable
-from execbox.core.keys import Keys
 from execbox.core.redis import redis_errors
+from execbox.sandbox.errors import RuntimeUnavailable
+from execbox.sandbox.keys import SandboxKeys
 
 UID_HOLD_S = 4 * 3600
 """Longest a sandbox uid stays reserved when its worker died holding it (a warm container waits at
@@ -87,7 +87,7 @@ class SharedUids:
         self._give_back(uid)
 
 
-def redis_uids(client: redis.Redis, keys: Keys, uid_range: str) -> SharedUids:
+def redis_uids(client: redis.Redis, keys: SandboxKeys, uid_range: str) -> SharedUids:
     """SharedUids reserved in the deployment's Redis (key `uid:{uid}`)."""
 
     def claim(uid: int) -> bool:

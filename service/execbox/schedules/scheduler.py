@@ -25,11 +25,12 @@ from functools import partial
 from pydantic import ValidationError
 
 from execbox.core.errors import ServiceError
-from execbox.core.metrics import LoopMetrics, ScheduleMetrics
+from execbox.core.metrics import LoopMetrics
 from execbox.core.poison import Guard
 from execbox.executions.schemas import Origin
 from execbox.executions.store import ExecutionStore
 from execbox.schedules import calendar
+from execbox.schedules.metrics import ScheduleMetrics
 from execbox.schedules.schemas import Firing, Schedule, ScheduleCreate
 from execbox.schedules.schemas import FiringStatus as Status
 from execbox.schedules.store import ScheduleStore

@@ -11,9 +11,9 @@ import time
 import redis
 from pydantic import ValidationError
 
-from execbox.core.keys import Keys
 from execbox.core.readable import readable
 from execbox.core.redis import redis_errors, text
+from execbox.schedules.keys import ScheduleKeys
 from execbox.schedules.schemas import MAX_MISFIRE_GRACE_S, Firing, Schedule
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ MIN_CLAIM_S = 60
 
 
 class ScheduleStore:
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: ScheduleKeys) -> None:
         self.redis = client
         self.keys = keys
 

@@ -24,7 +24,6 @@ import redis
 from pydantic import BaseModel, Field
 
 from execbox.core.events import TERMINAL
-from execbox.core.keys import Keys
 from execbox.core.metrics import LoopMetrics
 from execbox.core.poison import Guard, consume
 from execbox.core.redis import redis_errors, text
@@ -32,6 +31,7 @@ from execbox.core.status import ExecutionStatus
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, StoredWebhook
 from execbox.executions.store import ExecutionStore
+from execbox.schedules.keys import ScheduleKeys
 from execbox.schedules.store import ScheduleStore
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def surprise_of(record: ExecutionRecord, successes: bool = False) -> Surprise | 
 
 
 class Surprises:
-    def __init__(self, client: redis.Redis, keys: Keys, executions: ExecutionStore, schedules: ScheduleStore,
+    def __init__(self, client: redis.Redis, keys: ScheduleKeys, executions: ExecutionStore, schedules: ScheduleStore,
                  retention_s: int) -> None:  # fmt: skip
         self.redis, self.keys, self._retention_s = client, keys, retention_s
         self._executions, self._schedules = executions, schedules
@@ -125,7 +125,9 @@ class Surprises:
             pipe.execute()
 
 
-def stored_surprise(client: redis.Redis, keys: Keys, execution_id: str) -> tuple[dict[str, Any], StoredWebhook] | None:
+def stored_surprise(
+    client: redis.Redis, keys: ScheduleKeys, execution_id: str
+) -> tuple[dict[str, Any], StoredWebhook] | None:
     """The event and the webhook to deliver it to (for the workers' webhook consumer)."""
     with redis_errors():
         raw = client.get(keys.surprise(execution_id))

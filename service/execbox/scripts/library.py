@@ -19,12 +19,13 @@ from pydantic import Field, ValidationError
 
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
-from execbox.core.errors import FieldProblem, InvalidRequest, RunConflict, ScriptNotFound
+from execbox.core.errors import FieldProblem, InvalidRequest, RunConflict
 from execbox.core.readable import schema_problems
 from execbox.core.status import ExecutionStatus
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionCreate, Expect, InputFile, Origin
 from execbox.executions.submit import Submission, Submissions, request_digest
+from execbox.scripts.errors import ScriptNotFound
 from execbox.scripts.schemas import (
     VERSION_PATTERN,
     Promote,

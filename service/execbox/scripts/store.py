@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import redis
 
-from execbox.core.keys import Keys
 from execbox.core.redis import redis_errors, text
+from execbox.scripts.keys import ScriptKeys
 from execbox.scripts.schemas import ScriptVersion
 
 
 class ScriptStore:
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: ScriptKeys) -> None:
         self.redis = client
         self.keys = keys
 

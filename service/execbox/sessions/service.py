@@ -13,18 +13,11 @@ import secrets
 import time
 from dataclasses import dataclass
 
+from execbox.catalog.errors import PolicyExceeded
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.catalog.schemas import AppliedPolicy, PolicyRequest
-from execbox.core.errors import (
-    FieldProblem,
-    InvalidRequest,
-    PolicyExceeded,
-    PolicyNotAllowed,
-    RateLimited,
-    SessionEnded,
-    SessionNotFound,
-)
+from execbox.core.errors import FieldProblem, InvalidRequest
 from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus, SessionEnd, SessionStatus
 from execbox.core.tracing import from_traceparent
@@ -34,9 +27,11 @@ from execbox.executions.schemas import ExecutionCreate, ExecutionError
 from execbox.executions.store import ExecutionStore
 from execbox.files.store import FileStore
 from execbox.fleet.registry import WorkerRegistry
+from execbox.sessions.errors import SessionEnded, SessionNotFound
 from execbox.sessions.record import SessionRecord
 from execbox.sessions.schemas import SessionCreate
 from execbox.sessions.store import SessionStore
+from execbox.tenancy.errors import PolicyNotAllowed, RateLimited
 from execbox.tenancy.quotas import Quotas
 
 

@@ -1,4 +1,4 @@
-"""Sessions in Redis (keys under `ses:`, see execbox.core.keys).
+"""Sessions in Redis (keys under `ses:`, see execbox.sessions.keys).
 
 A session's record changes only by compare-and-set. Its executions wait on its own list
 (`ses:{id}:cells`), never on the shared queue: the worker holding the session pops them in order
@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 import redis
 
-from execbox.core.keys import Keys
 from execbox.core.redis import compare_and_set, redis_errors, text
 from execbox.core.status import ErrorCategory, SessionEnd, SessionStatus
 from execbox.executions.schemas import ExecutionError
+from execbox.sessions.keys import SessionKeys
 from execbox.sessions.record import SessionRecord
 
 WAKE = "wake"
@@ -34,7 +34,7 @@ return 'ok'
 
 
 class SessionStore:
-    def __init__(self, client: redis.Redis, keys: Keys, retention_s: int) -> None:
+    def __init__(self, client: redis.Redis, keys: SessionKeys, retention_s: int) -> None:
         self.redis = client
         self.keys = keys
         self.retention_s = retention_s

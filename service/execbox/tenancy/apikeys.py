@@ -18,16 +18,25 @@ from typing import Annotated
 import redis
 from pydantic import AfterValidator
 
-from execbox.core.errors import InvalidKey
-from execbox.core.keys import SCHEMA, TENANT_SPACE, Keys
+from execbox.core.keys import TENANT_SPACE
 from execbox.core.redis import redis_errors
+from execbox.tenancy.errors import InvalidKey
+from execbox.tenancy.keys import TenancyKeys
 
 TENANT_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 DEFAULT_TENANT = "default"
-RESERVED_TENANTS = frozenset(
-    {segment for spec in SCHEMA for segment in spec.pattern.split(":") if not segment.startswith("{")}
-    | {TENANT_SPACE, "admin", "operator", "shared", "system", "execbox", "all", "everyone", "none", "null"}
-)
+KEY_WORDS = frozenset(
+    {"active", "apikey", "apikeys", "approval", "approvals", "cancel", "cells", "dead", "deadlines", "denied",
+     "done", "due", "egress", "events", "exe", "file", "firings", "idem", "lease", "live", "members", "open",
+     "pending", "poison", "q", "rate", "replay", "ring", "rule", "run", "runlock", "running", "runs", "schedule",
+     "schedules", "script", "scripts", "scriptuse", "secret", "ses", "slot", "starts", "surprise", "surprises",
+     "tenant", "uid", "worker"}
+)  # fmt: skip
+"""Every fixed word of the key schema. The rooms own their keys and sit above tenancy, so the list is
+written here; tests/unit/test_key_schema.py fails, naming the word, when a room's new key adds one."""
+RESERVED_TENANTS = KEY_WORDS | {
+    TENANT_SPACE, "admin", "operator", "shared", "system", "execbox", "all", "everyone", "none", "null"
+}  # fmt: skip
 """Names no new tenant may take: every fixed word of the key schema (`active`, `due`, `live`, ...) and
 the service's own words. Keys are safe without this (a tenant's keys live under `t:`, see
 execbox.core.keys); refusing them keeps logs, metrics and the operator's reading unambiguous too."""
@@ -75,7 +84,7 @@ def _digest(key: str) -> str:
 class ApiKeys:
     def __init__(self, client: redis.Redis, prefix: str) -> None:
         self._redis = client
-        self._keys = Keys(prefix)
+        self._keys = TenancyKeys(prefix)
 
     def _key(self, digest: str) -> str:
         return self._keys.api_key(digest)

@@ -17,9 +17,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from execbox.catalog.policies import PolicyConfigError
-from execbox.core.errors import PolicyNotAllowed, QueueFull, RateLimited
-from execbox.core.keys import Keys
 from execbox.core.redis import redis_errors, text
+from execbox.tenancy.errors import PolicyNotAllowed, QueueFull, RateLimited
+from execbox.tenancy.keys import TenancyKeys
 
 _ADMIT = """
 local count = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -64,7 +64,7 @@ class Slots:
     and the tenant's queued or running executions (`t:active:{tenant}`): a slot is taken here at
     admission and freed here (`free`), queued into the execution's terminal transition."""
 
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: TenancyKeys) -> None:
         self.redis = client
         self.keys = keys
 
@@ -97,7 +97,7 @@ class Slots:
         return freed
 
 
-def free(target: redis.Redis | redis.client.Pipeline, keys: Keys, tenant: str, execution_id: str) -> None:
+def free(target: redis.Redis | redis.client.Pipeline, keys: TenancyKeys, tenant: str, execution_id: str) -> None:
     """Give the execution's slot back; on a pipeline, as part of that transaction (the terminal
     transition frees it in the same commit that ends the execution)."""
     target.zrem(keys.active(tenant), execution_id)

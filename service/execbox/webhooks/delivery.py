@@ -43,6 +43,7 @@ from execbox.executions.store import ExecutionStore
 from execbox.plans import handoff
 from execbox.plans.store import RunStore
 from execbox.schedules.surprises import stored_surprise
+from execbox.webhooks.keys import WebhookKeys
 
 log = logging.getLogger(__name__)
 GROUP = DURABLE_GROUPS[0]
@@ -62,9 +63,10 @@ class WebhookConsumer:
     def __init__(self, store: ExecutionStore, settings: WebhookSettings, name: str,
                  metrics: LoopMetrics | None = None) -> None:  # fmt: skip
         self._store = store
-        self._retries = DueSet(store.redis, store.keys.due("webhooks"))
+        self._keys = WebhookKeys(store.keys.prefix)  # the runs' and surprises' keys too, not only executions'
+        self._retries = DueSet(store.redis, self._keys.due("webhooks"))
         """Executions (by id) and run events (as JSON) whose next delivery attempt is due at a time."""
-        self._runs = RunStore(store.redis, store.keys, 0)  # read only
+        self._runs = RunStore(store.redis, self._keys, 0)  # read only
         self._settings = settings
         self._name = name
         self.guard = Guard(store.redis, store.keys, "webhooks", (store.keys.events, self._retries.key), metrics)
@@ -122,7 +124,7 @@ class WebhookConsumer:
     def _payload(self, event: dict[str, str]) -> tuple[dict[str, Any], StoredWebhook, str, dict[str, str]] | None:
         """(body, webhook, trace id, headers) of an event, or None when there is nothing to send."""
         if event["type"] in SCRIPT_EVENTS:
-            stored = stored_surprise(self._store.redis, self._store.keys, event["id"])
+            stored = stored_surprise(self._store.redis, self._keys, event["id"])
             if stored is None:
                 return None
             surprise, webhook = stored

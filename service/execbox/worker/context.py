@@ -12,9 +12,7 @@ from prometheus_client import CollectorRegistry
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import DEFAULT_POLICY, PolicySet
 from execbox.catalog.schemas import PolicyRequest
-from execbox.core.errors import SANDBOX_FAILURE_REASONS, ServiceError
-from execbox.core.keys import Keys
-from execbox.core.metrics import WorkerMetrics, worker_metrics
+from execbox.core.errors import ServiceError
 from execbox.core.redis import connect
 from execbox.core.settings import Settings
 from execbox.core.tracing import Spans
@@ -22,16 +20,19 @@ from execbox.core.tracing import setup as setup_tracing
 from execbox.egress.store import EgressStore
 from execbox.executions import events
 from execbox.executions.lifecycle import run_limits
+from execbox.executions.metrics import WorkerMetrics, worker_metrics
 from execbox.executions.store import ExecutionStore
 from execbox.files.blobs import ArtifactStore, LocalArtifactStore
 from execbox.files.store import FileStore
 from execbox.fleet.registry import WorkerRegistry
+from execbox.keyschema import Keys
 from execbox.sandbox.docker import DockerRuntime
 from execbox.sandbox.pool import PoolClass, Sizing, WarmPool
 from execbox.sandbox.runtime import RunSpec, Runtime
 from execbox.sandbox.uids import redis_uids
 from execbox.sessions.store import SessionStore
 from execbox.tenancy.quotas import Slots
+from execbox.worker.failures import SANDBOX_FAILURE_REASONS
 
 
 @dataclass

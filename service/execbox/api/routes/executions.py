@@ -18,13 +18,14 @@ from execbox.api.bodies import PARSES, OffLoopRoute, parse_json
 from execbox.api.deps import ServicesDep, TenantDep
 from execbox.api.params import IdempotencyHeader, PreferHeader, TraceHeader, WaitQuery, disconnected, wait_seconds
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
-from execbox.core.errors import ArtifactNotFound, FieldProblem, InvalidRequest
+from execbox.core.errors import FieldProblem, InvalidRequest
 from execbox.core.tracing import TraceContext, from_traceparent
 from execbox.executions import live
 from execbox.executions.record import ExecutionRecord, RunRecord
 from execbox.executions.schemas import EXECUTION_ID_PATTERN, ExecutionCreate, ExecutionPublic
 from execbox.executions.submit import mine
 from execbox.files.collect import RICH_DIR
+from execbox.files.errors import ArtifactNotFound
 from execbox.files.schemas import check_input_path
 
 router = APIRouter(prefix="/v1/executions", tags=["executions"], route_class=OffLoopRoute)

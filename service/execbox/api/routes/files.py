@@ -13,7 +13,8 @@ from execbox.api.bodies import OffLoopRoute
 from execbox.api.deps import ServicesDep, TenantDep
 from execbox.api.params import IdempotencyHeader
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
-from execbox.core.errors import FieldProblem, FileNotFound, InvalidRequest
+from execbox.core.errors import FieldProblem, InvalidRequest
+from execbox.files.errors import FileNotFound
 from execbox.files.schemas import FilePublic
 
 router = APIRouter(prefix="/v1/files", tags=["files"], route_class=OffLoopRoute)

@@ -9,8 +9,8 @@ from fastapi import APIRouter
 from execbox.api.bodies import OffLoopRoute
 from execbox.api.deps import ServicesDep, TenantDep
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
+from execbox.catalog.errors import LanguageNotFound, UnknownLanguage
 from execbox.catalog.schemas import LanguagePublic, LanguagesPublic
-from execbox.core.errors import LanguageNotFound, UnknownLanguage
 
 router = APIRouter(tags=["languages"], route_class=OffLoopRoute)
 _MALFORMED: dict[int | str, dict[str, Any]] = {422: {"description": "Malformed header.", **PROBLEM_DOC}}

@@ -13,8 +13,9 @@ from execbox.api.bodies import OffLoopRoute
 from execbox.api.deps import ServicesDep, TenantDep
 from execbox.api.params import IdempotencyHeader, PreferHeader, TraceHeader, WaitQuery, disconnected, wait_seconds
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
-from execbox.core.errors import FieldProblem, InvalidPlan, InvalidRequest
+from execbox.core.errors import FieldProblem, InvalidRequest
 from execbox.executions.submit import request_digest
+from execbox.plans.errors import InvalidPlan
 from execbox.plans.runs import UsageReport
 from execbox.plans.schemas import (
     APPROVAL_ID_PATTERN,

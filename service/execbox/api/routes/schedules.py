@@ -11,8 +11,9 @@ from execbox.api.bodies import OffLoopRoute
 from execbox.api.deps import ServicesDep, TenantDep
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.catalog.webhook_hosts import host_allowed
-from execbox.core.errors import FieldProblem, InvalidRequest, ScheduleNotFound
+from execbox.core.errors import FieldProblem, InvalidRequest
 from execbox.schedules import calendar
+from execbox.schedules.errors import ScheduleNotFound
 from execbox.schedules.schemas import SCHEDULE_ID_PATTERN, Firing, Schedule, ScheduleCreate, ScheduleUpdate
 from execbox.schedules.surprises import Surprise
 

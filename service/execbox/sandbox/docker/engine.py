@@ -12,7 +12,7 @@ import docker
 import requests
 from docker.errors import DockerException, ImageNotFound
 
-from execbox.core.errors import ImageUnavailable, RuntimeUnavailable
+from execbox.sandbox.errors import ImageUnavailable, RuntimeUnavailable
 from execbox.sandbox.runtime import (
     DEPLOYMENT_LABEL,
     EXECUTION_LABEL,

@@ -19,7 +19,7 @@ import requests
 from docker.errors import APIError, DockerException, NotFound
 from docker.types import IPAMConfig, IPAMPool
 
-from execbox.core.errors import RuntimeUnavailable
+from execbox.sandbox.errors import RuntimeUnavailable
 from execbox.sandbox.runtime import DEPLOYMENT_LABEL, EXECUTION_LABEL, MANAGED_LABEL, EgressSpec
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,6 @@ import docker
 import requests
 from docker.errors import APIError, DockerException, NotFound
 
-from execbox.core.errors import ImageUnavailable
 from execbox.core.settings import DockerSettings
 from execbox.sandbox.docker.capture import STDERR, STDOUT, Capture, close, feed
 from execbox.sandbox.docker.cleanup import CLEANUP_DELAY_S, Deferred
@@ -46,6 +45,7 @@ from execbox.sandbox.docker.hostconfig import (
 )
 from execbox.sandbox.docker.networks import EgressNetwork, EgressNetworks
 from execbox.sandbox.docker.session import DockerSession
+from execbox.sandbox.errors import ImageUnavailable
 from execbox.sandbox.pool import WarmPool
 from execbox.sandbox.protocol import GVISOR_LAUNCHER, LAUNCHER, RELEASE_SIGNAL, done_marker, frame_files
 from execbox.sandbox.runtime import (

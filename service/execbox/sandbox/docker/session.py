@@ -25,9 +25,9 @@ from typing import Any, Protocol
 import docker
 from docker.utils.socket import frames_iter
 
-from execbox.core.errors import RuntimeUnavailable
 from execbox.sandbox.docker.capture import STDERR, STDOUT, close
 from execbox.sandbox.docker.engine import docker_errors
+from execbox.sandbox.errors import RuntimeUnavailable
 from execbox.sandbox.protocol import frame_files
 from execbox.sandbox.runtime import SESSION_LABEL, WORKDIR, RunControl, RunOutcome, RunSpec
 

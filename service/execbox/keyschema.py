@@ -1,0 +1,47 @@
+"""The whole Redis key schema, assembled from the rooms' own tables, and the `Keys` every process builds once.
+
+It sits above the rooms and below the entry points (pyproject's import-linter layers): a room names
+its keys in its `keys.py`, and only this module sees them all. The API, the worker, the egress proxy
+and the CLI build `Keys(prefix)`; a room's function asks for its own room's key class, which `Keys`
+is. docs/architecture.md's key table is rendered from `SCHEMA` (`execbox.vocabulary`).
+"""
+
+from __future__ import annotations
+
+from execbox.core.keys import LOOP_SCHEMA, KeySpec
+from execbox.egress import keys as egress
+from execbox.executions import keys as executions
+from execbox.files import keys as files
+from execbox.fleet import keys as fleet
+from execbox.plans import keys as plans
+from execbox.sandbox import keys as sandbox
+from execbox.schedules import keys as schedules
+from execbox.scripts import keys as scripts
+from execbox.sessions import keys as sessions
+from execbox.tenancy import keys as tenancy
+from execbox.webhooks import keys as webhooks
+
+ROOM_SCHEMAS: dict[str, tuple[KeySpec, ...]] = {
+    "executions": executions.SCHEMA,
+    "files": files.SCHEMA,
+    "tenancy": tenancy.SCHEMA,
+    "fleet": fleet.SCHEMA,
+    "egress": egress.SCHEMA,
+    "sandbox": sandbox.SCHEMA,
+    "sessions": sessions.SCHEMA,
+    "plans": plans.SCHEMA,
+    "scripts": scripts.SCHEMA,
+    "schedules": schedules.SCHEMA,
+    "webhooks": webhooks.SCHEMA,
+    "core": LOOP_SCHEMA,
+}
+"""Each room's keys, by the room that owns them (core: the background loops')."""
+
+SCHEMA: tuple[KeySpec, ...] = tuple(spec for table in ROOM_SCHEMAS.values() for spec in table)
+
+
+class Keys(webhooks.WebhookKeys, plans.PlanKeys, schedules.ScheduleKeys):
+    """Key names for one deployment (prefix): every room's."""
+
+
+__all__ = ["ROOM_SCHEMAS", "SCHEMA", "Keys"]

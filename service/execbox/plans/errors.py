@@ -1,0 +1,43 @@
+"""The plans room's errors: invalid plans, runs and approvals that are not there, busy or not this key's to
+decide. Codes are listed in docs/api.md, the whole tree in docs/architecture.md."""
+
+from __future__ import annotations
+
+from execbox.core.errors import FieldProblem, InfrastructureError, NotFound, RequestError
+
+
+class InvalidPlan(RequestError):
+    code = "plan.invalid"
+
+    def __init__(self, problems: tuple[FieldProblem, ...]) -> None:
+        super().__init__(f"the plan has {len(problems)} problem(s); each is listed under `errors`", problems)
+
+
+class RunNotFound(NotFound):
+    code = "run.not_found"
+    noun = "run"
+    hint = "; it never existed or passed its retention"
+
+
+class ApprovalNotFound(NotFound):
+    code = "approval.not_found"
+    noun = "approval"
+
+
+class ApprovalForbidden(RequestError):
+    code = "approval.forbidden"
+    http_status = 403
+
+    def __init__(self, approval_id: str, field: str | None = None) -> None:
+        message = f"approval {approval_id} names the API keys that may decide it; this key is not one"
+        super().__init__(message, (FieldProblem(field, message),) if field else ())
+
+
+class RunBusy(InfrastructureError):
+    code = "run.busy"
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id} is being changed by another request; retry shortly")
+
+
+__all__ = ["ApprovalForbidden", "ApprovalNotFound", "InvalidPlan", "RunBusy", "RunNotFound"]

@@ -1,0 +1,37 @@
+"""The tenancy room's Redis keys: API keys and the admission counters behind quotas."""
+
+from __future__ import annotations
+
+from execbox.core.keys import KeyBuilder, KeySpec
+
+SCHEMA: tuple[KeySpec, ...] = (
+    KeySpec("t:rate:{tenant}:{minute}", "string counter", "120 s", ("api",), (), "submissions in a tenant's minute"),
+    KeySpec(
+        "t:active:{tenant}",
+        "zset id -> admission time",
+        "none",
+        ("api", "worker"),
+        (),
+        "a tenant's queued or running executions (its running quota)",
+    ),
+    KeySpec("apikey:{digest}", "string (JSON)", "none", ("api", "admin"), (), "an API key, by its SHA-256"),
+    KeySpec("apikeys", "set of digests", "none", ("api", "admin"), (), "every API key, for listing"),
+)
+
+
+class TenancyKeys(KeyBuilder):
+    def rate(self, tenant: str, minute: int) -> str:
+        return self._t("rate", tenant, str(minute))
+
+    def active(self, tenant: str) -> str:
+        return self._t("active", tenant)
+
+    def api_key(self, digest: str) -> str:
+        return self._k("apikey", digest)
+
+    @property
+    def api_keys(self) -> str:
+        return self._k("apikeys")
+
+
+__all__ = ["SCHEMA", "TenancyKeys"]

@@ -1,0 +1,22 @@
+"""The webhooks room's Redis keys: delayed deliveries (retries).
+
+Delivery reads executions, runs and surprises too, so its key class carries the plans' and schedules' keys.
+"""
+
+from __future__ import annotations
+
+from execbox.core.keys import KeySpec
+from execbox.plans.keys import PlanKeys
+from execbox.schedules.keys import ScheduleKeys
+
+SCHEMA: tuple[KeySpec, ...] = (
+    KeySpec("due:{name}", "zset member -> due time", "none", ("worker",), (), "delayed work (webhook retries)"),
+)
+
+
+class WebhookKeys(PlanKeys, ScheduleKeys):
+    def due(self, name: str) -> str:
+        return self._k("due", name)
+
+
+__all__ = ["SCHEMA", "WebhookKeys"]
