@@ -49,3 +49,16 @@ def test_the_client_calls_every_public_route(settings: Settings) -> None:
     assert inspect.isgeneratorfunction(Client.events) and inspect.isasyncgenfunction(AsyncClient.events)
     recorder.calls |= STREAMED
     assert recorder.calls == routes, {"no client method": routes - recorder.calls, "no route": recorder.calls - routes}
+
+
+def test_every_category_the_cli_maps_to_an_exit_code_is_one_the_service_reports() -> None:
+    # A key the service never sends (it once said limit.cpu_time and limit.network) makes `ebx run`
+    # exit 1 for that outcome instead of its documented code.
+    from execbox_client.cli import EXIT_CODES
+
+    from execbox.core.status import ErrorCategory, ExecutionStatus
+
+    known = {c.value for c in ErrorCategory} | {s.value for s in ExecutionStatus}
+    assert set(EXIT_CODES) - known == set()
+    limits = {c.value for c in ErrorCategory if c.value.startswith(("limit.", "policy."))}
+    assert limits - set(EXIT_CODES) == set(), "every limit and policy outcome has its own exit code"

@@ -28,7 +28,8 @@ from execbox_client.types import ExecutionPublic
 EXIT_CODES = {
     "limit.timeout": 124,  # as timeout(1)
     "limit.memory": 137,  # as a process killed by the OOM killer
-    "limit.cpu_time": 125, "limit.output": 125, "limit.pids": 125, "limit.disk": 125, "limit.network": 125,
+    "limit.cpu": 125, "limit.output": 125, "limit.pids": 125, "limit.disk": 125, "limit.artifacts": 125,
+    "policy.network_denied": 125,
     "cancelled": 130, "expired": 75, "sandbox.error": 70, "output.invalid": 65, "check.failed": 65,
 }  # fmt: skip
 """An outcome without an exit code of the program's own: its category's code; any other: 1."""
