@@ -23,7 +23,7 @@ import docker
 
 from execbox.core.settings import DockerSettings
 from execbox.sandbox.docker.hostconfig import MASKED_PATHS, host_config_kwargs
-from execbox.sandbox.runtime import Limits, RunSpec
+from execbox.sandbox.runtime import Limits, SandboxSpec
 from execbox.sandbox.seccomp import SeccompProfiles
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,9 +33,9 @@ LABEL = {"execbox.bench": "cold_path"}
 UNMASKED = "no masked /proc and /sys paths"
 
 
-def spec() -> RunSpec:
+def spec() -> SandboxSpec:
     limits = Limits(30.0, 1.0, 30, 256, 64, 64, 1 << 20)
-    return RunSpec(execution_id="", trace_id="", worker="bench", image=IMAGE, command=("true",), files=(),
+    return SandboxSpec(execution_id="", trace_id="", worker="bench", image=IMAGE, command=("true",), files=(),
                    env=(), limits=limits, language="python", deployment="bench-cold-path", runtime="runc")  # fmt: skip
 
 

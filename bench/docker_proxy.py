@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import EXECBOX, summary
 from execbox.core.settings import DockerSettings
 from execbox.sandbox.docker import DockerRuntime
-from execbox.sandbox.runtime import Limits, RunControl, RunSpec
+from execbox.sandbox.runtime import Limits, SandboxControl, SandboxSpec
 
 DEPLOYMENT = "benchproxy"
 
@@ -30,16 +30,17 @@ class _OnePool:
     def __init__(self) -> None:
         self.container: str | None = None
 
-    def take(self, spec: RunSpec) -> str | None:
+    def take(self, spec: SandboxSpec) -> str | None:
         taken, self.container = self.container, None
         return taken
 
 
-def spec(i: int) -> RunSpec:
+def spec(i: int) -> SandboxSpec:
     limits = Limits(10, 1, 20, 256, 64, 64, 1 << 20)
-    return RunSpec(execution_id=f"exe_bench{i}", trace_id="t", worker="bench", image="execbox/sandbox-python:latest",
-                   command=("python3", "main.py"), files=(("main.py", b"print(1)"),), env=(), limits=limits,
-                   language="python", deployment=DEPLOYMENT)  # fmt: skip
+    return SandboxSpec(execution_id=f"exe_bench{i}", trace_id="t", worker="bench",
+                       image="execbox/sandbox-python:latest", command=("python3", "main.py"),
+                       files=(("main.py", b"print(1)"),), env=(), limits=limits, language="python",
+                       deployment=DEPLOYMENT)  # fmt: skip
 
 
 def main() -> int:
@@ -65,7 +66,7 @@ def main() -> int:
                             pool.container = runtime.create_pooled(spec(i), "python")
                             time.sleep(0.3)  # the pooled launcher is up, as in a settled pool
                         start = time.perf_counter()
-                        outcome = runtime.run(spec(i), RunControl())
+                        outcome = runtime.run(spec(i), SandboxControl())
                         times[f"{name} {kind}"].append((time.perf_counter() - start) * 1000)
                         assert outcome.stdout == b"1\n", outcome
                         runtime.close()

@@ -13,10 +13,10 @@ from execbox.egress import keys as egress
 from execbox.executions import keys as executions
 from execbox.files import keys as files
 from execbox.fleet import keys as fleet
+from execbox.library import keys as library
 from execbox.plans import keys as plans
 from execbox.sandbox import keys as sandbox
 from execbox.schedules import keys as schedules
-from execbox.scripts import keys as scripts
 from execbox.sessions import keys as sessions
 from execbox.tenancy import keys as tenancy
 from execbox.webhooks import keys as webhooks
@@ -30,7 +30,7 @@ ROOM_SCHEMAS: dict[str, tuple[KeySpec, ...]] = {
     "sandbox": sandbox.SCHEMA,
     "sessions": sessions.SCHEMA,
     "plans": plans.SCHEMA,
-    "scripts": scripts.SCHEMA,
+    "library": library.SCHEMA,
     "schedules": schedules.SCHEMA,
     "webhooks": webhooks.SCHEMA,
     "core": LOOP_SCHEMA,

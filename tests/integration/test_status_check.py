@@ -9,7 +9,7 @@ import pytest
 
 from execbox.core.settings import DockerSettings
 from execbox.sandbox.docker import DockerRuntime
-from execbox.sandbox.runtime import Limits, RunControl, RunSpec
+from execbox.sandbox.runtime import Limits, SandboxControl, SandboxSpec
 from tests.conftest import Stack
 
 pytestmark = [pytest.mark.docker]
@@ -19,7 +19,7 @@ def test_a_contradicted_launcher_report_is_detected(stack: Stack) -> None:
     runtime = DockerRuntime(DockerSettings())
     mismatches: list[str] = []
     runtime.on_status_mismatch = lambda: mismatches.append("!")
-    spec = RunSpec(
+    spec = SandboxSpec(
         execution_id="exe_" + "s" * 26, trace_id="0" * 32, worker=f"{stack.prefix}-status-check",
         image="execbox/sandbox-python:latest", command=("python3", "main.py"),
         files=(("main.py", b"import sys\nsys.exit(3)\n"),), env=(),
@@ -29,13 +29,13 @@ def test_a_contradicted_launcher_report_is_detected(stack: Stack) -> None:
     try:
         # The engine agrees with a true report ...
         made.append(runtime.create(spec))
-        honest = runtime.run_in(spec, RunControl(), made[-1], "", time.monotonic(), warm=False)
+        honest = runtime.run_in(spec, SandboxControl(), made[-1], "", time.monotonic(), warm=False)
         assert honest.launcher_status and honest.exit_code == 3
         runtime.retire(made[-1], honest)
         assert mismatches == []
         # ... and contradicts a forged one (what a program knowing the nonce could have printed).
         made.append(runtime.create(spec))
-        reported = runtime.run_in(spec, RunControl(), made[-1], "", time.monotonic(), warm=False)
+        reported = runtime.run_in(spec, SandboxControl(), made[-1], "", time.monotonic(), warm=False)
         runtime.retire(made[-1], dataclasses.replace(reported, exit_code=0))
         assert mismatches == ["!"]
         assert not runtime.api.containers(all=True, filters={"id": made[-1]})

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from execbox.sandbox.fake import FakeRuntime
-from execbox.sandbox.runtime import ContainerInfo, Limits, RunSpec
+from execbox.sandbox.runtime import ContainerInfo, Limits, SandboxSpec
 
 
 @dataclass
@@ -33,7 +33,7 @@ class FakeEngine(FakeRuntime):
         return cid
 
     # the Runtime and PoolEngine protocols
-    def create_pooled(self, spec: RunSpec, pool_class: str) -> str:
+    def create_pooled(self, spec: SandboxSpec, pool_class: str) -> str:
         return self.add(age_s=0.0, pool_memory_mb=spec.limits.memory_mb, worker=spec.worker, pool=pool_class)
 
     def resize(self, container_id: str, held: Limits, wanted: Limits, full_weight: bool = False) -> None:

@@ -8,18 +8,18 @@ import pytest
 
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions.classify import classify, signal_name
-from execbox.sandbox.runtime import Limits, RunOutcome
+from execbox.sandbox.runtime import Limits, SandboxOutcome
 
 LIMITS = Limits(timeout_s=5, cpu=1, cpu_time_s=3, memory_mb=64, pids=16, disk_mb=8, output_bytes=1000)
 
 
-def outcome(exit_code: int | None = 0, stderr: str = "", **kw: Any) -> RunOutcome:
-    return RunOutcome(
+def outcome(exit_code: int | None = 0, stderr: str = "", **kw: Any) -> SandboxOutcome:
+    return SandboxOutcome(
         exit_code=exit_code, stdout=b"", stderr=stderr.encode(), stdout_total=0, stderr_total=len(stderr), **kw
     )
 
 
-def category(result: RunOutcome, language: str = "python") -> ErrorCategory | None:
+def category(result: SandboxOutcome, language: str = "python") -> ErrorCategory | None:
     verdict = classify(result, language, LIMITS)
     return verdict.error.category if verdict.error else None
 
@@ -43,7 +43,7 @@ def test_success() -> None:
         (outcome(139), ErrorCategory.CODE_EXIT_NONZERO),
     ],
 )
-def test_engine_signals_decide_first(result: RunOutcome, expected: ErrorCategory) -> None:
+def test_engine_signals_decide_first(result: SandboxOutcome, expected: ErrorCategory) -> None:
     assert category(result) is expected
 
 

@@ -14,7 +14,7 @@ from execbox.catalog.languages import LanguageConfigError, Languages
 from execbox.catalog.policies import PolicyConfigError, PolicySet
 from execbox.core.status import ErrorCategory
 from execbox.executions.classify import classify
-from execbox.sandbox.runtime import Limits, RunOutcome
+from execbox.sandbox.runtime import Limits, SandboxOutcome
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMITS = Limits(timeout_s=5, cpu=1, cpu_time_s=3, memory_mb=64, pids=16, disk_mb=8, output_bytes=1000)
@@ -68,8 +68,8 @@ def test_an_exception_pattern_without_a_message_group_is_refused(tmp_path: Path)
         Languages.load(tmp_path)
 
 
-def failed(stderr: str, exit_code: int = 1) -> RunOutcome:
-    return RunOutcome(exit_code=exit_code, stdout=b"", stderr=stderr.encode(), stdout_total=0,
+def failed(stderr: str, exit_code: int = 1) -> SandboxOutcome:
+    return SandboxOutcome(exit_code=exit_code, stdout=b"", stderr=stderr.encode(), stdout_total=0,
                       stderr_total=len(stderr))  # fmt: skip
 
 

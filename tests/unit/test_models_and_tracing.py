@@ -70,4 +70,10 @@ def test_bad_traceparent_starts_new_trace(header: str | None) -> None:
 
 
 def test_sandbox_exports_are_pinned() -> None:
-    assert sorted(execbox.sandbox.__all__) == ["ContainerInfo", "RunControl", "RunOutcome", "RunSpec", "Runtime"]
+    assert sorted(execbox.sandbox.__all__) == [
+        "ContainerInfo",
+        "Runtime",
+        "SandboxControl",
+        "SandboxOutcome",
+        "SandboxSpec",
+    ]

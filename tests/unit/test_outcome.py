@@ -12,15 +12,15 @@ from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions.outcome import decide
 from execbox.executions.outputs import ProgramFiles
 from execbox.executions.schemas import ExecutionError, Expect
-from execbox.sandbox.runtime import Limits, RunOutcome
+from execbox.sandbox.runtime import Limits, SandboxOutcome
 from tests.unit.test_results import make_record
 
 LIMITS = Limits(timeout_s=5, cpu=1, cpu_time_s=3, memory_mb=64, pids=16, disk_mb=8, output_bytes=1000)
 TRACEBACK = "Traceback (most recent call last):\n  File \"/workspace/main.py\", line 1\nKeyError: 'k'\n"
 
 
-def run(exit_code: int | None = 0, stderr: str = "", **kw: Any) -> RunOutcome:
-    return RunOutcome(exit_code=exit_code, stdout=b"", stderr=stderr.encode(), stdout_total=0,
+def run(exit_code: int | None = 0, stderr: str = "", **kw: Any) -> SandboxOutcome:
+    return SandboxOutcome(exit_code=exit_code, stdout=b"", stderr=stderr.encode(), stdout_total=0,
                       stderr_total=len(stderr), **kw)  # fmt: skip
 
 
@@ -52,7 +52,7 @@ DENIAL = {"host": "example.com", "port": 443, "at": 1.0, "reason": "not in the a
     ],
 )  # fmt: skip
 def test_a_sandbox_outcome_decides_status_category_and_retryability(
-    sandbox: RunOutcome,
+    sandbox: SandboxOutcome,
     files: ProgramFiles | None,
     expect: Expect | None,
     denials: list[dict[str, object]] | None,

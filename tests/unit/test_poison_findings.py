@@ -20,11 +20,11 @@ from prometheus_client import CollectorRegistry
 
 from execbox.api import create_app
 from execbox.core.deadletters import DeadLetters
-from execbox.core.events import TERMINAL
 from execbox.core.metrics import loop_metrics
 from execbox.core.poison import Loops
 from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
+from execbox.core.streams import TERMINAL
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, Webhook
 from execbox.executions.store import ExecutionStore

@@ -22,7 +22,7 @@ from execbox.fleet.registry import Heartbeat, WorkerRegistry
 from execbox.keyschema import Keys
 from execbox.sandbox.pool import PoolClass, Sizing, WarmPool
 from execbox.sandbox.poolsize import Demand, within_budget
-from execbox.sandbox.runtime import Limits, RunSpec
+from execbox.sandbox.runtime import Limits, SandboxSpec
 from execbox.sessions.store import SessionStore
 from execbox.tenancy.quotas import Slots
 from execbox.worker import reaper
@@ -94,8 +94,8 @@ def test_a_warm_container_belongs_to_its_live_worker(settings: Settings, client:
     assert engine.removed == [theirs] and mine in engine.containers
 
 
-def template(worker: str = "w1") -> RunSpec:
-    return RunSpec(execution_id="", trace_id="", worker=worker, image="execbox/python:test", command=("python3",),
+def template(worker: str = "w1") -> SandboxSpec:
+    return SandboxSpec(execution_id="", trace_id="", worker=worker, image="execbox/python:test", command=("python3",),
                    files=(), env=(), limits=LIMITS, language="python", deployment="d", runtime="runc")  # fmt: skip
 
 
@@ -110,7 +110,7 @@ def test_the_warm_pool_fills_hands_out_once_and_refills() -> None:
     assert pool.idle() == {"python": 2}
 
     bigger = LIMITS.__class__(**{**LIMITS.__dict__, "memory_mb": 512})
-    run = RunSpec(**{**template().__dict__, "limits": bigger})
+    run = SandboxSpec(**{**template().__dict__, "limits": bigger})
     first, second, third = pool.take(run), pool.take(run), pool.take(run)
 
     assert first and second and first != second and third is None, "each container serves one run"
@@ -118,7 +118,7 @@ def test_the_warm_pool_fills_hands_out_once_and_refills() -> None:
     assert engine.resized == [(first, bigger), (second, bigger)], "memory is set to the run's own"
     pool.tick(stop)
     assert pool.idle() == {"python": 2}
-    other = RunSpec(**{**template().__dict__, "image": "execbox/bash:test"})
+    other = SandboxSpec(**{**template().__dict__, "image": "execbox/bash:test"})
     assert pool.take(other) is None, "a spec of no class goes cold without counting a take"
     assert takes == [True, True, False]
 
@@ -260,7 +260,7 @@ class BlockingEngine(FakeEngine):
         self.most = 0
         self.lock = threading.Lock()
 
-    def create_pooled(self, spec: RunSpec, pool_class: str) -> str:
+    def create_pooled(self, spec: SandboxSpec, pool_class: str) -> str:
         with self.lock:
             self.in_flight += 1
             self.most = max(self.most, self.in_flight)

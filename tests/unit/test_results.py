@@ -18,7 +18,7 @@ from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionCreate, Expect
 from execbox.files.blobs import ArtifactStore, LocalArtifactStore
 from execbox.files.collect import ArtifactCaps, Collector
-from execbox.sandbox.runtime import Limits, RunOutcome
+from execbox.sandbox.runtime import Limits, SandboxOutcome
 from tests.unit.test_policies import ROOT
 
 LIMITS = Limits(timeout_s=5, cpu=1, cpu_time_s=3, memory_mb=64, pids=16, disk_mb=8, output_bytes=1000)
@@ -40,7 +40,7 @@ def make_record(**fields: Any) -> ExecutionRecord:
 
 def apply_outcome(
     rec: ExecutionRecord,
-    outcome: RunOutcome,
+    outcome: SandboxOutcome,
     found: Collector | None,
     limits: Limits,
     store: ArtifactStore,
@@ -51,8 +51,8 @@ def apply_outcome(
     return decide(rec, outcome, files, limits, errors).apply(rec)
 
 
-def run(exit_code: int = 0, **kw: Any) -> RunOutcome:
-    return RunOutcome(exit_code=exit_code, stdout=b"", stderr=b"", stdout_total=0, stderr_total=0, **kw)
+def run(exit_code: int = 0, **kw: Any) -> SandboxOutcome:
+    return SandboxOutcome(exit_code=exit_code, stdout=b"", stderr=b"", stdout_total=0, stderr_total=0, **kw)
 
 
 def collector(tmp_path: Path, result: dict[str, Any] | None = None, over_cap: bool = False) -> Collector:

@@ -25,7 +25,7 @@ from execbox.files.collect import ArtifactCaps, Collector
 from execbox.keyschema import Keys
 from execbox.sandbox.docker.capture import STDOUT, Capture
 from execbox.sandbox.protocol import done_marker
-from execbox.sandbox.runtime import RunOutcome
+from execbox.sandbox.runtime import SandboxOutcome
 from execbox.sessions.record import SessionRecord
 from execbox.sessions.service import new_session_id
 from execbox.sessions.store import WAKE, SessionStore
@@ -139,7 +139,7 @@ def test_live_output_holds_back_only_what_may_start_the_end_marker() -> None:
     ],
 )
 def test_an_ipython_report_is_categorized(stderr: bytes, category: str) -> None:
-    verdict = classify(RunOutcome(exit_code=1, stdout=b"", stderr=stderr, stdout_total=0, stderr_total=len(stderr)),
+    verdict = classify(SandboxOutcome(exit_code=1, stdout=b"", stderr=stderr, stdout_total=0, stderr_total=len(stderr)),
                        "python", LIMITS)  # fmt: skip
     assert verdict.error is not None and verdict.error.category.value == category
 

@@ -42,6 +42,8 @@ from execbox.files.blobs import LocalArtifactStore
 from execbox.files.store import FileStore
 from execbox.fleet.registry import WorkerRegistry
 from execbox.keyschema import Keys
+from execbox.library.service import Library
+from execbox.library.store import ScriptStore
 from execbox.plans.consumer import PlanConsumer
 from execbox.plans.executor import Executor
 from execbox.plans.runs import Runs
@@ -49,8 +51,6 @@ from execbox.plans.store import RunStore
 from execbox.schedules.scheduler import Scheduler
 from execbox.schedules.store import ScheduleStore
 from execbox.schedules.surprises import Surprises
-from execbox.scripts.library import Library
-from execbox.scripts.store import ScriptStore
 from execbox.sessions.service import Sessions
 from execbox.sessions.store import SessionStore
 from execbox.tenancy.apikeys import ApiKeys

@@ -22,10 +22,10 @@ from execbox.executions.waits import Waiters
 from execbox.files.blobs import ArtifactStore
 from execbox.files.store import FileStore
 from execbox.fleet.registry import WorkerRegistry
+from execbox.library.service import Library
 from execbox.plans.runs import Runs
 from execbox.schedules.scheduler import Scheduler
 from execbox.schedules.surprises import Surprises
-from execbox.scripts.library import Library
 from execbox.sessions.service import Sessions
 from execbox.tenancy.apikeys import DEFAULT_TENANT, ApiKeys
 from execbox.tenancy.quotas import Quotas

@@ -28,10 +28,10 @@ import redis
 from redis.exceptions import WatchError
 
 from execbox.core.errors import ServiceError
-from execbox.core.events import EVENTS_MAXLEN, EventStream
 from execbox.core.keys import LoopKeys
 from execbox.core.metrics import LoopMetrics
 from execbox.core.redis import redis_errors, text
+from execbox.core.streams import EVENTS_MAXLEN, EventStream
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Any
 from execbox.catalog.languages import ErrorRules
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions.schemas import ExecutionError
-from execbox.sandbox.runtime import Limits, RunOutcome
+from execbox.sandbox.runtime import Limits, SandboxOutcome
 
 _SIGNAL_BASE = 128  # the init process reports death by signal N as exit code 128 + N
 _PY_EXC = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
@@ -54,7 +54,7 @@ def _error(category: ErrorCategory, text: str, retryable: bool = False, **detail
     return ExecutionError(category=category, message=text, retryable=retryable, details=details)
 
 
-def classify(outcome: RunOutcome, language: str | ErrorRules, limits: Limits) -> Classified:
+def classify(outcome: SandboxOutcome, language: str | ErrorRules, limits: Limits) -> Classified:
     """`language`: the language's error rules (its metadata's `errors`), or a built-in family's name."""
     sig = signal_name(outcome.exit_code)
     failed = ExecutionStatus.FAILED
@@ -127,7 +127,7 @@ def classify(outcome: RunOutcome, language: str | ErrorRules, limits: Limits) ->
     return Classified(failed, _program_error(outcome, language, limits, sig), sig)
 
 
-def _cpu_exhausted(outcome: RunOutcome, limits: Limits) -> bool:
+def _cpu_exhausted(outcome: SandboxOutcome, limits: Limits) -> bool:
     # RLIMIT_CPU's hard limit ends in SIGKILL one second after the soft SIGXCPU was ignored.
     return outcome.run_ms / 1000 >= limits.cpu_time_s / max(limits.cpu, 1.0)
 
@@ -149,7 +149,9 @@ def _pids_error(limits: Limits) -> ExecutionError:
     )
 
 
-def _program_error(outcome: RunOutcome, language: str | ErrorRules, limits: Limits, sig: str | None) -> ExecutionError:
+def _program_error(
+    outcome: SandboxOutcome, language: str | ErrorRules, limits: Limits, sig: str | None
+) -> ExecutionError:
     rules = language if isinstance(language, ErrorRules) else ErrorRules(language)
     language = rules.family
     stderr = outcome.stderr.decode("utf-8", "replace")

@@ -57,10 +57,10 @@ from execbox.sandbox.runtime import (
     WORKDIR,
     EgressSpec,
     Limits,
-    RunControl,
-    RunOutcome,
-    RunSpec,
     Sandbox,
+    SandboxControl,
+    SandboxOutcome,
+    SandboxSpec,
     SessionSandbox,
 )
 
@@ -129,12 +129,12 @@ def run_and_finish(
     record: ExecutionRecord,
     parent: TraceContext,
     session: SessionSandbox | None = None,
-    control: RunControl | None = None,
-    before_store: Callable[[RunOutcome | None], None] | None = None,
+    control: SandboxControl | None = None,
+    before_store: Callable[[SandboxOutcome | None], None] | None = None,
 ) -> None:
     """Run a taken execution (in a fresh sandbox, or as a call in `session`) and store its outcome;
     `before_store` is told the sandbox's outcome first."""
-    control = control or RunControl()
+    control = control or SandboxControl()
     limits = run_limits(record.policy)
     collector = Collector(
         record.id,
@@ -164,13 +164,13 @@ def _run(
     limits: Limits,
     collector: Collector,
     session: SessionSandbox | None,
-    control: RunControl,
-) -> tuple[RunOutcome | None, ExecutionError | None]:
+    control: SandboxControl,
+) -> tuple[SandboxOutcome | None, ExecutionError | None]:
     """The sandbox's outcome, or the service fault that kept it from giving one."""
     stop = threading.Event()
     watcher = threading.Thread(target=_watch, args=(ctx, record.id, control, stop), daemon=True)
     watcher.start()
-    run: RunOutcome | None = None
+    run: SandboxOutcome | None = None
     failure: ExecutionError | None = None
     metrics = ctx.metrics
     metrics.running.inc()
@@ -231,7 +231,7 @@ def run_limits(policy: AppliedPolicy) -> Limits:
 
 def _spec(
     ctx: Worker, record: ExecutionRecord, limits: Limits, collector: Collector, lease: RunEgress | None
-) -> RunSpec:
+) -> SandboxSpec:
     language = ctx.languages.get(record.language)
     # In a session the code goes to the kernel, not to a file.
     service_files = [(language.file, record.code.encode())] if record.session is None else []
@@ -245,7 +245,7 @@ def _spec(
         "EXECBOX_INPUTS_FILE": f"{WORKDIR}/{INPUTS_FILE}",
         **{f"EXECBOX_{name.upper()}": value for name, value in record.context.items()},
     }
-    return RunSpec(
+    return SandboxSpec(
         execution_id=record.id,
         trace_id=record.trace_id,
         worker=ctx.name,
@@ -327,7 +327,7 @@ def _tar_entry(name: str, kind: bytes, mode: int, size: int = 0) -> tarfile.TarI
 # -- beside the run: lease, cancel, metrics, spans ---------------------------------------------------
 
 
-def _watch(ctx: Worker, execution_id: str, control: RunControl, stop: threading.Event) -> None:
+def _watch(ctx: Worker, execution_id: str, control: SandboxControl, stop: threading.Event) -> None:
     """Renew the lease while the run lasts, and stop the sandbox when a cancel request arrives."""
     interval = max(ctx.settings.worker.lease_s / 3, 0.2)
     renew = False  # take() took the lease; from then on it is renewed before every wait
@@ -349,7 +349,7 @@ def _watch(ctx: Worker, execution_id: str, control: RunControl, stop: threading.
 
 
 def _observe_run(
-    ctx: Worker, language: str, run: RunOutcome | None, failure: ExecutionError | None, collector: Collector
+    ctx: Worker, language: str, run: SandboxOutcome | None, failure: ExecutionError | None, collector: Collector
 ) -> None:
     metrics = ctx.metrics
     if run is None:
@@ -364,7 +364,7 @@ def _observe_run(
         metrics.oom_kills.labels(language).inc()
 
 
-def _trace_run(ctx: Worker, record: ExecutionRecord, run: RunOutcome | None, parent: TraceContext) -> None:
+def _trace_run(ctx: Worker, record: ExecutionRecord, run: SandboxOutcome | None, parent: TraceContext) -> None:
     """Spans for each phase, placed back in time from the durations the run measured."""
     spans = ctx.spans
     if not spans.enabled:

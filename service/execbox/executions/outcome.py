@@ -1,6 +1,6 @@
 """The outcome step of an execution's life: what its run came to, decided as a value, then applied.
 
-`decide` is pure: from the sandbox's RunOutcome (or the service fault that stopped it), the
+`decide` is pure: from the sandbox's SandboxOutcome (or the service fault that stopped it), the
 program's files already read (`executions.outputs`), the limits and the language's error rules,
 it returns an `Outcome`: status, error, streams, artifacts, outputs, checks, network report.
 `Outcome.apply` is the change the terminal transition makes to the stored record; it reads and
@@ -25,7 +25,7 @@ from execbox.executions.classify import classify
 from execbox.executions.outputs import ProgramFiles
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, NetworkDenial, NetworkReport, Resources, Timing
-from execbox.sandbox.runtime import Limits, RunOutcome
+from execbox.sandbox.runtime import Limits, SandboxOutcome
 
 _STOPPED_FROM_OUTSIDE = {
     ErrorCategory.CANCELLED,
@@ -42,7 +42,7 @@ class Outcome:
 
     status: ExecutionStatus
     error: ExecutionError | None
-    run: RunOutcome | None = None
+    run: SandboxOutcome | None = None
     """None: the sandbox never gave an outcome (a service fault, in `error`)."""
     signal: str | None = None
     files: ProgramFiles | None = None
@@ -88,7 +88,7 @@ class Outcome:
 
 def decide(
     record: ExecutionRecord,
-    run: RunOutcome | None,
+    run: SandboxOutcome | None,
     files: ProgramFiles | None,
     limits: Limits,
     errors: ErrorRules | str | None = None,
@@ -115,7 +115,7 @@ def decide(
 
 def _judge(
     record: ExecutionRecord,
-    run: RunOutcome,
+    run: SandboxOutcome,
     status: ExecutionStatus,
     error: ExecutionError | None,
     files: ProgramFiles | None,
@@ -168,7 +168,7 @@ def _error(category: ErrorCategory, text: str, **details: Any) -> ExecutionError
     return ExecutionError(category=category, message=text, retryable=False, details=details)
 
 
-def _unmet(record: ExecutionRecord, run: RunOutcome, files: ProgramFiles | None) -> list[str]:
+def _unmet(record: ExecutionRecord, run: SandboxOutcome, files: ProgramFiles | None) -> list[str]:
     expect = record.expect
     if expect is None:
         return []
@@ -194,7 +194,7 @@ def _unmet(record: ExecutionRecord, run: RunOutcome, files: ProgramFiles | None)
     return unmet
 
 
-def note_restart(error: ExecutionError | None, run: RunOutcome) -> ExecutionError | None:
+def note_restart(error: ExecutionError | None, run: SandboxOutcome) -> ExecutionError | None:
     """A session's call after which the kernel was restarted, or the session was lost: its error
     says so."""
     if run.cancelled or error is None:

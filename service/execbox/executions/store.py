@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 import redis
 
-from execbox.core.events import TERMINAL, EventStream
 from execbox.core.redis import compare_and_set, redis_errors, text
 from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
+from execbox.core.streams import TERMINAL, EventStream
 from execbox.executions import live
 from execbox.executions.keys import ExecutionKeys
 from execbox.executions.record import ExecutionRecord

@@ -3,11 +3,11 @@ client; one left unanswered past `expires_at` counts as expired when the run is 
 
 from __future__ import annotations
 
-from execbox.plans.schemas import ApprovalPublic, ApprovalStatus, CodeCell, RunRecord, StepState
+from execbox.plans.schemas import ApprovalPublic, ApprovalStatus, CodeCell, StepState, StoredRun
 from execbox.plans.store import RunStore, new_id
 
 
-def request(store: RunStore, run: RunRecord, step_id: str, state: StepState, now: float) -> ApprovalPublic:
+def request(store: RunStore, run: StoredRun, step_id: str, state: StepState, now: float) -> ApprovalPublic:
     """A pending approval for the step, showing its resolved arguments and code."""
     spec = run.spec(step_id)
     assert spec.approval is not None and isinstance(spec.run, CodeCell)

@@ -16,9 +16,9 @@ import logging
 import threading
 from functools import partial
 
-from execbox.core.events import TERMINAL
 from execbox.core.metrics import LoopMetrics
 from execbox.core.poison import Guard, consume
+from execbox.core.streams import TERMINAL
 from execbox.executions.events import DURABLE_GROUPS
 from execbox.plans.dispatch import awaited_by
 from execbox.plans.executor import Executor

@@ -24,10 +24,10 @@ from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionCreate, Expect, InputFile, Origin
 from execbox.executions.submit import Submissions
 from execbox.files.blobs import ArtifactStore
+from execbox.library.service import Library, ScriptRun, input_problems
 from execbox.plans.refs import artifact_path, refs_in
-from execbox.plans.schemas import RUN_ID_PATTERN, CodeCell, Postconditions, RunRecord, ScriptRef
+from execbox.plans.schemas import RUN_ID_PATTERN, CodeCell, Postconditions, ScriptRef, StoredRun
 from execbox.plans.store import RunStore
-from execbox.scripts.library import Library, ScriptRun, input_problems
 
 log = logging.getLogger(__name__)
 _LEGACY_RUN, _LEGACY_STEP = "execbox.run", "execbox.step"
@@ -49,7 +49,7 @@ class StepRefused(Exception):
         self.category, self.message = category, message
 
 
-def script_request(library: Library, run: RunRecord, step_id: str, args: dict[str, Any]) -> tuple[ExecutionCreate, str]:
+def script_request(library: Library, run: StoredRun, step_id: str, args: dict[str, Any]) -> tuple[ExecutionCreate, str]:
     """The execution of a `script:` step and the `name@version` it runs: the version it names, or
     the newest proven one now; its arguments checked against the script's input schema."""
     spec = run.spec(step_id)
@@ -77,7 +77,7 @@ class Dispatcher:
 
     def submit(
         self,
-        run: RunRecord,
+        run: StoredRun,
         step_id: str,
         cell: CodeCell | ExecutionCreate,
         raw_args: dict[str, Any],

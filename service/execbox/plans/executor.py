@@ -28,6 +28,7 @@ from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionCreate
 from execbox.executions.submit import Submissions
 from execbox.files.blobs import ArtifactStore
+from execbox.library.service import Library
 from execbox.plans import approvals
 from execbox.plans.dispatch import Dispatcher, MissingArtifact, StepRefused, script_request
 from execbox.plans.metrics import PlanMetrics
@@ -38,15 +39,14 @@ from execbox.plans.schemas import (
     CodeCell,
     Postconditions,
     RunEvent,
-    RunRecord,
     RunStatus,
     StepError,
     StepState,
     StepStatus,
+    StoredRun,
 )
 from execbox.plans.store import RunStore
 from execbox.plans.validation import dependencies, order
-from execbox.scripts.library import Library
 
 log = logging.getLogger(__name__)
 TRANSIENT = {"sandbox.error", "expired"}
@@ -71,7 +71,7 @@ class Executor:
     def queue(self) -> str:
         return self.submissions.settings.queue.name
 
-    def advance(self, run_id: str) -> RunRecord | None:
+    def advance(self, run_id: str) -> StoredRun | None:
         """Reconcile the run (a run of another queue's deployment is left to that deployment)."""
         with self.store.locked(run_id):
             run = self.store.get(run_id)
@@ -81,7 +81,7 @@ class Executor:
             self.save(run)
             return run
 
-    def abandon(self, run_id: str, detail: str) -> RunRecord | None:
+    def abandon(self, run_id: str, detail: str) -> StoredRun | None:
         """End a run whose reconciliation raised what nobody foresaw: failed (`internal_error`), so it
         neither stays `running` for ever nor fails every later round of the consumer."""
         try:
@@ -96,10 +96,10 @@ class Executor:
             log.exception("run %s could not be ended as failed", run_id)
             return None
 
-    def save(self, run: RunRecord) -> None:
+    def save(self, run: StoredRun) -> None:
         self.store.put(run, self._next_due(run))
 
-    def step(self, run: RunRecord) -> None:
+    def step(self, run: StoredRun) -> None:
         """One reconciliation of `run` (the caller holds its lock and saves it)."""
         now = time.time()
         for step_id, state in run.steps.items():
@@ -122,7 +122,7 @@ class Executor:
         if self._dispatch(run, now):
             self._derive(run)
 
-    def stop(self, run: RunRecord, status: RunStatus, reason: str, detail: str) -> None:
+    def stop(self, run: StoredRun, status: RunStatus, reason: str, detail: str) -> None:
         """End the run now: running steps' executions are cancelled, unfinished steps cancelled."""
         for step_id, state in run.steps.items():
             if state.status is StepStatus.RUNNING:
@@ -138,7 +138,7 @@ class Executor:
 
     # -- settling an attempt -------------------------------------------------------------------
 
-    def _settle(self, run: RunRecord, step_id: str, state: StepState, execution: ExecutionRecord, now: float) -> None:
+    def _settle(self, run: StoredRun, step_id: str, state: StepState, execution: ExecutionRecord, now: float) -> None:
         spec = run.spec(step_id)
         if execution.status is ExecutionStatus.SUCCEEDED:
             state.outputs, state.error = execution.outputs, None
@@ -175,7 +175,7 @@ class Executor:
             state.side_effects = "possible" if spec.effect == "write" and started else "none"
             self.set_step(run, step_id, StepStatus.FAILED, f"{category}: {failure.message}", failure)
 
-    def _retry(self, run: RunRecord, step_id: str, state: StepState, failure: StepError, now: float) -> None:
+    def _retry(self, run: StoredRun, step_id: str, state: StepState, failure: StepError, now: float) -> None:
         spec = run.spec(step_id)
         interval = spec.retry.interval_s if spec.retry else 1.0
         state.due_at, state.error, state.passed = now + interval * 2 ** (len(state.attempts) - 1), failure, 0
@@ -183,7 +183,7 @@ class Executor:
         self.set_step(run, step_id, StepStatus.PENDING, why)
 
     def _settle_check(
-        self, run: RunRecord, step_id: str, state: StepState, execution: ExecutionRecord, now: float
+        self, run: StoredRun, step_id: str, state: StepState, execution: ExecutionRecord, now: float
     ) -> None:
         """A precondition or status check ended: it holds (its outputs satisfy `expect`), it does
         not, or it could not tell (its execution failed)."""
@@ -216,7 +216,7 @@ class Executor:
             outcome = "does not hold" if holds is False else f"could not be checked ({execution.status.value})"
             self._fail(run, step_id, "precondition.failed", f"precondition {check.name} {outcome}")
 
-    def _check_approval(self, run: RunRecord, step_id: str, state: StepState, now: float) -> None:
+    def _check_approval(self, run: StoredRun, step_id: str, state: StepState, now: float) -> None:
         assert state.approval_id is not None
         approval = approvals.current(self.store, state.approval_id, now)
         if approval is None:
@@ -232,11 +232,11 @@ class Executor:
 
     # -- propagation and dispatch ----------------------------------------------------------------
 
-    def _live(self, run: RunRecord) -> list[str]:
+    def _live(self, run: StoredRun) -> list[str]:
         specs = [s for s in run.plan.steps if run.steps[s.id].status is not StepStatus.SUPERSEDED]
         return order(specs)
 
-    def _propagate(self, run: RunRecord) -> None:
+    def _propagate(self, run: StoredRun) -> None:
         for step_id in self._live(run):
             state = run.steps[step_id]
             if state.status is not StepStatus.PENDING:
@@ -251,7 +251,7 @@ class Executor:
                 state.blocked_by = sorted(d for d in deps if run.steps[d].status is StepStatus.UNKNOWN_OUTCOME
                                           or run.steps[d].blocked_by)  # fmt: skip
 
-    def _dispatch(self, run: RunRecord, now: float) -> bool:
+    def _dispatch(self, run: StoredRun, now: float) -> bool:
         """Start every ready step the budgets allow; False when a budget stopped the run."""
         running = sum(1 for s in run.steps.values() if s.status is StepStatus.RUNNING)
         for step_id in self._live(run):
@@ -280,7 +280,7 @@ class Executor:
                 running += 1
         return True
 
-    def _start(self, run: RunRecord, step_id: str, state: StepState, now: float) -> bool:
+    def _start(self, run: StoredRun, step_id: str, state: StepState, now: float) -> bool:
         """Dispatch the step's next precondition, or (all of them held) the attempt itself."""
         spec = run.spec(step_id)
         attempt = len(state.attempts) + 1
@@ -302,7 +302,7 @@ class Executor:
         self.set_step(run, step_id, StepStatus.RUNNING, f"attempt {attempt}: execution {launched}")
         return True
 
-    def _script_request(self, run: RunRecord, step_id: str, state: StepState) -> ExecutionCreate | None:
+    def _script_request(self, run: StoredRun, step_id: str, state: StepState) -> ExecutionCreate | None:
         assert self.scripts is not None
         try:
             body, state.script = script_request(self.scripts, run, step_id, state.args or {})
@@ -311,7 +311,7 @@ class Executor:
             return None
         return body
 
-    def _start_check(self, run: RunRecord, step_id: str, state: StepState, check: Check, phase: str) -> bool:
+    def _start_check(self, run: StoredRun, step_id: str, state: StepState, check: Check, phase: str) -> bool:
         try:
             args = resolve(check.args, self._state(run))
         except RefError as exc:
@@ -327,7 +327,7 @@ class Executor:
         return True
 
     def _launch(
-        self, run: RunRecord, step_id: str, state: StepState, now: float, cell: CodeCell | ExecutionCreate,
+        self, run: StoredRun, step_id: str, state: StepState, now: float, cell: CodeCell | ExecutionCreate,
         raw_args: dict[str, Any],
         args: dict[str, Any], attempt: int, post: Postconditions | None, suffix: str = "",
     ) -> str | None:  # fmt: skip
@@ -350,7 +350,7 @@ class Executor:
         run.usage.steps_dispatched += 1
         return execution_id
 
-    def _request_approval(self, run: RunRecord, step_id: str, state: StepState, now: float) -> None:
+    def _request_approval(self, run: StoredRun, step_id: str, state: StepState, now: float) -> None:
         approval = approvals.request(self.store, run, step_id, state, now)
         state.approval_id, state.due_at = approval.id, approval.expires_at
         run.notify("approval.requested", approval=approval.id)
@@ -358,7 +358,7 @@ class Executor:
 
     # -- the run's status --------------------------------------------------------------------
 
-    def _derive(self, run: RunRecord) -> None:
+    def _derive(self, run: StoredRun) -> None:
         live = [run.steps[i] for i in self._live(run)]
         statuses = {s.status for s in live}
         if statuses <= {StepStatus.SUCCEEDED}:
@@ -383,7 +383,7 @@ class Executor:
         else:
             self.set_run_status(run, RunStatus.NEEDS_REPLAN, "step_failed", "no step can make progress")
 
-    def set_run_status(self, run: RunRecord, status: RunStatus, reason: str | None, detail: str) -> None:
+    def set_run_status(self, run: StoredRun, status: RunStatus, reason: str | None, detail: str) -> None:
         if run.status is not status:
             run.status, run.stop_reason = status, reason
             self.record(run, "run.status_changed", None, status.value, detail)
@@ -396,12 +396,12 @@ class Executor:
                     self.metrics.runs.labels(status.value, reason or "none").inc()
 
     def _fail(
-        self, run: RunRecord, step_id: str, category: str, message: str, status: StepStatus = StepStatus.FAILED
+        self, run: StoredRun, step_id: str, category: str, message: str, status: StepStatus = StepStatus.FAILED
     ) -> None:
         self.set_step(run, step_id, status, message, StepError(category=category, message=message))
 
     def set_step(
-        self, run: RunRecord, step_id: str, status: StepStatus, detail: str, error: StepError | None = None
+        self, run: StoredRun, step_id: str, status: StepStatus, detail: str, error: StepError | None = None
     ) -> None:
         state = run.steps[step_id]
         if error is not None:
@@ -412,17 +412,17 @@ class Executor:
                 self.metrics.steps.labels(status.value).inc()
             self.record(run, "step.status_changed", step_id, status.value, detail)
 
-    def record(self, run: RunRecord, kind: str, step_id: str | None, status: str | None, detail: str) -> None:
+    def record(self, run: StoredRun, kind: str, step_id: str | None, status: str | None, detail: str) -> None:
         run.events.append(RunEvent(at=time.time(), type=kind, step=step_id, status=status, detail=detail[:500]))
 
     @staticmethod
-    def _state(run: RunRecord) -> dict[str, object]:
+    def _state(run: StoredRun) -> dict[str, object]:
         """The document references point into."""
         steps = {i: {"outputs": s.outputs or {}} for i, s in run.steps.items() if s.status is StepStatus.SUCCEEDED}
         return {"inputs": run.inputs, "steps": steps}
 
     @staticmethod
-    def _next_due(run: RunRecord) -> float | None:
+    def _next_due(run: StoredRun) -> float | None:
         if run.status.terminal:
             return None
         due = [run.created_at + run.budgets.max_wall_s]

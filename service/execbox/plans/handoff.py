@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from execbox.executions.record import ExecutionRecord
-from execbox.plans.schemas import CodeCell, Handoff, HandoffStep, RunRecord, StepStatus
+from execbox.plans.schemas import CodeCell, Handoff, HandoffStep, StepStatus, StoredRun
 
 TAIL_CHARS = 2000
 CONSTRAINTS = [
@@ -24,7 +24,7 @@ CONSTRAINTS = [
 ]
 
 
-def build(run: RunRecord, execution: Callable[[str], ExecutionRecord | None]) -> Handoff:
+def build(run: StoredRun, execution: Callable[[str], ExecutionRecord | None]) -> Handoff:
     groups: dict[str, list[HandoffStep]] = {k: [] for k in ("completed", "failed", "unknown", "invalidated", "rest")}
     for spec in run.plan.steps:
         state = run.steps[spec.id]

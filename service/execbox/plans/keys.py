@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from execbox.core.keys import KeySpec
-from execbox.scripts.keys import ScriptKeys
+from execbox.library.keys import ScriptKeys
 from execbox.sessions.keys import SessionKeys
 
 SCHEMA: tuple[KeySpec, ...] = (
     KeySpec(
         "run:{id}",
-        "string (JSON RunRecord)",
+        "string (JSON StoredRun)",
         "retention_s after the last write",
         ("api",),
         ("worker",),

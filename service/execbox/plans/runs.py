@@ -28,10 +28,10 @@ from execbox.plans.schemas import (
     ReconcileRequest,
     RevisionCreate,
     RunCreate,
-    RunRecord,
     RunStatus,
     StepState,
     StepStatus,
+    StoredRun,
     Usage,
 )
 from execbox.plans.store import new_id
@@ -71,14 +71,14 @@ class Runs:
             return exc.message
         return None
 
-    def create(self, tenant: str, body: RunCreate, traceparent: str | None) -> RunRecord:
+    def create(self, tenant: str, body: RunCreate, traceparent: str | None) -> StoredRun:
         found = self.validate(tenant, body.plan)
         if body.webhook is not None and not host_allowed(body.webhook.url, self.webhook_hosts):
             found.append(FieldProblem("webhook.url", "host not allowed for callbacks (EXECBOX_WEBHOOKS__ALLOW_HOSTS)"))
         if found:
             raise InvalidPlan(tuple(found))
         now = time.time()
-        run = RunRecord(
+        run = StoredRun(
             id=new_id("run_"), tenant=tenant, status=RunStatus.RUNNING, revision=1, objective=body.plan.objective,
             labels=body.labels, trace_id=from_traceparent(traceparent).trace_id, created_at=now,
             budgets=body.plan.budgets, plan=body.plan, inputs=body.plan.inputs, webhook=body.webhook,
@@ -97,20 +97,20 @@ class Runs:
             log.exception("run %s: its first advance failed; the run is ended as failed", run.id)
             return self.executor.abandon(run.id, f"the service failed to start the run (trace {run.trace_id})") or run
 
-    def get(self, tenant: str, run_id: str) -> RunRecord:
+    def get(self, tenant: str, run_id: str) -> StoredRun:
         run = self.executor.store.get(run_id)
         if run is None or run.tenant != tenant:
             raise RunNotFound(run_id)
         return run
 
-    def cancel(self, tenant: str, run_id: str) -> RunRecord:
+    def cancel(self, tenant: str, run_id: str) -> StoredRun:
         with self._change(tenant, run_id) as run:
             if run.status.terminal:
                 raise RunConflict(f"run {run_id} already ended as {run.status.value}")
             self.executor.stop(run, RunStatus.CANCELLED, "cancelled_by_client", "cancelled by the client")
         return run
 
-    def revise(self, tenant: str, run_id: str, body: RevisionCreate, key_id: str | None = None) -> RunRecord:
+    def revise(self, tenant: str, run_id: str, body: RevisionCreate, key_id: str | None = None) -> StoredRun:
         """Apply a revision made with API key `key_id`: removing a step gated by an approval that
         names its deciders needs the right to decide it (ApprovalForbidden otherwise)."""
         with self._change(tenant, run_id) as run:
@@ -128,7 +128,7 @@ class Runs:
             self._apply(tenant, run, body, replanning, key_id)
         return run
 
-    def reconcile(self, tenant: str, run_id: str, step_id: str, body: ReconcileRequest) -> RunRecord:
+    def reconcile(self, tenant: str, run_id: str, step_id: str, body: ReconcileRequest) -> StoredRun:
         with self._change(tenant, run_id) as run:
             state = run.steps.get(step_id)
             if state is None or state.status is not StepStatus.UNKNOWN_OUTCOME:
@@ -179,7 +179,7 @@ class Runs:
             raise ApprovalNotFound(approval_id)
         return approval
 
-    def report_usage(self, tenant: str, run_id: str, report: UsageReport) -> RunRecord:
+    def report_usage(self, tenant: str, run_id: str, report: UsageReport) -> StoredRun:
         with self._change(tenant, run_id) as run:
             usage: Usage = run.usage
             usage.tokens += report.tokens
@@ -209,7 +209,7 @@ class Runs:
         return self.allowed_policies(tenant)
 
     @contextmanager
-    def _change(self, tenant: str, run_id: str) -> Iterator[RunRecord]:
+    def _change(self, tenant: str, run_id: str) -> Iterator[StoredRun]:
         """The run under its lock; reconciled and saved after the block (unless it raised)."""
         self.get(tenant, run_id)  # 404 before taking any lock
         with self.executor.store.locked(run_id):
@@ -224,7 +224,7 @@ class Runs:
                 self.executor.step(run)
             self.executor.save(run)
 
-    def _apply(self, tenant: str, run: RunRecord, body: RevisionCreate, replanning: bool, key_id: str | None) -> None:
+    def _apply(self, tenant: str, run: StoredRun, body: RevisionCreate, replanning: bool, key_id: str | None) -> None:
         self._check_gates(run, body, key_id)
         known = {s.id for s in run.plan.steps}
         found = [FieldProblem(f"add.{i}.id", f"step id {s.id!r} was used before; a new step needs a new id")
@@ -262,7 +262,7 @@ class Runs:
                              f"added {len(body.add)}, removed {len(body.remove)}: {body.reason}")  # fmt: skip
         self.executor.set_run_status(run, RunStatus.RUNNING, None, f"revision {run.revision} applied")
 
-    def _check_gates(self, run: RunRecord, body: RevisionCreate, key_id: str | None) -> None:
+    def _check_gates(self, run: StoredRun, body: RevisionCreate, key_id: str | None) -> None:
         """A step gated by an approval that names who may decide it can be removed only by one of
         them: otherwise a key refused the decision could remove the step and add its code again
         without the gate."""
@@ -275,7 +275,7 @@ class Runs:
                 continue
             raise ApprovalForbidden(state.approval_id or step_id, f"remove.{body.remove.index(step_id)}")
 
-    def _withdraw(self, run: RunRecord, approval_id: str, reason: str, key_id: str | None) -> None:
+    def _withdraw(self, run: StoredRun, approval_id: str, reason: str, key_id: str | None) -> None:
         """The removed step's pending approval is closed as rejected, the revision recorded as why."""
         approval = self.executor.store.approval(approval_id)
         if approval is None or approval.status is not ApprovalStatus.PENDING:

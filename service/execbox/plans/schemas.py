@@ -287,7 +287,7 @@ class RunPublic(BaseModel):
     events: list[RunEvent] = Field(default_factory=list, description="Every transition, with time and reason.")
 
 
-class RunRecord(RunPublic):
+class StoredRun(RunPublic):
     """What Redis keeps: the public view plus the plan itself."""
 
     tenant: str = Field(description="Owner.")

@@ -20,14 +20,14 @@ import redis
 from pydantic import ValidationError
 from redis.exceptions import LockError
 
-from execbox.core.events import EventStream
 from execbox.core.readable import readable
 from execbox.core.redis import redis_errors, text
+from execbox.core.streams import EventStream
 from execbox.plans.errors import RunBusy
 from execbox.plans.keys import PlanKeys
-from execbox.plans.schemas import ApprovalPublic, RunRecord
+from execbox.plans.schemas import ApprovalPublic, StoredRun
 
-M = TypeVar("M", RunRecord, ApprovalPublic)
+M = TypeVar("M", StoredRun, ApprovalPublic)
 
 log = logging.getLogger(__name__)
 LOCK_S = 10.0
@@ -61,25 +61,25 @@ class RunStore:
             except LockError:
                 pass  # it lapsed (a stall longer than LOCK_S); the next holder re-reads the run
 
-    def create(self, record: RunRecord) -> None:
-        raw = readable(RunRecord, record)  # 422 and nothing stored when its reader would refuse it
+    def create(self, record: StoredRun) -> None:
+        raw = readable(StoredRun, record)  # 422 and nothing stored when its reader would refuse it
         with redis_errors(), self.redis.pipeline() as pipe:
             pipe.set(self.keys.run(record.id), raw, ex=self._retention_s, nx=True)
             pipe.zadd(self.keys.runs(record.tenant), {record.id: record.created_at})
             pipe.zadd(self.keys.active_runs, {record.id: 0})
             pipe.execute()
 
-    def get(self, run_id: str) -> RunRecord | None:
+    def get(self, run_id: str) -> StoredRun | None:
         with redis_errors():
             raw = self.redis.get(self.keys.run(run_id))
-        return None if raw is None else RunRecord.model_validate_json(raw)
+        return None if raw is None else StoredRun.model_validate_json(raw)
 
-    def put(self, record: RunRecord, due_at: float | None) -> None:
+    def put(self, record: StoredRun, due_at: float | None) -> None:
         """Store a changed run (under its lock); due_at: when it must be advanced again even if no
         execution ends (a retry, an approval's expiry, the wall budget), None when it is terminal.
         Its webhook's events go to the outbox in the same transaction. A change its reader would
         refuse is not stored (InvalidRequest, 422): the run stays as it was."""
-        raw = readable(RunRecord, record)
+        raw = readable(StoredRun, record)
         with redis_errors(), self.redis.pipeline() as pipe:
             pipe.set(self.keys.run(record.id), raw, ex=self._retention_s)
             for notice in record.take_notices():
@@ -95,11 +95,11 @@ class RunStore:
         with redis_errors():
             return [text(m) for m in self.redis.zrangebyscore(self.keys.active_runs, "-inf", time.time(), 0, limit)]
 
-    def of_tenant(self, tenant: str, limit: int = 100) -> list[RunRecord]:
+    def of_tenant(self, tenant: str, limit: int = 100) -> list[StoredRun]:
         with redis_errors():
             ids = [text(i) for i in self.redis.zrevrange(self.keys.runs(tenant), 0, limit - 1)]
             raws = self.redis.mget([self.keys.run(i) for i in ids]) if ids else []
-        return [r for r in (_readable(RunRecord, i, raw) for i, raw in zip(ids, raws, strict=True)) if r is not None]
+        return [r for r in (_readable(StoredRun, i, raw) for i, raw in zip(ids, raws, strict=True)) if r is not None]
 
     def remove(self, run_id: str) -> bool:
         """Delete a run, readable or not, with its index entries and its approvals (the operator's

@@ -1,6 +1,6 @@
 """FakeRuntime: an in-memory sandbox that runs nothing, for unit tests of the worker's paths.
 
-It implements the same `Runtime` protocol as DockerRuntime and gives back the same RunOutcome, so
+It implements the same `Runtime` protocol as DockerRuntime and gives back the same SandboxOutcome, so
 everything after the sandbox (classification, result reading, artifacts, the stored record, events,
 webhooks, plans) runs as it does in production. What a "program" does is decided here:
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from execbox.sandbox.errors import RuntimeUnavailable
-from execbox.sandbox.runtime import WORKDIR, ContainerInfo, RunControl, RunOutcome, RunSpec
+from execbox.sandbox.runtime import WORKDIR, ContainerInfo, SandboxControl, SandboxOutcome, SandboxSpec
 
 FAKE_IMAGE_ID = "sha256:fake"
 _RESULT_ENV = "EXECBOX_RESULT_FILE"
@@ -126,7 +126,7 @@ def _value(node: ast.expr, names: dict[str, Any]) -> Any:
 class FakeSession:
     """A session's sandbox: one workspace and namespace kept across calls."""
 
-    def __init__(self, runtime: FakeRuntime, spec: RunSpec, session_id: str) -> None:
+    def __init__(self, runtime: FakeRuntime, spec: SandboxSpec, session_id: str) -> None:
         self.runtime, self.spec, self.session_id = runtime, spec, session_id
         self.workspace = _Workspace()
         self.workspace.unpack(spec.input_archive)
@@ -134,7 +134,7 @@ class FakeSession:
         self.closed = False
         self.calls: list[str] = []
 
-    def run_cell(self, spec: RunSpec, code: str, control: RunControl) -> RunOutcome:
+    def run_cell(self, spec: SandboxSpec, code: str, control: SandboxControl) -> SandboxOutcome:
         self.calls.append(code)
         return self.runtime.execute(spec, code, control, self.workspace, session=True)
 
@@ -149,25 +149,25 @@ class FakeRuntime:
     def __init__(self, scripts: Mapping[str, Script] | None = None) -> None:
         self.scripts: dict[str, Script] = dict(scripts or {})
         """By execution id or by exact code."""
-        self.runs: list[RunSpec] = []
+        self.runs: list[SandboxSpec] = []
         self.sessions: dict[str, FakeSession] = {}
         self.closed = False
         self._lock = threading.Lock()
 
     # the execution seam
-    def run(self, spec: RunSpec, control: RunControl) -> RunOutcome:
+    def run(self, spec: SandboxSpec, control: SandboxControl) -> SandboxOutcome:
         code = spec.files[0][1].decode() if spec.files else ""  # the worker puts the program first
         return self.execute(spec, code, control, _Workspace(), session=False)
 
-    def open_session(self, spec: RunSpec, session_id: str, start_timeout_s: float) -> FakeSession:
+    def open_session(self, spec: SandboxSpec, session_id: str, start_timeout_s: float) -> FakeSession:
         session = FakeSession(self, spec, session_id)
         with self._lock:
             self.sessions[session_id] = session
         return session
 
     def execute(
-        self, spec: RunSpec, code: str, control: RunControl, workspace: _Workspace, session: bool
-    ) -> RunOutcome:
+        self, spec: SandboxSpec, code: str, control: SandboxControl, workspace: _Workspace, session: bool
+    ) -> SandboxOutcome:
         """One run or call: what the program does, then the outcome and the collection a sandbox gives."""
         with self._lock:
             self.runs.append(spec)
@@ -200,7 +200,7 @@ class FakeRuntime:
             if only is not None:  # a session's call: only what it wrote is its own (as the kernel reports)
                 spec.collector.only = frozenset(p[len(prefix) :] for p in only)
             spec.collector(iter([workspace.tar(spec.collect_path, only)]))
-        return RunOutcome(
+        return SandboxOutcome(
             exit_code=None if cancelled else script.exit_code,
             stdout=stdout[:cap],
             stderr=stderr[:cap],
@@ -218,7 +218,7 @@ class FakeRuntime:
         )
 
     @staticmethod
-    def _write(spec: RunSpec, script: Script, workspace: _Workspace) -> set[str]:
+    def _write(spec: SandboxSpec, script: Script, workspace: _Workspace) -> set[str]:
         files = dict(script.files)
         if script.outputs is not None or script.check is not None:
             result_path = dict(spec.env).get(_RESULT_ENV, f"{WORKDIR}/{_DEFAULT_RESULT}")

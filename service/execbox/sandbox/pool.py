@@ -33,7 +33,7 @@ from typing import Protocol
 
 from execbox.core.errors import ServiceError
 from execbox.sandbox.poolsize import Demand, within_budget
-from execbox.sandbox.runtime import ContainerInfo, Limits, RunSpec
+from execbox.sandbox.runtime import ContainerInfo, Limits, SandboxSpec
 
 log = logging.getLogger(__name__)
 REFILL_DELAY_S = 0.05
@@ -42,7 +42,7 @@ is stored, so that the client gets the result first (same reason as docker.CLEAN
 
 
 class PoolEngine(Protocol):
-    def create_pooled(self, spec: RunSpec, pool_class: str) -> str: ...
+    def create_pooled(self, spec: SandboxSpec, pool_class: str) -> str: ...
 
     def resize(self, container_id: str, held: Limits, wanted: Limits, full_weight: bool = False) -> None: ...
 
@@ -55,14 +55,14 @@ class PoolEngine(Protocol):
 class PoolClass:
     name: str
     """The language (with `@variant` and `:policy` when not the default); the containers' pool label."""
-    template: RunSpec
+    template: SandboxSpec
     """What a pooled container is made from: image, command, the class's limits, labels."""
     floor: int
     """Warm containers kept however quiet the class is."""
     ceiling: int
     """Warm containers kept however busy it is."""
 
-    def fits(self, spec: RunSpec) -> bool:
+    def fits(self, spec: SandboxSpec) -> bool:
         held, wanted = self.template.limits, spec.limits
         return (
             spec.image == self.template.image
@@ -129,7 +129,7 @@ class WarmPool:
         self._thread: threading.Thread | None = None
         self._creators = ThreadPoolExecutor(max(1, sizing.parallelism), thread_name_prefix="warm-pool-create")
 
-    def take(self, spec: RunSpec) -> str | None:
+    def take(self, spec: SandboxSpec) -> str | None:
         """A started container for spec, sized to its limits, or None at once (the caller goes cold)."""
         pool_class = next((c for c in self._classes if c.fits(spec)), None)
         if pool_class is None:

@@ -1,4 +1,4 @@
-"""The runtime seam: what a sandbox run takes (RunSpec) and gives back (RunOutcome)."""
+"""The runtime seam: what a sandbox run takes (SandboxSpec) and gives back (SandboxOutcome)."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ class EgressSpec:
 
 
 @dataclass(frozen=True)
-class RunSpec:
+class SandboxSpec:
     execution_id: str
     trace_id: str
     worker: str
@@ -115,7 +115,7 @@ class RunSpec:
 
 
 @dataclass(frozen=True)
-class RunOutcome:
+class SandboxOutcome:
     exit_code: int | None
     stdout: bytes
     stderr: bytes
@@ -164,7 +164,7 @@ class ContainerInfo:
 
 
 @dataclass
-class RunControl:
+class SandboxControl:
     """Lets another thread stop a run: cancel() kills the sandbox as soon as one exists."""
 
     cancelled: bool = False
@@ -192,7 +192,7 @@ class SessionSandbox(Protocol):
     gone: str | None
     """Why it can take no more calls (its sandbox ended, its kernel stopped answering); None while usable."""
 
-    def run_cell(self, spec: RunSpec, code: str, control: RunControl) -> RunOutcome:
+    def run_cell(self, spec: SandboxSpec, code: str, control: SandboxControl) -> SandboxOutcome:
         """Run code in the kernel under spec's timeout and output cap; spec's files, input archive
         and environment are the call's; spec.collector receives what the call wrote in out/."""
 
@@ -205,10 +205,10 @@ class Sandbox(Protocol):
     session whose calls run one after another in one kernel). DockerRuntime and FakeRuntime
     (execbox.sandbox.fake) are the two."""
 
-    def run(self, spec: RunSpec, control: RunControl) -> RunOutcome:
+    def run(self, spec: SandboxSpec, control: SandboxControl) -> SandboxOutcome:
         """Run spec in a fresh container and remove it afterwards, whatever happens."""
 
-    def open_session(self, spec: RunSpec, session_id: str, start_timeout_s: float) -> SessionSandbox:
+    def open_session(self, spec: SandboxSpec, session_id: str, start_timeout_s: float) -> SessionSandbox:
         """Create and start a session's container (spec.command is the session program) and wait
         until its kernel is ready; raises a ServiceError when it cannot."""
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from execbox.core.keys import KeySpec
-from execbox.scripts.keys import ScriptKeys
+from execbox.library.keys import ScriptKeys
 
 SCHEMA: tuple[KeySpec, ...] = (
     KeySpec("schedule:{id}", "string (JSON Schedule)", "none", ("api",), (), "a schedule"),

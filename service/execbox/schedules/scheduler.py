@@ -29,12 +29,12 @@ from execbox.core.metrics import LoopMetrics
 from execbox.core.poison import Guard
 from execbox.executions.schemas import Origin
 from execbox.executions.store import ExecutionStore
+from execbox.library.service import Library
 from execbox.schedules import calendar
 from execbox.schedules.metrics import ScheduleMetrics
 from execbox.schedules.schemas import Firing, Schedule, ScheduleCreate
 from execbox.schedules.schemas import FiringStatus as Status
 from execbox.schedules.store import ScheduleStore
-from execbox.scripts.library import Library
 
 log = logging.getLogger(__name__)
 TICK_S = 0.5

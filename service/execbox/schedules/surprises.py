@@ -23,11 +23,11 @@ from typing import Any
 import redis
 from pydantic import BaseModel, Field
 
-from execbox.core.events import TERMINAL
 from execbox.core.metrics import LoopMetrics
 from execbox.core.poison import Guard, consume
 from execbox.core.redis import redis_errors, text
 from execbox.core.status import ExecutionStatus
+from execbox.core.streams import TERMINAL
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, StoredWebhook
 from execbox.executions.store import ExecutionStore

@@ -24,7 +24,7 @@ from execbox.core.errors import ServiceError
 from execbox.core.status import SessionEnd, SessionStatus
 from execbox.core.tracing import TraceContext
 from execbox.executions.lifecycle import Worker, input_archive, run_and_finish, run_limits, take
-from execbox.sandbox.runtime import RunControl, RunOutcome, RunSpec, SessionSandbox
+from execbox.sandbox.runtime import SandboxControl, SandboxOutcome, SandboxSpec, SessionSandbox
 from execbox.sessions.record import SessionRecord
 from execbox.sessions.service import ended_error, settle_waiting
 from execbox.sessions.store import WAKE, SessionStore
@@ -44,7 +44,7 @@ class _Held:
     """What a session's lease keeper may stop: the sandbox, and the call running in it."""
 
     sandbox: SessionSandbox | None = None
-    control: RunControl | None = None
+    control: SandboxControl | None = None
 
 
 class SessionHost:
@@ -189,10 +189,10 @@ class SessionHost:
             return
         logs.bind(started.trace_id, execution_id)
         self.store.update(session_id, busy)
-        held.control = RunControl()
+        held.control = SandboxControl()
         settled: list[bool] = []
 
-        def settle(outcome: RunOutcome | None) -> None:
+        def settle(outcome: SandboxOutcome | None) -> None:
             """The call is over: the session says so before the call's result is stored, so a
             client that has the result reads the session idle and counted."""
 
@@ -238,13 +238,13 @@ class SessionHost:
         if self.store.end(session_id, reason, why, worker=self.ctx.name) is not None:
             log.info("session %s ended: %s", session_id, reason.value)
 
-    def _spec(self, record: SessionRecord) -> RunSpec:
+    def _spec(self, record: SessionRecord) -> SandboxSpec:
         ctx = self.ctx
         language = ctx.languages.get(record.language)
         assert language.session is not None
         env = {**dict(language.env), **record.env, "EXECBOX_OUTPUT_DIR": "/workspace/out",
                "EXECBOX_SESSION_ID": record.id}  # fmt: skip
-        return RunSpec(
+        return SandboxSpec(
             execution_id="",
             trace_id=record.trace_id,
             worker=ctx.name,

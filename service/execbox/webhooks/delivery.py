@@ -32,10 +32,10 @@ import httpx
 
 from execbox.catalog.webhook_hosts import host_allowed
 from execbox.core import logs
-from execbox.core.events import TERMINAL, DueSet
 from execbox.core.metrics import LoopMetrics
 from execbox.core.poison import Guard, consume
 from execbox.core.settings import WebhookSettings
+from execbox.core.streams import TERMINAL, DueSet
 from execbox.executions.events import DURABLE_GROUPS
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import StoredWebhook, WebhookDelivery

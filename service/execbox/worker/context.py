@@ -28,7 +28,7 @@ from execbox.fleet.registry import WorkerRegistry
 from execbox.keyschema import Keys
 from execbox.sandbox.docker import DockerRuntime
 from execbox.sandbox.pool import PoolClass, Sizing, WarmPool
-from execbox.sandbox.runtime import RunSpec, Runtime
+from execbox.sandbox.runtime import Runtime, SandboxSpec
 from execbox.sandbox.uids import redis_uids
 from execbox.sessions.store import SessionStore
 from execbox.tenancy.quotas import Slots
@@ -105,7 +105,7 @@ def build_pool(ctx: WorkerContext, runtime: DockerRuntime) -> WarmPool:
             policy = policies.resolve(PolicyRequest(name=wanted.policy), 0)
         except ServiceError as exc:
             raise ValueError(f"EXECBOX_POOL__CLASSES.{i}: {exc.message}") from exc
-        template = RunSpec(execution_id="", trace_id="", worker=ctx.name, image=language.image,
+        template = SandboxSpec(execution_id="", trace_id="", worker=ctx.name, image=language.image,
                            command=language.command, files=(), env=(), limits=run_limits(policy),
                            language=language.name, deployment=ctx.settings.redis.key_prefix,
                            runtime=policy.runtime or ctx.settings.docker.runtime or "runc",

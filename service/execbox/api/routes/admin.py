@@ -12,8 +12,8 @@ from pydantic import BaseModel, Field
 from execbox.api.bodies import OffLoopRoute
 from execbox.api.deps import ServicesDep
 from execbox.api.problems import PROBLEM_DOC
-from execbox.scripts.library import SHARED
-from execbox.scripts.schemas import NAME_PATTERN, VERSION_PATTERN, Promote, ScriptCreate, ScriptVersion
+from execbox.library.schemas import NAME_PATTERN, VERSION_PATTERN, Promote, ScriptCreate, ScriptVersion
+from execbox.library.service import SHARED
 from execbox.tenancy.apikeys import TENANT_PATTERN, TenantName, bearer_token
 from execbox.tenancy.errors import AdminOff, InvalidKey, KeyNotFound
 

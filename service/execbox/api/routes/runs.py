@@ -30,8 +30,8 @@ from execbox.plans.schemas import (
     RevisionCreate,
     RunCreate,
     RunPublic,
-    RunRecord,
     RunStatus,
+    StoredRun,
 )
 from execbox.tenancy.apikeys import DEFAULT_TENANT
 
@@ -92,7 +92,7 @@ async def create_run(
         run = await to_thread.run_sync(services.runs.create, tenant, body, traceparent)
     else:
         digest = request_digest(body)
-        made: list[RunRecord] = []
+        made: list[StoredRun] = []
 
         def create() -> str:
             made.append(services.runs.create(tenant, body, traceparent))
@@ -140,13 +140,13 @@ async def get_run(
         message = "after counts events to wait past; it needs a wait (?wait=S or Prefer: wait=S)"
         raise InvalidRequest(f"query.after: {message}", (FieldProblem("query.after", message),))
 
-    def settled(r: RunRecord) -> bool:
+    def settled(r: StoredRun) -> bool:
         return r.status not in WAITING or (after is not None and len(r.events) > after)
 
     run = await to_thread.run_sync(services.runs.get, tenant, run_id)
     if wait_s > 0 and not settled(run):
 
-        async def read() -> RunRecord | None:
+        async def read() -> StoredRun | None:
             return await to_thread.run_sync(services.runs.get, tenant, run_id)
 
         run = await services.waiters.wait_for(run_id, read, settled, wait_s, disconnected(request)) or run

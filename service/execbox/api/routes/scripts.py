@@ -1,5 +1,5 @@
 """HTTP for the script library: register, search, list versions, promote, invoke. Only
-translation: the work is execbox.scripts.library's."""
+translation: the work is execbox.library.service's."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from execbox.api.deps import ServicesDep, TenantDep
 from execbox.api.params import IdempotencyHeader, PreferHeader, TraceHeader, WaitQuery, disconnected, wait_seconds
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.executions.schemas import ExecutionPublic
-from execbox.scripts.schemas import (
+from execbox.library.schemas import (
     NAME_PATTERN,
     VERSION_PATTERN,
     Invoke,

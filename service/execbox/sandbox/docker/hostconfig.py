@@ -7,7 +7,7 @@ from typing import Any
 from docker.types import DriverConfig, Mount, Ulimit
 
 from execbox.core.settings import DockerSettings
-from execbox.sandbox.runtime import DEPLOYMENT_LABEL, MANAGED_LABEL, WORKDIR, RunSpec
+from execbox.sandbox.runtime import DEPLOYMENT_LABEL, MANAGED_LABEL, WORKDIR, SandboxSpec
 
 # Docker's own masked paths (20.10) and the ones its later releases and CIS guidance add: kernel
 # state a sandbox has no use for (interrupt counts leak other tenants' activity, powercap leaks
@@ -26,7 +26,7 @@ DEFAULT_CPU_SHARES = 1024
 
 
 def host_config_kwargs(
-    spec: RunSpec, settings: DockerSettings, uid: int, seccomp: str, network: str | None = None
+    spec: SandboxSpec, settings: DockerSettings, uid: int, seccomp: str, network: str | None = None
 ) -> dict[str, Any]:
     """Every protection of DESIGN.md's 'Every sandbox, always', as engine settings; `uid` is the
     run's own user, `seccomp` the profile's JSON, `network` the run's own egress network (None: no
@@ -92,7 +92,7 @@ def host_config_kwargs(
     return kwargs
 
 
-def policy_runtime(spec: RunSpec, settings: DockerSettings) -> str:
+def policy_runtime(spec: SandboxSpec, settings: DockerSettings) -> str:
     """The policy's runtime for this run (runc, runsc): the spec's, else the operator's default."""
     return spec.runtime or settings.runtime or "runc"
 

@@ -43,8 +43,8 @@ from execbox.sandbox.docker.hostconfig import (
     host_config_kwargs,
     policy_runtime,
 )
+from execbox.sandbox.docker.kernel import KernelContainer
 from execbox.sandbox.docker.networks import EgressNetwork, EgressNetworks
-from execbox.sandbox.docker.session import DockerSession
 from execbox.sandbox.errors import ImageUnavailable
 from execbox.sandbox.pool import WarmPool
 from execbox.sandbox.protocol import GVISOR_LAUNCHER, LAUNCHER, RELEASE_SIGNAL, done_marker, frame_files
@@ -60,9 +60,9 @@ from execbox.sandbox.runtime import (
     WORKER_LABEL,
     ContainerInfo,
     Limits,
-    RunControl,
-    RunOutcome,
-    RunSpec,
+    SandboxControl,
+    SandboxOutcome,
+    SandboxSpec,
 )
 from execbox.sandbox.seccomp import SeccompProfiles
 from execbox.sandbox.uids import LocalUids, UidAllocator
@@ -126,7 +126,7 @@ class DockerRuntime:
                 self._image_ids[image] = str(self.api.inspect_image(image)["Id"])  # type: ignore[no-untyped-call]
         return self._image_ids[image]
 
-    def run(self, spec: RunSpec, control: RunControl) -> RunOutcome:
+    def run(self, spec: SandboxSpec, control: SandboxControl) -> SandboxOutcome:
         t0 = time.monotonic()
         try:
             image_id = self.image_id(spec.image)
@@ -134,7 +134,7 @@ class DockerRuntime:
             self._image_ids.pop(spec.image, None)
             raise
         container_id: str | None = None
-        outcome: RunOutcome | None = None
+        outcome: SandboxOutcome | None = None
         network: EgressNetwork | None = None
         try:
             with docker_errors():
@@ -154,7 +154,7 @@ class DockerRuntime:
             self._cleanup.later(lambda: self.retire(container_id, reported, network))
 
     def retire(
-        self, container_id: str | None, reported: RunOutcome | None, network: EgressNetwork | None = None
+        self, container_id: str | None, reported: SandboxOutcome | None, network: EgressNetwork | None = None
     ) -> None:
         """Remove a run's container; when the result took status and OOM from the launcher's
         marker, first let the launcher exit and check the engine agrees (a mismatch would mean
@@ -180,17 +180,17 @@ class DockerRuntime:
             self._networks.close(network)
 
     @staticmethod
-    def labels(spec: RunSpec, extra: dict[str, str]) -> dict[str, str]:
+    def labels(spec: SandboxSpec, extra: dict[str, str]) -> dict[str, str]:
         return {MANAGED_LABEL: "true", DEPLOYMENT_LABEL: spec.deployment, WORKER_LABEL: spec.worker, **extra}
 
-    def create(self, spec: RunSpec, network: EgressNetwork | None = None) -> str:
+    def create(self, spec: SandboxSpec, network: EgressNetwork | None = None) -> str:
         """A created (not started) container for one run, labelled with its execution and trace."""
         labels = {EXECUTION_LABEL: spec.execution_id, TRACE_LABEL: spec.trace_id}
         return self.create_labelled(spec, self.labels(spec, labels), network)
 
-    def open_session(self, spec: RunSpec, session_id: str, start_timeout_s: float) -> DockerSession:
-        """A session's container, started, its kernel ready (see execbox.sandbox.docker.session)."""
-        session = DockerSession(self, spec, session_id)
+    def open_session(self, spec: SandboxSpec, session_id: str, start_timeout_s: float) -> KernelContainer:
+        """A session's container, started, its kernel ready (see execbox.sandbox.docker.kernel)."""
+        session = KernelContainer(self, spec, session_id)
         try:
             session.open(start_timeout_s)
         except BaseException:
@@ -198,7 +198,7 @@ class DockerRuntime:
             raise
         return session
 
-    def create_labelled(self, spec: RunSpec, labels: dict[str, str], network: EgressNetwork | None = None) -> str:
+    def create_labelled(self, spec: SandboxSpec, labels: dict[str, str], network: EgressNetwork | None = None) -> str:
         """Create (not start) a hardened container for spec's image, command and limits, running as
         a uid no other live sandbox has (per-uid kernel limits are then the run's own)."""
         api = self.api
@@ -219,7 +219,7 @@ class DockerRuntime:
 
     def _create_container(
         self,
-        spec: RunSpec,
+        spec: SandboxSpec,
         labels: dict[str, str],
         network: EgressNetwork | None,
         host_config: Any,
@@ -241,7 +241,7 @@ class DockerRuntime:
         )
         return str(created["Id"])
 
-    def create_pooled(self, spec: RunSpec, pool_class: str) -> str:
+    def create_pooled(self, spec: SandboxSpec, pool_class: str) -> str:
         """A warm-pool container: created and started, its launcher waiting for a frame on stdin."""
         with docker_errors():
             labels = {POOL_LABEL: pool_class, POOL_MEMORY_LABEL: str(spec.limits.memory_mb)}
@@ -276,7 +276,9 @@ class DockerRuntime:
         except (docker.errors.APIError, requests.exceptions.RequestException) as exc:  # the run ended first
             log.debug("could not restore the CPU weight of %s: %s", container_id[:12], exc)
 
-    def run_in(self, spec: RunSpec, control: RunControl, cid: str, image_id: str, t0: float, warm: bool) -> RunOutcome:
+    def run_in(
+        self, spec: SandboxSpec, control: SandboxControl, cid: str, image_id: str, t0: float, warm: bool
+    ) -> SandboxOutcome:
         """Run spec in a container made for it (created, or warm and started); the caller retires it."""
         api = self.api
         nonce = secrets.token_hex(8)
@@ -344,7 +346,7 @@ class DockerRuntime:
             capture.flush_held()
         stdout, stdout_total, stdout_over = capture.result(STDOUT)
         stderr, stderr_total, stderr_over = capture.result(STDERR)
-        return RunOutcome(
+        return SandboxOutcome(
             exit_code=exit_code,
             stdout=stdout,
             stderr=stderr,
@@ -367,7 +369,7 @@ class DockerRuntime:
             cpu_exhausted=cpu_over.is_set(),
         )
 
-    def collect(self, cid: str, spec: RunSpec, freeze: bool = False) -> str | None:
+    def collect(self, cid: str, spec: SandboxSpec, freeze: bool = False) -> str | None:
         """Hand spec.collector the tar stream of the container's collect path; why not, if it failed."""
         if spec.collector is None:
             return None

@@ -6,8 +6,8 @@ from __future__ import annotations
 import redis
 
 from execbox.core.redis import redis_errors, text
-from execbox.scripts.keys import ScriptKeys
-from execbox.scripts.schemas import ScriptVersion
+from execbox.library.keys import ScriptKeys
+from execbox.library.schemas import ScriptVersion
 
 
 class ScriptStore:

@@ -25,8 +25,8 @@ from execbox.core.status import ExecutionStatus
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionCreate, Expect, InputFile, Origin
 from execbox.executions.submit import Submission, Submissions, request_digest
-from execbox.scripts.errors import ScriptNotFound
-from execbox.scripts.schemas import (
+from execbox.library.errors import ScriptNotFound
+from execbox.library.schemas import (
     VERSION_PATTERN,
     Promote,
     ScriptCreate,
@@ -36,7 +36,7 @@ from execbox.scripts.schemas import (
     VersionStatus,
     VersionView,
 )
-from execbox.scripts.store import ScriptStore
+from execbox.library.store import ScriptStore
 
 SHARED = "*"
 """The owner of the operator's shared scripts: every tenant may find and invoke them."""

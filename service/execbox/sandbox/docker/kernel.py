@@ -1,4 +1,4 @@
-"""DockerSession: a session's container, its kernel's supervisor, and one call at a time.
+"""KernelContainer: a session's container, its kernel's supervisor, and one call at a time.
 
 The container is made with the same hardening as any run (DockerRuntime._create); its program is
 the language's session supervisor (sandbox-images/common/session.py, which documents the JSON
@@ -29,7 +29,7 @@ from execbox.sandbox.docker.capture import STDERR, STDOUT, close
 from execbox.sandbox.docker.engine import docker_errors
 from execbox.sandbox.errors import RuntimeUnavailable
 from execbox.sandbox.protocol import frame_files
-from execbox.sandbox.runtime import SESSION_LABEL, WORKDIR, RunControl, RunOutcome, RunSpec
+from execbox.sandbox.runtime import SESSION_LABEL, WORKDIR, SandboxControl, SandboxOutcome, SandboxSpec
 
 log = logging.getLogger(__name__)
 INTERRUPT_GRACE_S = 20.0
@@ -38,7 +38,7 @@ LINE_CAP = 1 << 20
 """The longest event line read from the supervisor (its output chunks are 64 KiB before base64)."""
 
 
-class Host(Protocol):
+class KernelHost(Protocol):
     """What a session needs of execbox.sandbox.docker.runtime.DockerRuntime."""
 
     @property
@@ -46,17 +46,17 @@ class Host(Protocol):
 
     def image_id(self, image: str) -> str: ...
 
-    def labels(self, spec: RunSpec, extra: dict[str, str]) -> dict[str, str]: ...
+    def labels(self, spec: SandboxSpec, extra: dict[str, str]) -> dict[str, str]: ...
 
-    def create_labelled(self, spec: RunSpec, labels: dict[str, str]) -> str: ...
+    def create_labelled(self, spec: SandboxSpec, labels: dict[str, str]) -> str: ...
 
-    def collect(self, cid: str, spec: RunSpec) -> str | None: ...
+    def collect(self, cid: str, spec: SandboxSpec) -> str | None: ...
 
     def remove(self, container_id: str) -> None: ...
 
 
-class DockerSession:
-    def __init__(self, runtime: Host, spec: RunSpec, session_id: str) -> None:
+class KernelContainer:
+    def __init__(self, runtime: KernelHost, spec: SandboxSpec, session_id: str) -> None:
         self._runtime = runtime
         self._spec = spec
         self.session_id = session_id
@@ -150,7 +150,7 @@ class DockerSession:
         self._send((json.dumps(request) + "\n").encode())
 
     # one call
-    def run_cell(self, spec: RunSpec, code: str, control: RunControl) -> RunOutcome:
+    def run_cell(self, spec: SandboxSpec, code: str, control: SandboxControl) -> SandboxOutcome:
         t0 = time.monotonic()
         assert self.container_id is not None
         cell = spec.execution_id
@@ -208,7 +208,7 @@ class DockerSession:
         if spec.collector is not None and self.gone is None:
             collect_error = self._collect(spec, changed)
         status = end.get("status")
-        return RunOutcome(
+        return SandboxOutcome(
             exit_code=int(status) if isinstance(status, int) else None,
             stdout=bytes(kept[STDOUT]),
             stderr=bytes(kept[STDERR]),
@@ -231,7 +231,7 @@ class DockerSession:
             session_note=str(end["reason"]) if end.get("reason") else None,
         )
 
-    def _collect(self, spec: RunSpec, changed: frozenset[str]) -> str | None:
+    def _collect(self, spec: SandboxSpec, changed: frozenset[str]) -> str | None:
         assert spec.collector is not None and self.container_id is not None
         spec.collector.only = changed  # only this call's files are its artifacts
         return self._runtime.collect(self.container_id, spec)

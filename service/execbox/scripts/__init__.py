@@ -1,2 +1,0 @@
-"""Scripts: a library of named, versioned, immutable code with input and output schemas
-(schemas, store), promoted draft → proven on evidence and invoked by name (library)."""
