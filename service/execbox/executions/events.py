@@ -7,8 +7,9 @@ Two kinds of consumer hear of a terminal status change:
   API and the reaper for cancellations, expiries and lost workers);
 - durable consumers, which read the outbox stream (`ExecutionStore.events`, written in the status
   change's own transaction) as a consumer group, so that nothing is missed when a process dies:
-  webhook delivery (group `webhooks`, execbox.webhooks.delivery, in workers) and the plan
-  executor (group `plans`, execbox.plans.consumer, in API processes); schedules join the same way.
+  webhook delivery (execbox.webhooks.delivery, in workers), the plan executor
+  (execbox.plans.consumer, in API processes) and surprise events (execbox.schedules.surprises, in
+  API processes), each under the group name `consumer_group` gives it.
 
 Every process that changes statuses calls `subscribe` once, after building its store.
 """
@@ -20,7 +21,25 @@ from execbox.executions.record import ExecutionRecord
 from execbox.executions.store import ExecutionStore
 
 DURABLE_GROUPS = ("webhooks", "plans", "surprises")
-"""Consumer groups reading the outbox stream."""
+"""The durable consumers of the outbox stream."""
+_PER_QUEUE = frozenset({"plans"})
+"""Consumers that each deployment sharing a Redis runs for its own queue (a run is advanced by the
+API processes of its queue); the others are one group for every deployment, so each event is
+handled once."""
+
+
+def consumer_group(consumer: str, queue: str | None = None) -> str:
+    """The consumer group `consumer` reads the outbox stream as: `webhooks`, `surprises`,
+    `plans.<queue>`. Redis keeps each group's place in the stream under this name, so a name that
+    changed would make a running stack's consumer start over (or skip) unless the group were moved
+    too (execbox.core.keymigration)."""
+    if consumer not in DURABLE_GROUPS:
+        raise ValueError(f"unknown consumer {consumer!r}: add it to execbox.executions.events.DURABLE_GROUPS")
+    if (queue is not None) != (consumer in _PER_QUEUE):
+        raise ValueError(
+            f"{consumer!r} is read per queue" if queue is None else f"{consumer!r} is one group for all queues"
+        )
+    return consumer if queue is None else f"{consumer}.{queue}"
 
 
 def subscribe(store: ExecutionStore, outcomes: OutcomeMetrics) -> None:

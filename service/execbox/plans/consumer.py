@@ -19,13 +19,11 @@ from functools import partial
 from execbox.core.metrics import LoopMetrics
 from execbox.core.poison import Guard, consume
 from execbox.core.streams import TERMINAL
-from execbox.executions.events import DURABLE_GROUPS
+from execbox.executions.events import consumer_group
 from execbox.plans.dispatch import awaited_by
 from execbox.plans.executor import Executor
 
 log = logging.getLogger(__name__)
-GROUP = DURABLE_GROUPS[1]
-"""Per queue: `plans.<queue>` (deployments sharing a Redis each advance their own runs)."""
 
 
 class PlanConsumer:
@@ -34,7 +32,7 @@ class PlanConsumer:
         self._events = executor.submissions.store.events
         self._name = name
         self._idle_s = idle_s
-        self._group = f"{GROUP}.{executor.queue}"
+        self._group = consumer_group("plans", executor.queue)  # deployments sharing a Redis each advance their own runs
         store = executor.store
         self.guard = Guard(store.redis, store.keys, "plans", (store.keys.events, store.keys.active_runs), metrics)
         """A run or event that fails is retried with backoff, then set aside: it never holds the others up."""

@@ -28,6 +28,7 @@ from execbox.core.poison import Guard, consume
 from execbox.core.redis import redis_errors, text
 from execbox.core.status import ExecutionStatus
 from execbox.core.streams import TERMINAL
+from execbox.executions.events import consumer_group
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, StoredWebhook
 from execbox.executions.store import ExecutionStore
@@ -82,7 +83,9 @@ class Surprises:
                  retention_s: int) -> None:  # fmt: skip
         self.redis, self.keys, self._retention_s = client, keys, retention_s
         self._executions, self._schedules = executions, schedules
-        self._group = "surprises"  # one group for every deployment on this Redis: each event recorded once
+        self._group = consumer_group(
+            "surprises"
+        )  # one group for every deployment on this Redis: each event recorded once
 
     def list(self, tenant: str, kind: str | None = None, since: str = "-", limit: int = 100) -> list[Surprise]:
         start = f"({since}" if since != "-" else "-"

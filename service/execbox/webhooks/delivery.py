@@ -36,7 +36,7 @@ from execbox.core.metrics import LoopMetrics
 from execbox.core.poison import Guard, consume
 from execbox.core.settings import WebhookSettings
 from execbox.core.streams import TERMINAL, DueSet
-from execbox.executions.events import DURABLE_GROUPS
+from execbox.executions.events import consumer_group
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import StoredWebhook, WebhookDelivery
 from execbox.executions.store import ExecutionStore
@@ -46,7 +46,7 @@ from execbox.schedules.surprises import stored_surprise
 from execbox.webhooks.keys import WebhookKeys
 
 log = logging.getLogger(__name__)
-GROUP = DURABLE_GROUPS[0]
+GROUP = consumer_group("webhooks")
 RUN_EVENTS = ("run.needs_replan", "run.finished", "approval.requested")
 SCRIPT_EVENTS = ("script.failed", "script.succeeded")
 UNSENDABLE = "unsendable: "
