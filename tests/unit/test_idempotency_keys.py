@@ -36,6 +36,32 @@ def test_the_first_request_creates_and_a_retry_replays(settings: Settings, clien
     assert created == ["exe_0", "exe_1"]
 
 
+def test_once_creates_without_a_key_and_answers_a_retry_with_what_the_first_created(
+    settings: Settings, client: redis.Redis
+) -> None:
+    keys = IdempotencyKeys(client, settings.redis.key_prefix, 3600)
+    created: list[str] = []
+    digests: list[str] = []
+
+    def create() -> str:
+        created.append(f"exe_{len(created)}")
+        return created[-1]
+
+    def digest() -> str:
+        digests.append("hash-a")
+        return "hash-a"
+
+    def once(key: str | None) -> tuple[str, bool]:
+        return keys.once("alpha", ROUTE, key, digest, create, lambda made: made, lambda found: f"read {found}")
+
+    assert once(None) == ("exe_0", False)
+    assert once(None) == ("exe_1", False), "without a key, every request creates"
+    assert digests == [], "no key, no digest computed"
+    assert once("key-1") == ("exe_2", False)
+    assert once("key-1") == ("read exe_2", True), "a retry gets what the first created, read back"
+    assert created == ["exe_0", "exe_1", "exe_2"]
+
+
 def test_the_same_key_with_another_body_is_refused(settings: Settings, client: redis.Redis) -> None:
     keys = IdempotencyKeys(client, settings.redis.key_prefix, 3600)
     keys.run("alpha", ROUTE, "key-1", "hash-a", lambda: "exe_a")

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import redis
 
@@ -44,6 +45,9 @@ def check_key(key: str) -> str:
     return key
 
 
+T = TypeVar("T")
+
+
 @dataclass(frozen=True)
 class Outcome:
     resource_id: str
@@ -59,6 +63,33 @@ class IdempotencyKeys:
 
     def _key(self, tenant: str, route: str, key: str) -> str:
         return self._keys.idempotency(tenant, route, key)
+
+    def once(
+        self,
+        tenant: str,
+        route: str,
+        key: str | None,
+        digest: Callable[[], str],
+        create: Callable[[], T],
+        ident: Callable[[T], str],
+        existing: Callable[[str], T],
+    ) -> tuple[T, bool]:
+        """What a create-POST answers, and whether it is a replay: without a key, `create()`; under
+        one, `create()` for the first request of (tenant, route, key) and `existing(id)` of what it
+        created for every retry (`digest()`, the request's digest, tells a retry from a different
+        request under the same key). Every route that honours Idempotency-Key goes through here."""
+        if key is None:
+            return create(), False
+        made: list[T] = []
+
+        def first() -> str:
+            made.append(create())
+            return ident(made[0])
+
+        outcome = self.run(tenant, route, key, digest(), first)
+        if made:
+            return made[0], False
+        return existing(outcome.resource_id), True
 
     def run(self, tenant: str, route: str, key: str, request_hash: str, create: Callable[[], str]) -> Outcome:
         """Create once per (tenant, route, key): `create` runs for the first request only."""

@@ -111,18 +111,18 @@ class Submissions:
         refused. `context` travels with the record to the program (see ExecutionRecord.context);
         `origin` is the service's link to what started it (a script, a schedule's slot, a run's step),
         given only by the service's own submitters, never taken from a request."""
-        if idempotency_key is None:
-            return self._accept(tenant, body, extra, traceparent, context or {}, origin)
-        first: list[Submission] = []
-
-        def create() -> str:
-            first.append(self._accept(tenant, body, extra, traceparent, context or {}, origin))
-            return first[0].record.id
-
-        outcome = self.idempotency.run(tenant, route, idempotency_key, request_digest(body, extra), create)
-        if not outcome.replayed:
-            return first[0]
-        return Submission(self.owned(tenant, outcome.resource_id), from_traceparent(traceparent), {}, replayed=True)
+        submission, _ = self.idempotency.once(
+            tenant,
+            route,
+            idempotency_key,
+            lambda: request_digest(body, extra),
+            lambda: self._accept(tenant, body, extra, traceparent, context or {}, origin),
+            lambda first: first.record.id,
+            lambda execution_id: Submission(
+                self.owned(tenant, execution_id), from_traceparent(traceparent), {}, replayed=True
+            ),
+        )
+        return submission
 
     def owned(self, tenant: str, execution_id: str) -> ExecutionRecord:
         """The execution as stored (reads change nothing: the sweeper settles expiries and lost

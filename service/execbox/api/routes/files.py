@@ -66,19 +66,22 @@ async def upload_file(
         )
     name = (part.filename or "upload").rsplit("/", 1)[-1][:255]
     ttl = services.settings.retention_s
-    if idempotency_key is None:
-        return await run_in_threadpool(services.files.put, data, name, ttl, tenant)
-    digest = hashlib.sha256(name.encode() + b"\0" + data).hexdigest()
 
-    def create() -> str:
-        return services.files.put(data, name, ttl, tenant).id
+    def stored(file_id: str) -> FilePublic:
+        meta = services.files.meta(file_id)
+        if meta is None:
+            raise FileNotFound(file_id)
+        return meta
 
-    outcome = await run_in_threadpool(services.idempotency.run, tenant, "POST /v1/files", idempotency_key, digest,
-                                      create)  # fmt: skip
-    meta = await run_in_threadpool(services.files.meta, outcome.resource_id)
-    if meta is None:
-        raise FileNotFound(outcome.resource_id)
-    if outcome.replayed:
+    def create() -> tuple[FilePublic, bool]:
+        return services.idempotency.once(
+            tenant, "POST /v1/files", idempotency_key,
+            lambda: hashlib.sha256(name.encode() + b"\0" + data).hexdigest(),
+            lambda: services.files.put(data, name, ttl, tenant), lambda meta: meta.id, stored,
+        )  # fmt: skip
+
+    meta, replayed = await run_in_threadpool(create)
+    if replayed:
         response.headers["Idempotent-Replayed"] = "true"
     return meta
 

@@ -88,21 +88,14 @@ async def create_run(
     traceparent: TraceHeader = None,
     idempotency_key: IdempotencyHeader = None,
 ) -> RunPublic:
-    if idempotency_key is None:
-        run = await to_thread.run_sync(services.runs.create, tenant, body, traceparent)
-    else:
-        digest = request_digest(body)
-        made: list[StoredRun] = []
+    def create() -> tuple[StoredRun, bool]:
+        return services.idempotency.once(tenant, "POST /v1/runs", idempotency_key, lambda: request_digest(body),
+                                         lambda: services.runs.create(tenant, body, traceparent), lambda run: run.id,
+                                         lambda run_id: services.runs.get(tenant, run_id))  # fmt: skip
 
-        def create() -> str:
-            made.append(services.runs.create(tenant, body, traceparent))
-            return made[0].id
-
-        outcome = await to_thread.run_sync(services.idempotency.run, tenant, "POST /v1/runs", idempotency_key,
-                                           digest, create)  # fmt: skip
-        run = made[0] if made else services.runs.get(tenant, outcome.resource_id)
-        if outcome.replayed:
-            response.headers["Idempotent-Replayed"] = "true"
+    run, replayed = await to_thread.run_sync(create)
+    if replayed:
+        response.headers["Idempotent-Replayed"] = "true"
     response.headers["Location"] = f"/v1/runs/{run.id}"
     return run.public()
 
