@@ -10,8 +10,7 @@ whether a retry may help. The API renders any of them as a problem document (exe
     │   ├── InvalidRequest          request.invalid (422)
     │   ├── BodyTooLarge            request.too_large (413)
     │   └── NotFound                404: `no <noun> <id><hint>`; each room has its kinds
-    ├── ConflictError               execution.finished (409)
-    │   └── RunConflict             run.conflict (409: plans and the script library both answer it)
+    ├── ConflictError               execution.finished (409); the rooms' conflicts derive from it
     ├── CapacityError               429/503 with Retry-After, retryable
     └── InfrastructureError         5xx, retryable
         └── QueueUnavailable        service.queue_unavailable (503: Redis, the seam in execbox.core.redis)
@@ -84,10 +83,6 @@ class ConflictError(ServiceError):
     http_status = 409
 
 
-class RunConflict(ConflictError):
-    code = "run.conflict"
-
-
 class CapacityError(ServiceError):
     code = "capacity"
     http_status = 429
@@ -114,6 +109,5 @@ __all__ = [
     "NotFound",
     "QueueUnavailable",
     "RequestError",
-    "RunConflict",
     "ServiceError",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from execbox.core.errors import NotFound
+from execbox.core.errors import ConflictError, NotFound
 
 
 class ScriptNotFound(NotFound):
@@ -11,4 +11,12 @@ class ScriptNotFound(NotFound):
     hint = "; GET /v1/scripts lists this tenant's scripts"
 
 
-__all__ = ["ScriptNotFound"]
+class VersionConflict(ConflictError):
+    """A version registered again with other content (versions are immutable)."""
+
+    code = "run.conflict"
+    """Clients met this refusal as `run.conflict` before the library had a class of its own; the
+    code is part of the wire format, so it stays."""
+
+
+__all__ = ["ScriptNotFound", "VersionConflict"]

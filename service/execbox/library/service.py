@@ -19,13 +19,13 @@ from pydantic import Field, ValidationError
 
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
-from execbox.core.errors import FieldProblem, InvalidRequest, RunConflict
+from execbox.core.errors import FieldProblem, InvalidRequest
 from execbox.core.readable import schema_problems
 from execbox.core.status import ExecutionStatus
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionCreate, Expect, InputFile, Origin
 from execbox.executions.submit import Submission, Submissions, request_digest
-from execbox.library.errors import ScriptNotFound
+from execbox.library.errors import ScriptNotFound, VersionConflict
 from execbox.library.schemas import (
     VERSION_PATTERN,
     Promote,
@@ -102,7 +102,7 @@ class Library:
         wanted = ScriptVersion(**body.model_dump(), sha256=digest, created_at=time.time(), tenant=tenant)
         stored = self.store.add(wanted)
         if stored.sha256 != digest:
-            raise RunConflict(f"{body.name}@{body.version} is registered with other content; versions are "
+            raise VersionConflict(f"{body.name}@{body.version} is registered with other content; versions are "
                               "immutable: register a new version")  # fmt: skip
         return stored, stored.created_at == wanted.created_at
 

@@ -3,7 +3,7 @@ decide. Codes are listed in docs/api.md, the whole tree in docs/architecture.md.
 
 from __future__ import annotations
 
-from execbox.core.errors import FieldProblem, InfrastructureError, NotFound, RequestError
+from execbox.core.errors import ConflictError, FieldProblem, InfrastructureError, NotFound, RequestError
 
 
 class InvalidPlan(RequestError):
@@ -11,6 +11,13 @@ class InvalidPlan(RequestError):
 
     def __init__(self, problems: tuple[FieldProblem, ...]) -> None:
         super().__init__(f"the plan has {len(problems)} problem(s); each is listed under `errors`", problems)
+
+
+class RunConflict(ConflictError):
+    """What a client asked of a run does not fit where the run is: it ended, it is at another
+    revision, the approval was decided, the step has nothing to settle."""
+
+    code = "run.conflict"
 
 
 class RunNotFound(NotFound):
@@ -40,4 +47,4 @@ class RunBusy(InfrastructureError):
         super().__init__(f"run {run_id} is being changed by another request; retry shortly")
 
 
-__all__ = ["ApprovalForbidden", "ApprovalNotFound", "InvalidPlan", "RunBusy", "RunNotFound"]
+__all__ = ["ApprovalForbidden", "ApprovalNotFound", "InvalidPlan", "RunBusy", "RunConflict", "RunNotFound"]

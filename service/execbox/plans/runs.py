@@ -14,10 +14,10 @@ from jsonschema import Draft202012Validator
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.catalog.webhook_hosts import host_allowed
-from execbox.core.errors import FieldProblem, RunConflict, ServiceError
+from execbox.core.errors import FieldProblem, ServiceError
 from execbox.core.tracing import from_traceparent
 from execbox.plans import handoff
-from execbox.plans.errors import ApprovalForbidden, ApprovalNotFound, InvalidPlan, RunNotFound
+from execbox.plans.errors import ApprovalForbidden, ApprovalNotFound, InvalidPlan, RunConflict, RunNotFound
 from execbox.plans.executor import Executor
 from execbox.plans.schemas import (
     ApprovalPublic,
