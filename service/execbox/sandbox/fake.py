@@ -123,7 +123,7 @@ def _value(node: ast.expr, names: dict[str, Any]) -> Any:
     return ast.literal_eval(node)
 
 
-class FakeSession:
+class FakeKernel:
     """A session's sandbox: one workspace and namespace kept across calls."""
 
     def __init__(self, runtime: FakeRuntime, spec: SandboxSpec, session_id: str) -> None:
@@ -150,7 +150,7 @@ class FakeRuntime:
         self.scripts: dict[str, Script] = dict(scripts or {})
         """By execution id or by exact code."""
         self.runs: list[SandboxSpec] = []
-        self.sessions: dict[str, FakeSession] = {}
+        self.sessions: dict[str, FakeKernel] = {}
         self.closed = False
         self._lock = threading.Lock()
 
@@ -159,8 +159,8 @@ class FakeRuntime:
         code = spec.files[0][1].decode() if spec.files else ""  # the worker puts the program first
         return self.execute(spec, code, control, _Workspace(), session=False)
 
-    def open_session(self, spec: SandboxSpec, session_id: str, start_timeout_s: float) -> FakeSession:
-        session = FakeSession(self, spec, session_id)
+    def open_session(self, spec: SandboxSpec, session_id: str, start_timeout_s: float) -> FakeKernel:
+        session = FakeKernel(self, spec, session_id)
         with self._lock:
             self.sessions[session_id] = session
         return session
