@@ -10,7 +10,7 @@ import redis
 from execbox.core.errors import RequestError
 from execbox.core.settings import Settings
 from execbox.executions.errors import IdempotencyMismatch
-from execbox.executions.idempotency import IdempotencyKeys, Outcome
+from execbox.executions.idempotency import IdempotencyKeys, KeyResult
 from execbox.keyschema import Keys
 from tests.conftest import wait_until
 
@@ -76,7 +76,7 @@ def test_the_same_key_with_another_body_is_refused(settings: Settings, client: r
 def test_a_concurrent_retry_waits_for_the_first_and_replays_it(settings: Settings, client: redis.Redis) -> None:
     keys = IdempotencyKeys(client, settings.redis.key_prefix, 3600)
     inside, release = threading.Event(), threading.Event()
-    outcomes: dict[str, Outcome] = {}
+    outcomes: dict[str, KeyResult] = {}
 
     def slow_create() -> str:
         inside.set()

@@ -49,7 +49,7 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class Outcome:
+class KeyResult:
     resource_id: str
     replayed: bool
 
@@ -91,7 +91,7 @@ class IdempotencyKeys:
             return made[0], False
         return existing(outcome.resource_id), True
 
-    def run(self, tenant: str, route: str, key: str, request_hash: str, create: Callable[[], str]) -> Outcome:
+    def run(self, tenant: str, route: str, key: str, request_hash: str, create: Callable[[], str]) -> KeyResult:
         """Create once per (tenant, route, key): `create` runs for the first request only."""
         redis_key = self._key(tenant, route, check_key(key))
         pending = json.dumps({"state": _PENDING, "hash": request_hash})
@@ -100,10 +100,10 @@ class IdempotencyKeys:
             with redis_errors():
                 claimed = self._redis.set(redis_key, pending, nx=True, ex=CLAIM_S)
             if claimed:
-                return Outcome(self._create(redis_key, request_hash, create), replayed=False)
+                return KeyResult(self._create(redis_key, request_hash, create), replayed=False)
             resource_id = self._await(redis_key, key, request_hash, deadline)
             if resource_id is not None:
-                return Outcome(resource_id, replayed=True)
+                return KeyResult(resource_id, replayed=True)
             # The first attempt failed and released the key: this request may try to create.
 
     def _create(self, redis_key: str, request_hash: str, create: Callable[[], str]) -> str:
