@@ -22,8 +22,8 @@ from execbox.core.events import EventStream
 from execbox.core.metrics import loop_metrics
 from execbox.core.poison import Guard, Loops, consume
 from execbox.core.redis_roles import role_url
-from execbox.core.settings import Settings
 from execbox.keyschema import Keys
+from execbox.settings import Settings
 from tests.conftest import PASSWORDS, PREFIX, Redis, wait_until
 from tests.unit.conftest import InProcess
 

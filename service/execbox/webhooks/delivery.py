@@ -35,7 +35,6 @@ from execbox.core import logs
 from execbox.core.events import TERMINAL, DueSet
 from execbox.core.metrics import LoopMetrics
 from execbox.core.poison import Guard, consume
-from execbox.core.settings import WebhookSettings
 from execbox.executions.events import DURABLE_GROUPS
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import StoredWebhook, WebhookDelivery
@@ -44,6 +43,7 @@ from execbox.plans import handoff
 from execbox.plans.store import RunStore
 from execbox.schedules.surprises import stored_surprise
 from execbox.webhooks.keys import WebhookKeys
+from execbox.webhooks.settings import WebhookSettings
 
 log = logging.getLogger(__name__)
 GROUP = DURABLE_GROUPS[0]
