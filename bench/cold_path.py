@@ -21,10 +21,10 @@ from typing import Any
 
 import docker
 
-from execbox.core.settings import DockerSettings
 from execbox.sandbox.docker.hostconfig import MASKED_PATHS, host_config_kwargs
 from execbox.sandbox.runtime import Limits, SandboxSpec
 from execbox.sandbox.seccomp import SeccompProfiles
+from execbox.sandbox.settings import DockerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import EXECBOX, summary
-from execbox.core.settings import DockerSettings
 from execbox.sandbox.docker import DockerRuntime
 from execbox.sandbox.runtime import Limits, SandboxControl, SandboxSpec
+from execbox.sandbox.settings import DockerSettings
 
 DEPLOYMENT = "benchproxy"
 

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from execbox.core.settings import Settings
+from execbox.settings import Settings
 
 
 def _engine_socket() -> str:

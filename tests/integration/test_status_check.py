@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from execbox.core.settings import DockerSettings
 from execbox.sandbox.docker import DockerRuntime
 from execbox.sandbox.runtime import Limits, SandboxControl, SandboxSpec
+from execbox.sandbox.settings import DockerSettings
 from tests.conftest import Stack
 
 pytestmark = [pytest.mark.docker]

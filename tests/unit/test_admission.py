@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import redis
 
-from execbox.core.settings import Settings
 from execbox.executions.queue import depth, enqueue, make_queue, restore_tickets, take_next
 from execbox.keyschema import Keys
+from execbox.settings import Settings
 from execbox.tenancy.errors import PolicyNotAllowed, QueueFull, RateLimited
 from execbox.tenancy.quotas import Quotas, Slots
 from tests.unit.conftest import make_record

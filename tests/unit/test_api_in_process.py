@@ -7,12 +7,12 @@ import time
 import pytest
 import redis
 
-from execbox.core.settings import Settings
 from execbox.core.status import ExecutionStatus
 from execbox.executions.queue import depth, make_queue
 from execbox.executions.store import ExecutionStore
 from execbox.fleet.registry import Heartbeat, WorkerRegistry
 from execbox.keyschema import Keys
+from execbox.settings import Settings
 from tests.unit.conftest import InProcess
 
 pytestmark = pytest.mark.redis

@@ -6,8 +6,8 @@ import ast
 from pathlib import Path
 
 from execbox.core.redis_roles import roles
-from execbox.core.settings import Settings
 from execbox.keyschema import SCHEMA, Keys
+from execbox.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE = ROOT / "service" / "execbox"
@@ -109,3 +109,29 @@ def test_every_rooms_keys_are_in_the_assembled_schema() -> None:
                 missing.append(f"{room}: {value.__name__} is not a base of keyschema.Keys")
     assert missing == []
     assert len({spec.pattern for spec in SCHEMA}) == len(SCHEMA), "a key pattern named by two rooms"
+
+
+def test_every_rooms_settings_section_is_in_the_root() -> None:
+    """A room's `settings.py` section reaches the environment only once `execbox.settings.Settings` has a
+    field of its type (a nested model, like the pool's classes, counts once its section is there)."""
+    import importlib
+
+    from pydantic import BaseModel
+
+    def types(model: type[BaseModel]) -> set[type]:
+        found: set[type] = set()
+        for field in model.model_fields.values():
+            for arg in [field.annotation, *getattr(field.annotation, "__args__", ())]:
+                if isinstance(arg, type) and issubclass(arg, BaseModel) and arg not in found:
+                    found |= {arg, *types(arg)}
+        return found
+
+    reachable = types(Settings)
+    missing = []
+    for path in sorted(SERVICE.glob("*/settings.py")):
+        module = importlib.import_module(f"execbox.{path.parent.name}.settings")
+        for value in vars(module).values():
+            owned = isinstance(value, type) and issubclass(value, BaseModel) and value.__module__ == module.__name__
+            if owned and value.__name__ != "SettingsRoot" and value not in reachable:
+                missing.append(f"{module.__name__}.{value.__name__}")
+    assert missing == [], f"sections no field of execbox.settings.Settings holds: {missing}"

@@ -11,7 +11,7 @@ import pytest
 from execbox_client.client import AsyncClient, Call, Client, Endpoints
 
 from execbox.api import create_app
-from execbox.core.settings import Settings
+from execbox.settings import Settings
 
 pytestmark = pytest.mark.redis
 CONVENIENCE = {"download"}

@@ -20,7 +20,7 @@ from execbox_client import types
 from execbox_client.client import Call, Endpoints
 
 from execbox.api import create_app
-from execbox.core.settings import Settings
+from execbox.settings import Settings
 from tests.unit.test_client_surface import CONVENIENCE, placeholders
 
 pytestmark = pytest.mark.redis

@@ -13,7 +13,7 @@ import execbox
 from execbox.api import create_app
 from execbox.core.config_reference import render
 from execbox.core.errors import ServiceError
-from execbox.core.settings import Settings
+from execbox.settings import Settings
 from execbox.vocabulary import TABLES, section
 from execbox.vocabulary import render as render_table
 
@@ -29,7 +29,7 @@ def test_config_reference_is_current() -> None:
     text = DOC.read_text()
     start = text.index("<!-- config-reference:start -->\n") + len("<!-- config-reference:start -->\n")
     end = text.index("<!-- config-reference:end -->")
-    assert text[start:end] == render(), "run scripts/config-reference"
+    assert text[start:end] == render(Settings), "run scripts/config-reference"
 
 
 def test_architecture_key_schema_and_error_tables_are_current() -> None:

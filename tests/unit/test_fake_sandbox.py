@@ -20,11 +20,11 @@ from prometheus_client import CollectorRegistry
 
 from execbox.core.metrics import loop_metrics
 from execbox.core.poison import Loops
-from execbox.core.settings import Settings
 from execbox.core.status import ExecutionStatus
 from execbox.executions.outputs import INLINE_OUTPUT_BYTES
 from execbox.sandbox.fake import FakeRuntime, Script, interpret
 from execbox.sessions.host import SessionHost
+from execbox.settings import Settings
 from execbox.webhooks.delivery import WebhookConsumer
 from execbox.worker import context
 from execbox.worker.context import WorkerContext

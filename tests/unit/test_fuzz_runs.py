@@ -30,11 +30,11 @@ from hypothesis.stateful import (
 
 from execbox.api import create_app
 from execbox.core.redis import connect
-from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError
 from execbox.executions.store import ExecutionStore
+from execbox.settings import Settings
 from execbox.tenancy.apikeys import ApiKeys
 from tests.conftest import Redis
 from tests.unit.conftest import InProcess

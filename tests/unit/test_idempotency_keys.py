@@ -8,10 +8,10 @@ import pytest
 import redis
 
 from execbox.core.errors import RequestError
-from execbox.core.settings import Settings
 from execbox.executions.errors import IdempotencyMismatch
 from execbox.executions.idempotency import IdempotencyKeys, KeyResult
 from execbox.keyschema import Keys
+from execbox.settings import Settings
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.redis

@@ -10,10 +10,10 @@ import pytest
 import redis
 from pydantic import ValidationError
 
-from execbox.core.settings import Settings
 from execbox.executions.schemas import StoredWebhook, Webhook
 from execbox.executions.store import ExecutionStore
 from execbox.schedules.schemas import Schedule
+from execbox.settings import Settings
 from tests.unit.conftest import InProcess, make_record
 
 UNSENDABLE = "http://hooks.example.com/\x01"  # passes the URL pattern; httpx cannot make a request of it

@@ -17,8 +17,8 @@ from pydantic import SecretStr
 
 from execbox.api import create_app
 from execbox.core.keymigration import migrate
-from execbox.core.settings import Settings
 from execbox.keyschema import SCHEMA, Keys
+from execbox.settings import Settings
 from execbox.tenancy.apikeys import RESERVED_TENANTS, TENANT_PATTERN, ApiKeys
 from tests.unit.conftest import InProcess
 

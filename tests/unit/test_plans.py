@@ -14,7 +14,6 @@ import pytest
 import redis
 
 from execbox.api import create_app
-from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.core.tracing import TraceContext
 from execbox.executions.lifecycle import run_and_finish
@@ -25,6 +24,7 @@ from execbox.executions.store import ExecutionStore
 from execbox.keyschema import Keys
 from execbox.plans.executor import Executor
 from execbox.sandbox.fake import FakeRuntime, Script
+from execbox.settings import Settings
 from execbox.tenancy.apikeys import ApiKeys
 from execbox.worker.context import WorkerContext
 from tests.conftest import wait_until

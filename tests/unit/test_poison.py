@@ -21,9 +21,9 @@ from execbox.core.deadletters import DeadLetters
 from execbox.core.metrics import loop_metrics
 from execbox.core.poison import Guard, Loops, consume
 from execbox.core.redis_roles import role_url
-from execbox.core.settings import Settings
 from execbox.core.streams import EventStream
 from execbox.keyschema import Keys
+from execbox.settings import Settings
 from tests.conftest import PASSWORDS, PREFIX, Redis, wait_until
 from tests.unit.conftest import InProcess
 

@@ -22,7 +22,6 @@ from execbox.api import create_app
 from execbox.core.deadletters import DeadLetters
 from execbox.core.metrics import loop_metrics
 from execbox.core.poison import Loops
-from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.core.streams import TERMINAL
 from execbox.executions.record import ExecutionRecord
@@ -31,6 +30,7 @@ from execbox.executions.store import ExecutionStore
 from execbox.keyschema import Keys
 from execbox.plans.consumer import PlanConsumer
 from execbox.schedules.schemas import ScheduleCreate
+from execbox.settings import Settings
 from execbox.tenancy.apikeys import ApiKeys
 from execbox.webhooks.delivery import WebhookConsumer
 from execbox.worker import reaper

@@ -11,7 +11,6 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from execbox.catalog.languages import Languages
-from execbox.core.settings import Settings
 from execbox.core.tracing import setup as setup_tracing
 from execbox.egress.store import EgressStore
 from execbox.executions.metrics import worker_metrics
@@ -24,6 +23,7 @@ from execbox.sandbox.pool import PoolClass, Sizing, WarmPool
 from execbox.sandbox.poolsize import Demand, within_budget
 from execbox.sandbox.runtime import Limits, SandboxSpec
 from execbox.sessions.store import SessionStore
+from execbox.settings import Settings
 from execbox.tenancy.quotas import Slots
 from execbox.worker import reaper
 from execbox.worker.context import WorkerContext

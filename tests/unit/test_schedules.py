@@ -10,7 +10,6 @@ from zoneinfo import ZoneInfo
 import pytest
 import redis
 
-from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError
@@ -18,6 +17,7 @@ from execbox.executions.store import ExecutionStore
 from execbox.schedules import calendar
 from execbox.schedules.scheduler import Scheduler
 from execbox.schedules.schemas import ScheduleCreate
+from execbox.settings import Settings
 from tests.conftest import wait_until
 from tests.unit.conftest import InProcess
 

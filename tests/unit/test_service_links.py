@@ -20,7 +20,6 @@ from pydantic import BaseModel, SecretStr, TypeAdapter, ValidationError
 
 import execbox
 from execbox.api import create_app
-from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError
@@ -28,6 +27,7 @@ from execbox.executions.store import ExecutionStore
 from execbox.keyschema import Keys
 from execbox.schedules.scheduler import Scheduler
 from execbox.schedules.schemas import ScheduleCreate
+from execbox.settings import Settings
 from execbox.tenancy.apikeys import ApiKeys
 from tests.conftest import wait_until
 from tests.unit.conftest import InProcess, make_record

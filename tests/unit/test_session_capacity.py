@@ -9,10 +9,10 @@ import time
 import pytest
 import redis
 
-from execbox.core.settings import Settings
 from execbox.fleet.registry import Heartbeat, WorkerRegistry
 from execbox.keyschema import Keys
 from execbox.sessions.store import SessionStore
+from execbox.settings import Settings
 from execbox.tenancy.apikeys import ApiKeys
 from tests.unit.conftest import InProcess
 

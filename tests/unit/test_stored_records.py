@@ -20,11 +20,11 @@ from fastapi.routing import APIRoute
 from execbox.api.bodies import OffLoopRoute
 from execbox.api.problems import UPLOADS
 from execbox.cli import main as cli
-from execbox.core.settings import Settings
 from execbox.executions.live import append
 from execbox.keyschema import Keys
 from execbox.plans.executor import Executor
 from execbox.plans.schemas import MAX_PLAN_STEPS
+from execbox.settings import Settings
 from execbox.tenancy.apikeys import ApiKeys
 from tests.unit.conftest import InProcess, make_record
 

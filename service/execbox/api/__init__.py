@@ -29,7 +29,6 @@ from execbox.core.keymigration import migrate_at_start as migrate_keys
 from execbox.core.metrics import DeadLetterCollector
 from execbox.core.poison import LOOPS, Loops
 from execbox.core.redis import connect
-from execbox.core.settings import Settings
 from execbox.core.tracing import setup as setup_tracing
 from execbox.executions import events
 from execbox.executions.idempotency import IdempotencyKeys
@@ -53,6 +52,7 @@ from execbox.schedules.store import ScheduleStore
 from execbox.schedules.surprises import Surprises
 from execbox.sessions.service import Sessions
 from execbox.sessions.store import SessionStore
+from execbox.settings import Settings
 from execbox.tenancy.apikeys import ApiKeys
 from execbox.tenancy.quotas import Quotas, Slots
 

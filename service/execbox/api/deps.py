@@ -13,7 +13,6 @@ from execbox.api.metrics import ApiMetrics
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.core.redis import redis_errors
-from execbox.core.settings import Settings
 from execbox.core.tracing import Spans
 from execbox.executions.idempotency import IdempotencyKeys
 from execbox.executions.store import ExecutionStore
@@ -27,6 +26,7 @@ from execbox.plans.runs import Runs
 from execbox.schedules.scheduler import Scheduler
 from execbox.schedules.surprises import Surprises
 from execbox.sessions.service import Sessions
+from execbox.settings import Settings
 from execbox.tenancy.apikeys import DEFAULT_TENANT, ApiKeys
 from execbox.tenancy.quotas import Quotas
 

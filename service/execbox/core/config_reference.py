@@ -1,10 +1,11 @@
-"""The configuration reference (docs/operations.md), generated from Settings so they never disagree."""
+"""The configuration reference (docs/operations.md), generated from the settings root so they never disagree.
+
+The root (`execbox.settings.Settings`) sits above the rooms, so the core cannot import it: the
+caller hands it in (`scripts/config-reference`, tests/unit/test_docs.py)."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel
-
-from execbox.core.settings import Settings
 
 
 def _rows(model: type[BaseModel], env_prefix: str) -> list[str]:
@@ -22,10 +23,7 @@ def _rows(model: type[BaseModel], env_prefix: str) -> list[str]:
     return rows
 
 
-def render() -> str:
+def render(root: type[BaseModel]) -> str:
+    """The table of every EXECBOX_ variable of `root`, in its fields' order."""
     header = ["| variable | default | meaning |", "|---|---|---|"]
-    return "\n".join(header + _rows(Settings, "EXECBOX_")) + "\n"
-
-
-if __name__ == "__main__":
-    print(render(), end="")  # noqa: T201
+    return "\n".join(header + _rows(root, "EXECBOX_")) + "\n"

@@ -10,7 +10,7 @@ import redis
 from redis.exceptions import RedisError, WatchError
 
 from execbox.core.errors import QueueUnavailable
-from execbox.core.settings import Settings
+from execbox.core.settings import HasRedis
 
 
 @contextmanager
@@ -53,7 +53,7 @@ def text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def connect(settings: Settings) -> redis.Redis:
+def connect(settings: HasRedis) -> redis.Redis:
     return redis.Redis.from_url(
         settings.redis.url,
         socket_timeout=settings.redis.socket_timeout_s,

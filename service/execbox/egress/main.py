@@ -9,11 +9,11 @@ import time
 
 from execbox.core import logs
 from execbox.core.redis import connect
-from execbox.core.settings import Settings
 from execbox.egress.keys import EgressKeys
 from execbox.egress.proxy import Denied, EgressProxy, SecretHeader
 from execbox.egress.rules import EgressRule
 from execbox.egress.sealing import Opener, SealingError
+from execbox.egress.settings import EgressConfig
 from execbox.egress.store import EgressStore
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class RedisRules:
             )
 
 
-def run_egress(settings: Settings, host: str = "0.0.0.0") -> None:
+def run_egress(settings: EgressConfig, host: str = "0.0.0.0") -> None:
     logs.configure(settings.log_level, "egress")
     store = EgressStore(connect(settings), EgressKeys(settings.redis.key_prefix), settings.retention_s)
     egress = settings.egress

@@ -34,7 +34,6 @@ from typing import Protocol
 from execbox.catalog.languages import Languages
 from execbox.catalog.schemas import AppliedPolicy, NetworkAllowlist
 from execbox.core.errors import ServiceError
-from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.core.tracing import Spans, TraceContext
 from execbox.egress.rules import EgressRule
@@ -46,6 +45,7 @@ from execbox.executions.outcome import Outcome, decide
 from execbox.executions.outputs import read_files
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError
+from execbox.executions.settings import ExecutionsConfig
 from execbox.executions.store import ExecutionStore, mark_expired_if_due
 from execbox.files.blobs import ArtifactStore
 from execbox.files.collect import RESULT_FILE, ArtifactCaps, Collector
@@ -72,7 +72,7 @@ class Worker(Protocol):
     """What the lifecycle needs of the process running it (execbox.worker.context.WorkerContext)."""
 
     @property
-    def settings(self) -> Settings: ...
+    def settings(self) -> ExecutionsConfig: ...
     @property
     def name(self) -> str: ...
     @property

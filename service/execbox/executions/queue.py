@@ -34,16 +34,16 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from execbox.core.redis import redis_errors
-from execbox.core.settings import Settings
 from execbox.executions.keys import ExecutionKeys
 from execbox.executions.record import ExecutionRecord
+from execbox.executions.settings import ExecutionsConfig
 
 TASK = "execbox.worker.tasks.run_next"
 JOB_FUNCTIONS = frozenset({TASK})
 """The only functions a worker runs from the queue (RQ would import any dotted path it is given)."""
 
 
-def make_queue(client: redis.Redis, settings: Settings) -> Queue:
+def make_queue(client: redis.Redis, settings: ExecutionsConfig) -> Queue:
     return Queue(settings.queue.name, connection=client, serializer=JSONSerializer)
 
 
@@ -77,13 +77,15 @@ class Entry:
     traceparent: str | None
 
 
-def _keys(settings: Settings) -> tuple[str, str, str]:
+def _keys(settings: ExecutionsConfig) -> tuple[str, str, str]:
     return ExecutionKeys(settings.redis.key_prefix).queue(
         settings.queue.name
     )  # a queue's tickets serve its own entries
 
 
-def _ticket(queue: Queue, settings: Settings, backstop_s: int, description: str, pipe: redis.client.Pipeline) -> None:
+def _ticket(
+    queue: Queue, settings: ExecutionsConfig, backstop_s: int, description: str, pipe: redis.client.Pipeline
+) -> None:
     queue.enqueue_call(
         TASK,
         args=({},),
@@ -95,7 +97,9 @@ def _ticket(queue: Queue, settings: Settings, backstop_s: int, description: str,
     )
 
 
-def enqueue(queue: Queue, record: ExecutionRecord, traceparent: str, settings: Settings, backstop_s: int) -> None:
+def enqueue(
+    queue: Queue, record: ExecutionRecord, traceparent: str, settings: ExecutionsConfig, backstop_s: int
+) -> None:
     """Queue an execution: its entry on its tenant's list and a ticket on the RQ queue, atomically.
 
     `backstop_s` is RQ's own job timeout, a last resort above the longest run any policy allows
@@ -111,7 +115,7 @@ def enqueue(queue: Queue, record: ExecutionRecord, traceparent: str, settings: S
         pipe.execute()
 
 
-def take_next(client: redis.Redis, settings: Settings) -> Entry | None:
+def take_next(client: redis.Redis, settings: ExecutionsConfig) -> Entry | None:
     """The next execution in tenant round-robin order, or None when no tenant has one waiting."""
     ring, members, pending = _keys(settings)
     with redis_errors():
@@ -122,7 +126,7 @@ def take_next(client: redis.Redis, settings: Settings) -> Entry | None:
     return Entry(str(data["execution_id"]), data.get("traceparent"))
 
 
-def restore_tickets(queue: Queue, settings: Settings, backstop_s: int) -> int:
+def restore_tickets(queue: Queue, settings: ExecutionsConfig, backstop_s: int) -> int:
     """Queue a ticket for every waiting entry beyond the tickets waiting; returns how many.
 
     Both counts are read in one transaction. An entry whose ticket a worker has just taken (it

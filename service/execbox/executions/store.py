@@ -15,20 +15,20 @@ from collections.abc import Callable
 import redis
 
 from execbox.core.redis import compare_and_set, redis_errors, text
-from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.core.streams import TERMINAL, EventStream
 from execbox.executions import live
 from execbox.executions.keys import ExecutionKeys
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, Transition
+from execbox.executions.settings import ExecutionsConfig
 from execbox.tenancy import quotas
 
 Mutation = Callable[[ExecutionRecord], "ExecutionStatus | None"]
 
 
 class ExecutionStore:
-    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+    def __init__(self, client: redis.Redis, settings: ExecutionsConfig) -> None:
         self.redis = client
         self.keys = ExecutionKeys(settings.redis.key_prefix)
         self._retention_s = settings.retention_s

@@ -26,7 +26,6 @@ from execbox.catalog.policies import PolicySet, runtime_problems
 from execbox.catalog.schemas import AppliedPolicy
 from execbox.catalog.webhook_hosts import host_allowed
 from execbox.core.errors import ConflictError, FieldProblem, InvalidRequest
-from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.core.tracing import Spans, TraceContext, from_traceparent
 from execbox.executions.errors import ExecutionNotFound
@@ -35,6 +34,7 @@ from execbox.executions.inputs import prepare
 from execbox.executions.queue import depth, enqueue
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionCreate, ExecutionError, Origin, Transition
+from execbox.executions.settings import ExecutionsConfig
 from execbox.executions.store import ExecutionStore
 from execbox.files.store import FileStore
 from execbox.fleet.registry import WorkerRegistry
@@ -79,7 +79,7 @@ class Submission:
 
 @dataclass(frozen=True)
 class Submissions:
-    settings: Settings
+    settings: ExecutionsConfig
     store: ExecutionStore
     files: FileStore
     queue: Queue

@@ -24,9 +24,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from execbox.core.redis import redis_errors
-from execbox.core.settings import Settings
 from execbox.executions.keys import ExecutionKeys
 from execbox.executions.record import ExecutionRecord
+from execbox.executions.settings import ExecutionsConfig
 
 log = logging.getLogger(__name__)
 ASYNC_CONNECTIONS = 16
@@ -37,7 +37,7 @@ T = TypeVar("T")
 
 
 class Waiters:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: ExecutionsConfig) -> None:
         self._keys = ExecutionKeys(settings.redis.key_prefix)
         # A few connections shared by every request of the process: a burst of reads queues for
         # one (bounded by the socket timeout) instead of opening hundreds.

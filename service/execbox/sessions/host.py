@@ -27,16 +27,19 @@ from execbox.executions.lifecycle import Worker, input_archive, run_and_finish, 
 from execbox.sandbox.runtime import SandboxControl, SandboxOutcome, SandboxSpec, SessionSandbox
 from execbox.sessions.record import SessionRecord
 from execbox.sessions.service import ended_error, settle_waiting
+from execbox.sessions.settings import SessionsConfig
 from execbox.sessions.store import WAKE, SessionStore
 
 log = logging.getLogger(__name__)
 
 
 class SessionWorker(Worker, Protocol):
-    """What holding sessions needs of the worker beyond the lifecycle's own (the sessions' store)."""
+    """What holding sessions needs of the worker beyond the lifecycle's own (the sessions' store and settings)."""
 
     @property
     def sessions(self) -> SessionStore: ...
+    @property
+    def settings(self) -> SessionsConfig: ...
 
 
 @dataclass

@@ -18,7 +18,6 @@ from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.catalog.schemas import AppliedPolicy, PolicyRequest
 from execbox.core.errors import FieldProblem, InvalidRequest
-from execbox.core.settings import Settings
 from execbox.core.status import ErrorCategory, ExecutionStatus, SessionEnd, SessionStatus
 from execbox.core.tracing import from_traceparent
 from execbox.executions.inputs import prepare
@@ -30,6 +29,7 @@ from execbox.fleet.registry import WorkerRegistry
 from execbox.sessions.errors import SessionEnded, SessionNotFound
 from execbox.sessions.record import SessionRecord
 from execbox.sessions.schemas import SessionCreate
+from execbox.sessions.settings import SessionsConfig
 from execbox.sessions.store import SessionStore
 from execbox.tenancy.errors import PolicyNotAllowed, RateLimited
 from execbox.tenancy.quotas import Quotas
@@ -73,7 +73,7 @@ def ended_error(record: SessionRecord) -> ExecutionError:
 
 @dataclass(frozen=True)
 class Sessions:
-    settings: Settings
+    settings: SessionsConfig
     store: SessionStore
     executions: ExecutionStore
     files: FileStore

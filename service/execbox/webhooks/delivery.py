@@ -34,7 +34,6 @@ from execbox.catalog.webhook_hosts import host_allowed
 from execbox.core import logs
 from execbox.core.metrics import LoopMetrics
 from execbox.core.poison import Guard, consume
-from execbox.core.settings import WebhookSettings
 from execbox.core.streams import TERMINAL, DueSet
 from execbox.executions.events import consumer_group
 from execbox.executions.record import ExecutionRecord
@@ -44,6 +43,7 @@ from execbox.plans import handoff
 from execbox.plans.store import RunStore
 from execbox.schedules.surprises import stored_surprise
 from execbox.webhooks.keys import WebhookKeys
+from execbox.webhooks.settings import WebhookSettings
 
 log = logging.getLogger(__name__)
 GROUP = consumer_group("webhooks")

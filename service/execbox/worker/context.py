@@ -14,7 +14,6 @@ from execbox.catalog.policies import DEFAULT_POLICY, PolicySet
 from execbox.catalog.schemas import PolicyRequest
 from execbox.core.errors import ServiceError
 from execbox.core.redis import connect
-from execbox.core.settings import Settings
 from execbox.core.tracing import Spans
 from execbox.core.tracing import setup as setup_tracing
 from execbox.egress.store import EgressStore
@@ -31,6 +30,7 @@ from execbox.sandbox.pool import PoolClass, Sizing, WarmPool
 from execbox.sandbox.runtime import Runtime, SandboxSpec
 from execbox.sandbox.uids import redis_uids
 from execbox.sessions.store import SessionStore
+from execbox.settings import Settings
 from execbox.tenancy.quotas import Slots
 from execbox.worker.failures import SANDBOX_FAILURE_REASONS
 

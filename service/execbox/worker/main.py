@@ -22,10 +22,10 @@ from rq.serializers import JSONSerializer
 from execbox.core import logs
 from execbox.core.errors import ServiceError
 from execbox.core.poison import LOOPS, Loops
-from execbox.core.settings import Settings
 from execbox.executions.queue import make_queue
 from execbox.sandbox.runtime import Runtime
 from execbox.sessions.host import SessionHost
+from execbox.settings import Settings
 from execbox.webhooks.delivery import WebhookConsumer
 from execbox.worker import gate, reaper
 from execbox.worker.context import WorkerContext, current, install

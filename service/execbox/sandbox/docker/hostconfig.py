@@ -6,8 +6,8 @@ from typing import Any
 
 from docker.types import DriverConfig, Mount, Ulimit
 
-from execbox.core.settings import DockerSettings
 from execbox.sandbox.runtime import DEPLOYMENT_LABEL, MANAGED_LABEL, WORKDIR, SandboxSpec
+from execbox.sandbox.settings import DockerSettings
 
 # Docker's own masked paths (20.10) and the ones its later releases and CIS guidance add: kernel
 # state a sandbox has no use for (interrupt counts leak other tenants' activity, powercap leaks

@@ -31,7 +31,6 @@ import docker
 import requests
 from docker.errors import APIError, DockerException, NotFound
 
-from execbox.core.settings import DockerSettings
 from execbox.sandbox.docker.capture import STDERR, STDOUT, Capture, close, feed
 from execbox.sandbox.docker.cleanup import CLEANUP_DELAY_S, Deferred
 from execbox.sandbox.docker.engine import docker_errors, listed_containers, listed_networks
@@ -65,6 +64,7 @@ from execbox.sandbox.runtime import (
     SandboxSpec,
 )
 from execbox.sandbox.seccomp import SeccompProfiles
+from execbox.sandbox.settings import DockerSettings
 from execbox.sandbox.uids import LocalUids, UidAllocator
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,73 @@
+"""The deployment's settings: every room's section assembled into the one `Settings` each entry point
+builds once (`create_app(settings)`, `run_worker(settings, ...)`, the CLI).
+
+It sits above the rooms and below the entry points (pyproject's import-linter layers), as
+`execbox.keyschema` does for keys: a room declares its section in `<room>/settings.py` and never
+imports this module; its functions take their section, or the room's own Protocol of what they read
+(`ExecutionsConfig`, `SessionsConfig`, `EgressConfig`), which `Settings` satisfies. The API's own
+section is here, since the API sits above this layer. The fields keep their order: it is the order of
+the configuration reference (docs/operations.md, `execbox.core.config_reference`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from execbox.core.settings import REPO_ROOT, RedisSettings, SettingsRoot, TelemetrySettings
+from execbox.egress.settings import EgressSettings
+from execbox.executions.settings import QueueSettings, WorkerSettings
+from execbox.plans.settings import PlanSettings
+from execbox.sandbox.settings import DockerSettings, PoolSettings
+from execbox.sessions.settings import SessionSettings
+from execbox.tenancy.settings import AuthSettings
+from execbox.webhooks.settings import WebhookSettings
+
+
+class ApiSettings(BaseModel):
+    idempotency_ttl_s: int = Field(24 * 3600, ge=60, description="How long an Idempotency-Key is remembered.")
+    max_wait_s: float = Field(60.0, ge=0, description="Longest a client may ask POST/GET to wait for completion.")
+    max_body_bytes: int = Field(
+        64 * 1024 * 1024,
+        gt=0,
+        description="Largest body of the upload routes, POST /v1/executions (input files ride in it) and POST "
+        "/v1/files (413 above). Larger inputs: several uploaded files, used by id.",
+    )
+    max_json_body_bytes: int = Field(
+        4 * 1024 * 1024,
+        gt=0,
+        description="Largest body of every other route (plans, runs, schedules...; 413 above). Decoding JSON holds "
+        "the interpreter lock (about 30 ms per MiB at worst), so this also bounds how long one body can delay others.",
+    )
+    sse_keepalive_s: float = Field(
+        15.0, gt=0, le=300, description="A live-event stream (SSE) sends a keepalive comment after this long quiet."
+    )
+
+
+class Settings(SettingsRoot):
+    """Every setting can be given as EXECBOX_<NAME> or EXECBOX_<GROUP>__<NAME>."""
+
+    redis: RedisSettings = RedisSettings()
+    docker: DockerSettings = DockerSettings()
+    queue: QueueSettings = QueueSettings()
+    worker: WorkerSettings = WorkerSettings()
+    pool: PoolSettings = PoolSettings()
+    egress: EgressSettings = EgressSettings()
+    api: ApiSettings = ApiSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
+    auth: AuthSettings = AuthSettings()
+    webhooks: WebhookSettings = WebhookSettings()
+    plans: PlanSettings = PlanSettings()
+    sessions: SessionSettings = SessionSettings()
+    retention_s: int = Field(24 * 3600, gt=0, description="How long finished executions are kept.")
+    policies_dir: Path = Field(REPO_ROOT / "policies", description="Directory of policy YAML files.")
+    artifacts_dir: Path = Field(
+        REPO_ROOT / ".run" / "artifacts",
+        description="Local artifact store shared by API and workers (a shared volume when they run apart).",
+    )
+    images_dir: Path = Field(REPO_ROOT / "sandbox-images", description="Directory of sandbox image metadata.")
+    log_level: str = Field("INFO", description="Log level of the JSON logs.")
+
+
+__all__ = ["ApiSettings", "Settings"]
