@@ -23,9 +23,9 @@ from execbox.api import create_app
 from execbox.catalog.policies import PolicySet
 from execbox.catalog.schemas import PolicyRequest
 from execbox.core.redis import connect
-from execbox.core.status import ExecutionStatus
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import Transition
+from execbox.executions.status import ExecutionStatus
 from execbox.executions.submit import new_execution_id
 from execbox.settings import Settings
 from execbox.tenancy.apikeys import ApiKeys

@@ -7,8 +7,8 @@ import time
 import pytest
 import redis
 
-from execbox.core.status import ExecutionStatus
 from execbox.executions.queue import depth, make_queue
+from execbox.executions.status import ExecutionStatus
 from execbox.executions.store import ExecutionStore
 from execbox.fleet.registry import Heartbeat, WorkerRegistry
 from execbox.keyschema import Keys

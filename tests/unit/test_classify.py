@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions.classify import classify, signal_name
+from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.sandbox.runtime import Limits, SandboxOutcome
 
 LIMITS = Limits(timeout_s=5, cpu=1, cpu_time_s=3, memory_mb=64, pids=16, disk_mb=8, output_bytes=1000)

@@ -56,7 +56,7 @@ def test_every_category_the_cli_maps_to_an_exit_code_is_one_the_service_reports(
     # exit 1 for that outcome instead of its documented code.
     from execbox_client.cli import EXIT_CODES
 
-    from execbox.core.status import ErrorCategory, ExecutionStatus
+    from execbox.executions.status import ErrorCategory, ExecutionStatus
 
     known = {c.value for c in ErrorCategory} | {s.value for s in ExecutionStatus}
     assert set(EXIT_CODES) - known == set()

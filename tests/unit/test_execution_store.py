@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import redis
 
-from execbox.core.status import ExecutionStatus
 from execbox.executions.record import ExecutionRecord
+from execbox.executions.status import ExecutionStatus
 from execbox.executions.store import ExecutionStore
 from execbox.settings import Settings
 from tests.unit.conftest import make_record

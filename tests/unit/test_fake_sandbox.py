@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry
 
 from execbox.core.metrics import loop_metrics
 from execbox.core.poison import Loops
-from execbox.core.status import ExecutionStatus
 from execbox.executions.outputs import INLINE_OUTPUT_BYTES
+from execbox.executions.status import ExecutionStatus
 from execbox.sandbox.fake import FakeRuntime, Script, interpret
 from execbox.sessions.host import SessionHost
 from execbox.settings import Settings

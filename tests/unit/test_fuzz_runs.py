@@ -30,9 +30,9 @@ from hypothesis.stateful import (
 
 from execbox.api import create_app
 from execbox.core.redis import connect
-from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError
+from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.executions.store import ExecutionStore
 from execbox.settings import Settings
 from execbox.tenancy.apikeys import ApiKeys

@@ -12,8 +12,8 @@ import yaml
 from execbox.catalog.errors import UnknownLanguage, VariantNotAllowed
 from execbox.catalog.languages import LanguageConfigError, Languages
 from execbox.catalog.policies import PolicyConfigError, PolicySet
-from execbox.core.status import ErrorCategory
 from execbox.executions.classify import classify
+from execbox.executions.status import ErrorCategory
 from execbox.sandbox.runtime import Limits, SandboxOutcome
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,9 +8,9 @@ import pytest
 from pydantic import ValidationError
 
 import execbox.sandbox
-from execbox.core.status import ExecutionStatus
 from execbox.core.tracing import from_traceparent
 from execbox.executions.schemas import EXECUTION_ID_PATTERN, ExecutionCreate
+from execbox.executions.status import ExecutionStatus
 from execbox.executions.submit import new_execution_id
 from tests.unit.test_results import make_record
 

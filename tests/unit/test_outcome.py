@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions.outcome import decide
 from execbox.executions.outputs import ProgramFiles
 from execbox.executions.schemas import ExecutionError, Expect
+from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.sandbox.runtime import Limits, SandboxOutcome
 from tests.unit.test_results import make_record
 

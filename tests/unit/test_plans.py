@@ -14,12 +14,12 @@ import pytest
 import redis
 
 from execbox.api import create_app
-from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.core.tracing import TraceContext
 from execbox.executions.lifecycle import run_and_finish
 from execbox.executions.lifecycle import take as start_execution
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, Origin
+from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.executions.store import ExecutionStore
 from execbox.keyschema import Keys
 from execbox.plans.executor import Executor

@@ -22,10 +22,10 @@ from execbox.api import create_app
 from execbox.core.deadletters import DeadLetters
 from execbox.core.metrics import loop_metrics
 from execbox.core.poison import Loops
-from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.core.streams import TERMINAL
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, Webhook
+from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.executions.store import ExecutionStore
 from execbox.keyschema import Keys
 from execbox.plans.consumer import PlanConsumer

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import Expect
+from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.files.blobs import LocalArtifactStore
 from execbox.files.collect import ArtifactCaps, Collector
 from tests.unit.test_results import EXE, LIMITS, apply_outcome, make_record, run

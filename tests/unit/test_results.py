@@ -11,11 +11,11 @@ import pytest
 
 from execbox.catalog.languages import ErrorRules
 from execbox.catalog.policies import PolicySet
-from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions.outcome import decide, decode_stream
 from execbox.executions.outputs import INLINE_OUTPUT_BYTES, read_files
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionCreate, Expect
+from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.files.blobs import ArtifactStore, LocalArtifactStore
 from execbox.files.collect import ArtifactCaps, Collector
 from execbox.sandbox.runtime import Limits, SandboxOutcome

@@ -10,9 +10,9 @@ from zoneinfo import ZoneInfo
 import pytest
 import redis
 
-from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError
+from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.executions.store import ExecutionStore
 from execbox.schedules import calendar
 from execbox.schedules.scheduler import Scheduler

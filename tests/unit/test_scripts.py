@@ -10,8 +10,8 @@ import redis
 from pydantic import SecretStr
 
 from execbox.api import create_app
-from execbox.core.status import ExecutionStatus
 from execbox.executions.record import ExecutionRecord
+from execbox.executions.status import ExecutionStatus
 from execbox.executions.store import ExecutionStore
 from execbox.settings import Settings
 from execbox.tenancy.apikeys import ApiKeys

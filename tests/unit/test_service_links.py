@@ -20,9 +20,9 @@ from pydantic import BaseModel, SecretStr, TypeAdapter, ValidationError
 
 import execbox
 from execbox.api import create_app
-from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError
+from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.executions.store import ExecutionStore
 from execbox.keyschema import Keys
 from execbox.schedules.scheduler import Scheduler

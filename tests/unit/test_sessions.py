@@ -15,7 +15,6 @@ import redis
 
 from execbox.catalog.policies import PolicySet
 from execbox.catalog.schemas import PolicyRequest
-from execbox.core.status import SessionEnd, SessionStatus
 from execbox.executions.classify import classify
 from execbox.executions.live import LiveOutput
 from execbox.executions.outputs import rich_results
@@ -27,6 +26,7 @@ from execbox.sandbox.protocol import done_marker
 from execbox.sandbox.runtime import SandboxOutcome
 from execbox.sessions.record import SessionRecord
 from execbox.sessions.service import new_session_id
+from execbox.sessions.status import SessionEnd, SessionStatus
 from execbox.sessions.store import WAKE, SessionStore
 from execbox.settings import Settings
 from tests.unit.test_artifacts import REG, stream

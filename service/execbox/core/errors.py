@@ -1,7 +1,7 @@
 """The error mechanism: the bases every room's errors derive from, and the few no one room owns.
 
 User code that fails, times out or floods its output is a finished execution with an error
-category (execbox.core.status.ErrorCategory); only faults of the request or of the service raise,
+category (execbox.executions.status.ErrorCategory); only faults of the request or of the service raise,
 as a `ServiceError` with a `code` (dotted, stable: clients match on it), an `http_status` and
 whether a retry may help. The API renders any of them as a problem document (execbox.api.problems).
 

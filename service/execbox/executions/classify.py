@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from execbox.catalog.languages import ErrorRules
-from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions.schemas import ExecutionError
+from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.sandbox.runtime import Limits, SandboxOutcome
 
 _SIGNAL_BASE = 128  # the init process reports death by signal N as exit code 128 + N

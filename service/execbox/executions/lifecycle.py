@@ -34,7 +34,6 @@ from typing import Protocol
 from execbox.catalog.languages import Languages
 from execbox.catalog.schemas import AppliedPolicy, NetworkAllowlist
 from execbox.core.errors import ServiceError
-from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.core.tracing import Spans, TraceContext
 from execbox.egress.rules import EgressRule
 from execbox.egress.store import EgressStore, RunEgress
@@ -46,6 +45,7 @@ from execbox.executions.outputs import read_files
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError
 from execbox.executions.settings import ExecutionsConfig
+from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.executions.store import ExecutionStore, mark_expired_if_due
 from execbox.files.blobs import ArtifactStore
 from execbox.files.collect import RESULT_FILE, ArtifactCaps, Collector

@@ -20,11 +20,11 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from execbox.catalog.languages import ErrorRules
-from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.executions.classify import classify
 from execbox.executions.outputs import ProgramFiles
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, NetworkDenial, NetworkReport, Resources, Timing
+from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.sandbox.runtime import Limits, SandboxOutcome
 
 _STOPPED_FROM_OUTSIDE = {

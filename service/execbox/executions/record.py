@@ -13,7 +13,6 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from execbox.catalog.schemas import AppliedPolicy
-from execbox.core.status import ExecutionStatus
 from execbox.executions.schemas import (
     Artifact,
     ExecutionError,
@@ -26,6 +25,7 @@ from execbox.executions.schemas import (
     Timing,
     Transition,
 )
+from execbox.executions.status import ExecutionStatus
 from execbox.files.schemas import InputFileRef
 
 

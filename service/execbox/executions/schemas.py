@@ -10,7 +10,7 @@ import httpx
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from execbox.catalog.schemas import AppliedPolicy, PolicyRequest
-from execbox.core.status import ErrorCategory, ExecutionStatus
+from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.files.schemas import check_input_path
 
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"

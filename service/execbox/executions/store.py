@@ -15,13 +15,13 @@ from collections.abc import Callable
 import redis
 
 from execbox.core.redis import compare_and_set, redis_errors, text
-from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.core.streams import TERMINAL, EventStream
 from execbox.executions import live
 from execbox.executions.keys import ExecutionKeys
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, Transition
 from execbox.executions.settings import ExecutionsConfig
+from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.tenancy import quotas
 
 Mutation = Callable[[ExecutionRecord], "ExecutionStatus | None"]

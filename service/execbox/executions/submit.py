@@ -26,7 +26,6 @@ from execbox.catalog.policies import PolicySet, runtime_problems
 from execbox.catalog.schemas import AppliedPolicy
 from execbox.catalog.webhook_hosts import host_allowed
 from execbox.core.errors import ConflictError, FieldProblem, InvalidRequest
-from execbox.core.status import ErrorCategory, ExecutionStatus
 from execbox.core.tracing import Spans, TraceContext, from_traceparent
 from execbox.executions.errors import ExecutionNotFound
 from execbox.executions.idempotency import IdempotencyKeys
@@ -35,6 +34,7 @@ from execbox.executions.queue import depth, enqueue
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionCreate, ExecutionError, Origin, Transition
 from execbox.executions.settings import ExecutionsConfig
+from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.executions.store import ExecutionStore
 from execbox.files.store import FileStore
 from execbox.fleet.registry import WorkerRegistry

@@ -21,9 +21,9 @@ from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.core.errors import FieldProblem, InvalidRequest
 from execbox.core.readable import schema_problems
-from execbox.core.status import ExecutionStatus
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionCreate, Expect, InputFile, Origin
+from execbox.executions.status import ExecutionStatus
 from execbox.executions.submit import Submission, Submissions, request_digest
 from execbox.library.errors import ScriptNotFound, VersionConflict
 from execbox.library.schemas import (

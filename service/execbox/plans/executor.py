@@ -23,9 +23,9 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from execbox.core.errors import CapacityError, InfrastructureError, ServiceError
-from execbox.core.status import ExecutionStatus
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionCreate
+from execbox.executions.status import ExecutionStatus
 from execbox.executions.submit import Submissions
 from execbox.files.blobs import ArtifactStore
 from execbox.library.service import Library

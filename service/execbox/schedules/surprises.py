@@ -26,11 +26,11 @@ from pydantic import BaseModel, Field
 from execbox.core.metrics import LoopMetrics
 from execbox.core.poison import Guard, consume
 from execbox.core.redis import redis_errors, text
-from execbox.core.status import ExecutionStatus
 from execbox.core.streams import TERMINAL
 from execbox.executions.events import consumer_group
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, StoredWebhook
+from execbox.executions.status import ExecutionStatus
 from execbox.executions.store import ExecutionStore
 from execbox.schedules.keys import ScheduleKeys
 from execbox.schedules.store import ScheduleStore

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from execbox.catalog.schemas import AppliedPolicy, PolicyRequest
-from execbox.core.status import SessionEnd, SessionStatus
 from execbox.executions.schemas import ExecutionError, InputFile, Labels
+from execbox.sessions.status import SessionEnd, SessionStatus
 
 
 class SessionCreate(BaseModel):

@@ -18,11 +18,11 @@ from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.catalog.schemas import AppliedPolicy, PolicyRequest
 from execbox.core.errors import FieldProblem, InvalidRequest
-from execbox.core.status import ErrorCategory, ExecutionStatus, SessionEnd, SessionStatus
 from execbox.core.tracing import from_traceparent
 from execbox.executions.inputs import prepare
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionCreate, ExecutionError
+from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.executions.store import ExecutionStore
 from execbox.files.store import FileStore
 from execbox.fleet.registry import WorkerRegistry
@@ -30,6 +30,7 @@ from execbox.sessions.errors import SessionEnded, SessionNotFound
 from execbox.sessions.record import SessionRecord
 from execbox.sessions.schemas import SessionCreate
 from execbox.sessions.settings import SessionsConfig
+from execbox.sessions.status import SessionEnd, SessionStatus
 from execbox.sessions.store import SessionStore
 from execbox.tenancy.errors import PolicyNotAllowed, RateLimited
 from execbox.tenancy.quotas import Quotas

@@ -16,10 +16,11 @@ from collections.abc import Callable
 import redis
 
 from execbox.core.redis import compare_and_set, redis_errors, text
-from execbox.core.status import ErrorCategory, SessionEnd, SessionStatus
 from execbox.executions.schemas import ExecutionError
+from execbox.executions.status import ErrorCategory
 from execbox.sessions.keys import SessionKeys
 from execbox.sessions.record import SessionRecord
+from execbox.sessions.status import SessionEnd, SessionStatus
 
 WAKE = "wake"
 """Pushed on a session's list to wake its holder (it re-reads the record)."""

@@ -17,11 +17,11 @@ from functools import partial
 
 from execbox.core.errors import ServiceError
 from execbox.core.poison import Guard
-from execbox.core.status import SessionEnd
 from execbox.executions.queue import make_queue, restore_tickets
 from execbox.fleet.registry import Heartbeat
 from execbox.sandbox.runtime import ContainerInfo
 from execbox.sessions.service import ended_error, settle_waiting
+from execbox.sessions.status import SessionEnd
 from execbox.worker.context import WorkerContext
 
 log = logging.getLogger(__name__)

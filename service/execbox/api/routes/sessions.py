@@ -11,8 +11,8 @@ from execbox.api.bodies import OffLoopRoute
 from execbox.api.deps import ServicesDep, TenantDep
 from execbox.api.params import TraceHeader
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
-from execbox.core.status import SessionStatus
 from execbox.sessions.schemas import SessionCreate, SessionList, SessionPublic
+from execbox.sessions.status import SessionStatus
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"], route_class=OffLoopRoute)
 SessionId = Annotated[str, Path(pattern=r"^ses_[a-z2-7]{26}$", description="Session id (`ses_...`).")]
