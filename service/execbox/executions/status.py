@@ -1,6 +1,7 @@
-"""The stable enums of the contract: an execution's lifecycle status, its error category, and a session's status.
+"""An execution's lifecycle status and its error category: stable enums of the contract.
 
-Their values are part of the API (docs/api.md): never rename or reuse one."""
+Their values are part of the API (docs/api.md) and of every stored record: never rename or reuse one.
+"""
 
 from __future__ import annotations
 
@@ -41,21 +42,3 @@ class ErrorCategory(enum.StrEnum):
     SANDBOX_ERROR = "sandbox.error"
     CANCELLED = "cancelled"
     EXPIRED = "expired"
-
-
-class SessionStatus(enum.StrEnum):
-    """A session: starting → ready → ended. Values never change."""
-
-    STARTING = "starting"
-    READY = "ready"
-    ENDED = "ended"
-
-
-class SessionEnd(enum.StrEnum):
-    """Why a session ended. A fixed, documented enum: never rename or reuse a value."""
-
-    DELETED = "deleted"
-    IDLE_TIMEOUT = "idle_timeout"
-    MAX_LIFETIME = "max_lifetime"
-    WORKER_LOST = "worker_lost"
-    SANDBOX_ERROR = "sandbox_error"
