@@ -14,4 +14,8 @@ class ImageUnavailable(InfrastructureError):
     code = "sandbox.image_unavailable"
 
 
-__all__ = ["ImageUnavailable", "RuntimeUnavailable"]
+RUN_FAILURES: tuple[type[InfrastructureError], ...] = (RuntimeUnavailable, ImageUnavailable)
+"""Every error a sandbox run can fail with before the program starts: the worker exports each code as a
+label of execbox_sandbox_failures_total from its start, so a new one is added here and nowhere else."""
+
+__all__ = ["RUN_FAILURES", "ImageUnavailable", "RuntimeUnavailable"]

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from execbox.core.errors import InfrastructureError, ServiceError
 from execbox.files.errors import InputUnavailable
-from execbox.sandbox.errors import ImageUnavailable, RuntimeUnavailable
+from execbox.sandbox.errors import RUN_FAILURES
 
 SANDBOX_FAILURE_REASONS: tuple[str, ...] = (
     ServiceError.code,
     InfrastructureError.code,
-    RuntimeUnavailable.code,
-    ImageUnavailable.code,
+    *(error.code for error in RUN_FAILURES),
     InputUnavailable.code,
 )
 
