@@ -7,7 +7,7 @@ execution writes (the record SET and the event XADD in one MULTI pipeline):
   direct          a client of the primary's address (today's redis:// setting)
   sentinel        a client made by core/sentinel.py (the primary found through the Sentinels)
   sentinel+wait   the same, then WAIT 1 <timeout>: acknowledged once the replica holds it
-  window          the WAIT 1 of sentinel+wait alone: how long a write sits on the primary only
+  window          WAIT 1 alone after a plain acceptance: how long a write sits on the primary only
 Modes take turns in blocks, so drift on a shared machine hits each alike; ratios are against the
 direct baseline of this run. Then --failovers times: SIGKILL the primary while a Sentinel client
 writes, and time kill -> the Sentinels name a new primary -> the first successful write; the
@@ -69,8 +69,9 @@ class Cluster:
         target = sentinel.parse(role_url(self.env["REDIS_HA_URL"], "api", self.password("api")))
         return sentinel.sync_client(target, socket_timeout_s=2)
 
-    def direct(self) -> redis.Redis:
-        return redis.Redis(port=self.primary_port(), username="api", password=self.password("api"), socket_timeout=2)
+    def direct(self, single_connection: bool = False) -> redis.Redis:
+        return redis.Redis(port=self.primary_port(), username="api", password=self.password("api"), socket_timeout=2,
+                           single_connection_client=single_connection)  # fmt: skip
 
     def primary_port(self) -> int:
         asker = redis.Redis(port=int(self.ports["SENTINEL1_PORT"]), username="api", password=self.password("api"))
@@ -83,18 +84,28 @@ class Cluster:
         return int((self.root / f"node-{name[4]}.pid").read_text())
 
 
-def acceptance(client: redis.Redis, wait: bool) -> float:
-    """One acceptance; with `wait`, how long WAIT 1 took (ms): the time the acknowledged write
-    was on the primary only, the window in which its death would lose it without WAIT."""
+def acceptance(client: redis.Redis, wait: bool) -> None:
     execution_id = uuid.uuid4().hex
-    pipe = client.pipeline(transaction=True)
+    # WAIT counts its own connection's writes, so the transaction and the WAIT go in one round
+    # trip on one connection: a plain pipeline around MULTI/EXEC.
+    pipe = client.pipeline(transaction=False)
+    pipe.execute_command("MULTI")  # type: ignore[no-untyped-call]
     pipe.set(f"{PREFIX}:exe:{execution_id}", b'{"status": "queued", "language": "python"}', ex=3600)
     pipe.xadd(f"{PREFIX}:events", {"id": execution_id, "type": "accepted"}, maxlen=10_000, approximate=True)
-    pipe.execute()
-    if not wait:
-        return 0.0
+    pipe.execute_command("EXEC")  # type: ignore[no-untyped-call]
+    if wait:
+        pipe.execute_command("WAIT", 1, 1000)  # type: ignore[no-untyped-call]
+    replies = pipe.execute()
+    if wait and replies[-1] < 1:
+        raise RuntimeError("WAIT 1 timed out: the replica did not confirm within 1 s")
+
+
+def window(pinned: redis.Redis) -> float:
+    """An acceptance, then WAIT 1 alone, timed (ms), on a client of one connection: how long an
+    acknowledged acceptance sits on the primary only, where its death would lose it without WAIT."""
+    acceptance(pinned, wait=False)
     start = time.perf_counter()
-    if client.wait(1, 1000) < 1:
+    if pinned.wait(1, 1000) < 1:
         raise RuntimeError("WAIT 1 timed out: the replica did not confirm within 1 s")
     return (time.perf_counter() - start) * 1000
 
@@ -108,15 +119,15 @@ def latencies(cluster: Cluster, writes: int, block: int) -> dict[str, list[float
     for client, wait in modes.values():  # connections made and first replies seen before timing
         for _ in range(50):
             acceptance(client, wait)
+    pinned = cluster.direct(single_connection=True)
     taken: dict[str, list[float]] = {mode: [] for mode in (*modes, "window")}
     while len(taken["direct"]) < writes:
         for mode, (client, wait) in modes.items():
             for _ in range(min(block, writes - len(taken[mode]))):
                 start = time.perf_counter()
-                window = acceptance(client, wait)
+                acceptance(client, wait)
                 taken[mode].append((time.perf_counter() - start) * 1000)
-                if wait:
-                    taken["window"].append(window)
+        taken["window"] += [window(pinned) for _ in range(min(block, writes - len(taken["window"])))]
     return taken
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
+from unittest import mock
 
 import pytest
 import redis
@@ -135,13 +136,21 @@ def fresh(ha: HA) -> Iterator[HA]:
 
 
 def acceptance(client: redis.Redis, execution_id: str, wait: bool) -> int | None:
-    """What accepting an execution writes (its record and the event), then, if asked, `WAIT 1`:
-    the number of replicas that have it when the acknowledgement is given."""
-    pipe = client.pipeline(transaction=True)
+    """What accepting an execution writes (its record and the event) in MULTI/EXEC, then, if
+    asked, `WAIT 1`: the number of replicas that have it when the acknowledgement is given.
+    WAIT counts the writes of its own connection only, so it goes in the same round trip on the
+    same connection (a plain pipeline around MULTI/EXEC): a WAIT from the pool's next connection,
+    which wrote nothing, would answer at once."""
+    pipe = client.pipeline(transaction=False)
+    pipe.execute_command("MULTI")  # type: ignore[no-untyped-call]
     pipe.set(f"{PREFIX}:exe:{execution_id}", b'{"status": "queued"}')
     pipe.xadd(f"{PREFIX}:events", {"id": execution_id, "type": "accepted"})
-    pipe.execute()
-    return int(client.wait(1, 2000)) if wait else None
+    pipe.execute_command("EXEC")  # type: ignore[no-untyped-call]
+    if wait:
+        pipe.execute_command("WAIT", 1, 2000)  # type: ignore[no-untyped-call]
+    replies = pipe.execute()
+    assert replies[3] == [b"OK", mock.ANY]  # the transaction ran
+    return int(replies[4]) if wait else None
 
 
 def test_a_client_through_sentinel_reads_and_writes_on_the_promoted_replica(fresh: HA) -> None:
