@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from execbox.core.settings import REPO_ROOT, RedisSettings, SettingsRoot, TelemetrySettings
 from execbox.egress.settings import EgressSettings
 from execbox.executions.settings import QueueSettings, WorkerSettings
+from execbox.files.settings import ArtifactSettings
 from execbox.plans.settings import PlanSettings
 from execbox.sandbox.settings import DockerSettings, PoolSettings
 from execbox.sessions.settings import SessionSettings
@@ -62,9 +63,12 @@ class Settings(SettingsRoot):
     sessions: SessionSettings = SessionSettings()
     retention_s: int = Field(24 * 3600, gt=0, description="How long finished executions are kept.")
     policies_dir: Path = Field(REPO_ROOT / "policies", description="Directory of policy YAML files.")
+    artifacts: ArtifactSettings = ArtifactSettings()
+    # Kept at the root so that its variable stays EXECBOX_ARTIFACTS_DIR, the name deployments use.
     artifacts_dir: Path = Field(
         REPO_ROOT / ".run" / "artifacts",
-        description="Local artifact store shared by API and workers (a shared volume when they run apart).",
+        description="Local artifact store shared by API and workers (a shared volume when they run apart); "
+        "unused with EXECBOX_ARTIFACTS__STORE=s3.",
     )
     images_dir: Path = Field(REPO_ROOT / "sandbox-images", description="Directory of sandbox image metadata.")
     log_level: str = Field("INFO", description="Log level of the JSON logs.")

@@ -37,7 +37,7 @@ from execbox.executions.schemas import ExecutionCreate
 from execbox.executions.store import ExecutionStore
 from execbox.executions.submit import Submissions
 from execbox.executions.waits import Waiters
-from execbox.files.blobs import LocalArtifactStore
+from execbox.files.backend import open_store, prepare
 from execbox.files.store import FileStore
 from execbox.fleet.registry import WorkerRegistry
 from execbox.keyschema import Keys
@@ -69,6 +69,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(migrate_keys, client, keys)  # data of the older key layout, before any reader
+        # A wrong S3 endpoint, bucket or key fails the start, where the operator looks first; /readyz
+        # does not ask S3, so an object store that is down stops downloads, not every route.
+        await prepare(artifacts)
         await waiters.start()
         services = app.state.services
         loops: Loops = app.state.loops  # each supervised: restarted if it dies, reported by /readyz
@@ -117,7 +120,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         quotas=quotas, fleet=fleet, idempotency=idempotency, spans=spans,
         on_accept=lambda language: metrics.accepted.labels(language).inc(), sessions=sessions,
     )  # fmt: skip
-    artifacts = LocalArtifactStore(settings.artifacts_dir)
+    artifacts = open_store(settings.artifacts, settings.artifacts_dir)
     library = Library(ScriptStore(client, keys), submissions, language_set, policies)
     schedule_store = ScheduleStore(client, keys)
     executor = Executor(RunStore(client, keys, settings.retention_s), submissions, artifacts, metrics.plans, library)

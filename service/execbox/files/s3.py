@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -65,11 +67,14 @@ class S3ArtifactStore:
         connect_timeout_s: float = 5.0,
         read_timeout_s: float = 60.0,
         max_attempts: int = 4,
+        sweep_interval_s: float = 0.0,
     ) -> None:
         """Nothing is created or contacted here; `ensure_bucket()` makes the bucket when asked.
 
         endpoint None means AWS itself; credentials None means botocore's usual chain (environment,
-        files, instance role). The prefix lets one bucket hold several deployments.
+        files, instance role). The prefix lets one bucket hold several deployments. A retention
+        sweep lists every key, so `delete_older_than` does nothing within `sweep_interval_s` of
+        this process's previous sweep (the reaper asks at each of its passes).
         """
         if part_size < 5 << 20:
             raise ValueError("part_size must be at least 5 MiB (S3's smallest part but the last)")
@@ -93,6 +98,8 @@ class S3ArtifactStore:
         self._lock = threading.Lock()
         self._client_pid = -1
         self._client_obj: Any = None
+        self.sweep_interval_s = sweep_interval_s
+        self._last_sweep = -math.inf
 
     def client(self) -> Any:
         """This process's boto3 S3 client (for the store's own calls, tools and tests' stubs)."""
@@ -220,6 +227,11 @@ class S3ArtifactStore:
     def delete_older_than(self, cutoff: float) -> int:
         """Remove each execution whose newest artifact was stored before `cutoff`, as the local
         store removes a directory not modified since; also abort uploads left open since then."""
+        now = time.monotonic()
+        if now - self._last_sweep < self.sweep_interval_s:
+            return 0
+        # Counted from the start, failed or not: a store that is down is not asked again at once.
+        self._last_sweep = now
         client = self.client()
         removed = 0
         # Keys are listed in order, so one execution's objects come together: only one execution's

@@ -21,7 +21,8 @@ from execbox.executions import events
 from execbox.executions.lifecycle import run_limits
 from execbox.executions.metrics import WorkerMetrics, worker_metrics
 from execbox.executions.store import ExecutionStore
-from execbox.files.blobs import ArtifactStore, LocalArtifactStore
+from execbox.files.backend import open_store
+from execbox.files.blobs import ArtifactStore
 from execbox.files.store import FileStore
 from execbox.fleet.registry import WorkerRegistry
 from execbox.keyschema import Keys
@@ -76,7 +77,7 @@ class WorkerContext:
             slots=Slots(client, keys),
             runtime=runtime,
             languages=Languages.load(settings.images_dir),
-            artifacts=LocalArtifactStore(settings.artifacts_dir),
+            artifacts=open_store(settings.artifacts, settings.artifacts_dir),
             # A random part: a restarted container has the same host name and, as PID 1, the same pid.
             name=name or f"{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(3)}",
             metrics=worker_metrics(registry),
