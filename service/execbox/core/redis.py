@@ -10,6 +10,7 @@ import redis
 from redis.exceptions import RedisError, WatchError
 
 from execbox.core.errors import QueueUnavailable
+from execbox.core.sentinel import is_sentinel_url, parse, sync_client
 from execbox.core.settings import HasRedis
 
 
@@ -54,6 +55,10 @@ def text(value: object) -> str:
 
 
 def connect(settings: HasRedis) -> redis.Redis:
+    """The process's client: of one server for a redis:// setting, of whichever node the Sentinels
+    name the primary for a sentinel:// one (RQ takes it too: it is a plain redis.Redis)."""
+    if is_sentinel_url(settings.redis.url):
+        return sync_client(parse(settings.redis.url), socket_timeout_s=settings.redis.socket_timeout_s)
     return redis.Redis.from_url(
         settings.redis.url,
         socket_timeout=settings.redis.socket_timeout_s,

@@ -15,12 +15,14 @@ primary") for `WAIT 1` on an acceptance.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 from urllib.parse import parse_qsl, unquote
 
 import redis
 import redis.asyncio
+from redis.asyncio.connection import BlockingConnectionPool as AsyncBlockingPool
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
 from redis.sentinel import Sentinel
 
 SCHEME = "sentinel"
@@ -133,14 +135,31 @@ def sync_client(target: SentinelTarget, *, socket_timeout_s: float, health_check
     return cast(redis.Redis, client)
 
 
+class BlockingSentinelPool(AsyncSentinelPool, AsyncBlockingPool):
+    """A Sentinel-backed asyncio pool that, once full, makes a caller wait for a free connection (up
+    to its `timeout`) as a BlockingConnectionPool does, instead of refusing at once."""
+
+
 def async_client(
-    target: SentinelTarget, *, socket_timeout_s: float, health_check_interval_s: int = 30
+    target: SentinelTarget, *, socket_timeout_s: float, health_check_interval_s: int = 30, **pool: object
 ) -> redis.asyncio.Redis:
-    """The same for asyncio code (the API's event loop)."""
+    """The same for asyncio code (the API's event loop). `pool` goes to a BlockingSentinelPool
+    (max_connections, timeout, retry, retry_on_error; a socket_timeout of its own for blocking
+    reads): the Sentinels themselves are always asked with socket_timeout_s."""
     common = _kwargs(target, socket_timeout_s)
     sentinel = AsyncSentinel(list(target.sentinels), sentinel_kwargs=common, **common)  # type: ignore[no-untyped-call]
-    client = sentinel.master_for(target.master, db=target.db, health_check_interval=health_check_interval_s)
+    options: dict[str, Any] = {"connection_pool_class": BlockingSentinelPool, **pool} if pool else {}
+    client = sentinel.master_for(target.master, db=target.db, health_check_interval=health_check_interval_s, **options)
     return cast(redis.asyncio.Redis, client)
 
 
-__all__ = ["DEFAULT_PORT", "SCHEME", "SentinelTarget", "async_client", "is_sentinel_url", "parse", "sync_client"]
+__all__ = [
+    "DEFAULT_PORT",
+    "SCHEME",
+    "BlockingSentinelPool",
+    "SentinelTarget",
+    "async_client",
+    "is_sentinel_url",
+    "parse",
+    "sync_client",
+]

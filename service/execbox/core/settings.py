@@ -20,9 +20,22 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 class RedisSettings(BaseModel):
-    url: str = Field("redis://127.0.0.1:6379/0", description="Redis DSN shared by API and workers.")
+    url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description="Redis DSN shared by API and workers: redis://[role:pw@]host:port/db, or "
+        "sentinel://[role:pw@]host1:port,host2:port,host3:port/<master>?db=0 to follow the primary Sentinel names.",
+    )
     socket_timeout_s: float = Field(5.0, gt=0, description="Timeout of every Redis command but blocking waits.")
     key_prefix: str = Field("execbox", description="Prefix of every key execbox writes.")
+    accept_replicas: int = Field(
+        0,
+        ge=0,
+        description="Replicas that must hold an accepted execution before its 202 (WAIT); fewer in time: 503, "
+        "retryable. 0: no wait (one Redis without a replica).",
+    )
+    accept_wait_ms: int = Field(
+        500, gt=0, description="How long an acceptance waits for those replicas (with accept_replicas above 0)."
+    )
 
 
 class TelemetrySettings(BaseModel):

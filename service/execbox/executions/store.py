@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import redis
 
+from execbox.core.errors import QueueUnavailable
 from execbox.core.redis import compare_and_set, redis_errors, text
 from execbox.core.streams import TERMINAL, EventStream
 from execbox.executions import live
@@ -59,6 +60,26 @@ class ExecutionStore:
             pipe.zadd(self.keys.deadlines, {record.id: record.queue_deadline})
             live.append(pipe, self.keys, record.id, "status", {"status": record.status.value}, ttl)
             pipe.execute()
+
+    def replicated(self, execution_id: str, replicas: int, timeout_ms: int) -> None:
+        """Return once `replicas` replicas hold every write made before this call (the acceptance's
+        record, queue entry and idempotency key); QueueUnavailable (503, retryable) when fewer
+        acknowledge within timeout_ms, though the execution may still run.
+
+        WAIT counts only its own connection's writes, and the acceptance's are spread over several
+        pooled connections: this connection writes once more (a PUBLISH, which Redis replicates
+        whoever listens; waiters of this execution just re-read it) and waits in the same round
+        trip. The replication stream is ordered, so a replica that has this write has all of them.
+        """
+        with redis_errors(), self.redis.pipeline(transaction=False) as pipe:
+            pipe.publish(self.keys.done(execution_id), "accepted")
+            pipe.execute_command("WAIT", replicas, timeout_ms)  # type: ignore[no-untyped-call]
+            _, acknowledged = pipe.execute()
+        if int(acknowledged) < replicas:
+            raise QueueUnavailable(
+                f"execution {execution_id} reached {acknowledged} of {replicas} Redis replica(s) in "
+                f"{timeout_ms} ms; retry with the same Idempotency-Key to get it, not a second one"
+            )
 
     def get(self, execution_id: str) -> ExecutionRecord | None:
         with redis_errors():

@@ -122,6 +122,9 @@ class Submissions:
                 self.owned(tenant, execution_id), from_traceparent(traceparent), {}, replayed=True
             ),
         )
+        replicas = self.settings.redis.accept_replicas
+        if replicas:  # after the idempotency key is stored, so that a retry of a 503 finds this execution
+            self.store.replicated(submission.record.id, replicas, self.settings.redis.accept_wait_ms)
         return submission
 
     def owned(self, tenant: str, execution_id: str) -> ExecutionRecord:

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -24,6 +24,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from execbox.core.redis import redis_errors
+from execbox.core.sentinel import async_client, is_sentinel_url, parse
 from execbox.executions.keys import ExecutionKeys
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.settings import ExecutionsConfig
@@ -36,6 +37,18 @@ pool of their own and never queue the short reads (API keys) behind them."""
 T = TypeVar("T")
 
 
+def _client(url: str, connect_timeout_s: float, **pool: Any) -> aioredis.Redis:
+    """A client on a blocking pool: of one server (redis://), or of the primary the Sentinels name
+    (sentinel://; the pool asks them again at each new connection, so a fail-over costs the
+    commands in flight a retry on a fresh connection)."""
+    if is_sentinel_url(url):
+        return async_client(parse(url), socket_timeout_s=connect_timeout_s, **pool)
+    blocking = aioredis.BlockingConnectionPool.from_url(
+        url, socket_connect_timeout=connect_timeout_s, health_check_interval=30, **pool
+    )
+    return aioredis.Redis(connection_pool=blocking)
+
+
 class Waiters:
     def __init__(self, settings: ExecutionsConfig) -> None:
         self._keys = ExecutionKeys(settings.redis.key_prefix)
@@ -43,28 +56,25 @@ class Waiters:
         # one (bounded by the socket timeout) instead of opening hundreds.
         # Connections found dead (Redis restarted, or still loading its AOF) are replaced and the
         # command retried for a few seconds.
-        pool = aioredis.BlockingConnectionPool.from_url(
+        self._redis = _client(
             settings.redis.url,
+            settings.redis.socket_timeout_s,
             max_connections=ASYNC_CONNECTIONS,
             timeout=settings.redis.socket_timeout_s,
             socket_timeout=settings.redis.socket_timeout_s,
-            socket_connect_timeout=settings.redis.socket_timeout_s,
-            health_check_interval=30,
             retry=Retry(ExponentialBackoff(cap=1.0, base=0.1), 8),  # ~5 s: a restart and its AOF replay
             retry_on_error=[RedisConnectionError, RedisTimeoutError, BusyLoadingError],
         )
-        self._pool = pool
-        self._redis = aioredis.Redis(connection_pool=pool)
-        self._stream_pool = aioredis.BlockingConnectionPool.from_url(
+        self._pool = self._redis.connection_pool
+        self.streams = _client(
             settings.redis.url,
+            settings.redis.socket_timeout_s,
             max_connections=STREAM_CONNECTIONS,
             timeout=settings.redis.socket_timeout_s,
             socket_timeout=settings.redis.socket_timeout_s + settings.api.sse_keepalive_s,
-            socket_connect_timeout=settings.redis.socket_timeout_s,
-            health_check_interval=30,
         )
-        self.streams = aioredis.Redis(connection_pool=self._stream_pool)
         """The client for blocking reads of live events."""
+        self._stream_pool = self.streams.connection_pool
         self._waiting: dict[str, set[asyncio.Event]] = {}
         self._listener: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
