@@ -22,7 +22,7 @@ from execbox.executions.queue import depth, make_queue
 from execbox.executions.store import ExecutionStore
 from execbox.executions.waits import ASYNC_CONNECTIONS, STREAM_CONNECTIONS, Waiters
 from execbox.settings import Settings
-from tests.conftest import Redis
+from tests.conftest import PASSWORDS, Redis, free_port
 from tests.unit.conftest import InProcess, make_record
 
 SENTINELS = "sentinel://api:pw@h1:26379,h2:26380,h3:26381/execbox?db=2"
@@ -115,3 +115,22 @@ def test_an_acceptance_no_replica_holds_is_a_retryable_503_and_its_retry_finds_t
 
 def test_by_default_an_acceptance_waits_for_no_replica() -> None:
     assert (Settings().redis.accept_replicas, Settings().redis.accept_wait_ms) == (0, 500)
+
+
+def test_a_connection_reconnected_mid_command_asks_where_the_primary_is_now(
+    redis_server: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retry of a command whose connection died reconnects it without the pool: it must not go
+    back to the old primary's address (here a closed port) but to the one the Sentinels now name
+    (here the session's redis-server, standing in for them)."""
+    url = f"sentinel://harness:{PASSWORDS['harness']}@127.0.0.1:1/execbox"
+    client = connect(Settings(redis={"url": url, "socket_timeout_s": 2}))
+    pool: Any = client.connection_pool
+    monkeypatch.setattr(pool.proxy, "get_master_address", lambda: ("127.0.0.1", redis_server.port))
+    connection = pool.make_connection()
+    connection.host, connection.port = "127.0.0.1", free_port()  # the primary it had before a fail-over
+
+    connection.send_command("PING")
+
+    assert connection.read_response() == b"PONG" and connection.port == redis_server.port
+    connection.disconnect()

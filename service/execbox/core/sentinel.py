@@ -23,7 +23,8 @@ import redis.asyncio
 from redis.asyncio.connection import BlockingConnectionPool as AsyncBlockingPool
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
-from redis.sentinel import Sentinel
+from redis.asyncio.sentinel import SentinelManagedConnection as AsyncManagedConnection
+from redis.sentinel import Sentinel, SentinelManagedConnection
 
 SCHEME = "sentinel"
 DEFAULT_PORT = 26379
@@ -127,17 +128,61 @@ def _kwargs(target: SentinelTarget, socket_timeout_s: float) -> dict[str, object
     }
 
 
+class FollowingConnection(SentinelManagedConnection):
+    """A connection to the primary that asks the Sentinels where it is at every reconnection.
+
+    redis-py (8.1) asks only when the pool hands a connection out; one found closed in the middle
+    of a command is reconnected by its retry straight to its last address, so after a fail-over
+    every retry went to the dead primary until they ran out (the first requests after a promotion
+    failed, 5-6 s late, in tests/integration/test_sentinel_service.py).
+    """
+
+    def connect_check_health(self, check_health: bool = True, retry_socket_connect: bool = True) -> None:
+        if not self._sock and self.connection_pool.is_master:
+            self.host, self.port = self.connection_pool.get_master_address()
+        super().connect_check_health(check_health=check_health, retry_socket_connect=retry_socket_connect)
+
+    def connect_to(self, address: tuple[str, int]) -> None:
+        self.host, self.port = address  # just asked for: not again
+        super().connect_check_health(check_health=self.connection_pool.check_connection, retry_socket_connect=False)
+
+
+class AsyncFollowingConnection(AsyncManagedConnection):
+    """FollowingConnection for asyncio clients (the same gap in redis.asyncio)."""
+
+    async def connect_check_health(self, check_health: bool = True, retry_socket_connect: bool = True) -> None:
+        if not self.is_connected and self.connection_pool.is_master:
+            self.host, self.port = await self.connection_pool.get_master_address()
+        await super().connect_check_health(check_health=check_health, retry_socket_connect=retry_socket_connect)
+
+    async def connect_to(self, address: tuple[str, int]) -> None:
+        self.host, self.port = address
+        await super().connect_check_health(
+            check_health=self.connection_pool.check_connection, retry_socket_connect=False
+        )
+
+
 def sync_client(target: SentinelTarget, *, socket_timeout_s: float, health_check_interval_s: int = 30) -> redis.Redis:
     """A client of the current primary, for the API's threads, the workers and RQ."""
     common = _kwargs(target, socket_timeout_s)
     sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=common, **common)  # type: ignore[no-untyped-call]
-    client = sentinel.master_for(target.master, db=target.db, health_check_interval=health_check_interval_s)  # type: ignore[no-untyped-call]
+    client = sentinel.master_for(  # type: ignore[no-untyped-call]
+        target.master, db=target.db, health_check_interval=health_check_interval_s, connection_class=FollowingConnection
+    )
     return cast(redis.Redis, client)
 
 
 class BlockingSentinelPool(AsyncSentinelPool, AsyncBlockingPool):
     """A Sentinel-backed asyncio pool that, once full, makes a caller wait for a free connection (up
     to its `timeout`) as a BlockingConnectionPool does, instead of refusing at once."""
+
+
+async def close_sentinels(pool: object) -> None:
+    """Close the connections an asyncio Sentinel-backed pool keeps to the Sentinels themselves,
+    which closing its client or the pool leaves open; nothing for any other pool."""
+    manager = getattr(pool, "sentinel_manager", None)
+    for client in manager.sentinels if manager is not None else ():
+        await client.aclose()
 
 
 def async_client(
@@ -149,6 +194,7 @@ def async_client(
     common = _kwargs(target, socket_timeout_s)
     sentinel = AsyncSentinel(list(target.sentinels), sentinel_kwargs=common, **common)  # type: ignore[no-untyped-call]
     options: dict[str, Any] = {"connection_pool_class": BlockingSentinelPool, **pool} if pool else {}
+    options["connection_class"] = AsyncFollowingConnection
     client = sentinel.master_for(target.master, db=target.db, health_check_interval=health_check_interval_s, **options)
     return cast(redis.asyncio.Redis, client)
 
@@ -159,6 +205,7 @@ __all__ = [
     "BlockingSentinelPool",
     "SentinelTarget",
     "async_client",
+    "close_sentinels",
     "is_sentinel_url",
     "parse",
     "sync_client",

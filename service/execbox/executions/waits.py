@@ -24,7 +24,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from execbox.core.redis import redis_errors
-from execbox.core.sentinel import async_client, is_sentinel_url, parse
+from execbox.core.sentinel import async_client, close_sentinels, is_sentinel_url, parse
 from execbox.executions.keys import ExecutionKeys
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.settings import ExecutionsConfig
@@ -96,6 +96,8 @@ class Waiters:
         await self._pool.disconnect()  # a pool given to the client is not closed with it
         await self.streams.aclose()
         await self._stream_pool.disconnect()
+        await close_sentinels(self._pool)
+        await close_sentinels(self._stream_pool)
 
     async def _listen(self) -> None:
         pattern = self._keys.pattern("done")
