@@ -115,7 +115,11 @@ def _script_env(root: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def ha(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HA]:
-    base = tmp_path_factory.mktemp("redis-ha")
+    yield from running_ha(tmp_path_factory.mktemp("redis-ha"))
+
+
+def running_ha(base: Path) -> Iterator[HA]:
+    """scripts/redis-ha started under base with the tests' passwords, stopped (and checked gone) after."""
     (base / "passwords.env").write_text("".join(f"REDIS_{r.upper()}_PASSWORD={p}\n" for r, p in PASSWORDS.items()))
     harness = hashlib.sha256(PASSWORDS["harness"].encode()).hexdigest()
     (base / "extra.acl").write_text(f"user harness on #{harness} ~* &* +@all\n")

@@ -7,8 +7,6 @@ again once the killed node is back as the new primary's replica. Nothing is rest
 
 from __future__ import annotations
 
-import hashlib
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +26,7 @@ from execbox.tenancy.apikeys import ApiKeys
 from execbox.worker import context
 from execbox.worker.context import WorkerContext
 from tests.conftest import PASSWORDS, PREFIX, wait_until
-from tests.integration.test_sentinel import HA, SCRIPT, _script_env, start
+from tests.integration.test_sentinel import HA, running_ha
 from tests.unit.conftest import InProcess
 
 pytestmark = [pytest.mark.slow]
@@ -38,17 +36,7 @@ TERMINAL = {"succeeded", "failed", "timed_out", "cancelled", "expired"}
 
 @pytest.fixture(scope="module")
 def ha(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HA]:
-    base = tmp_path_factory.mktemp("redis-ha-service")
-    (base / "passwords.env").write_text("".join(f"REDIS_{r.upper()}_PASSWORD={p}\n" for r, p in PASSWORDS.items()))
-    harness = hashlib.sha256(PASSWORDS["harness"].encode()).hexdigest()
-    (base / "extra.acl").write_text(f"user harness on #{harness} ~* &* +@all\n")
-    root = base / "cluster"
-    try:
-        yield HA(root, start(root))
-    finally:
-        done = subprocess.run([SCRIPT, "--stop"], env=_script_env(root), capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, f"scripts/redis-ha --stop failed:\n{done.stdout}\n{done.stderr}"
-        assert not root.exists()
+    yield from running_ha(tmp_path_factory.mktemp("redis-ha-service"))
 
 
 def _settings(ha: HA, role: str, tmp_path: Path) -> Settings:
