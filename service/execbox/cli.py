@@ -1,5 +1,5 @@
 """The `execbox` command: `api`, `worker`, `egress`, `docker-proxy`, `reap`, `keys`, `secrets`, `egress-key`,
-`redis-acl`, `dead-letters`."""
+`redis-acl`, `dead-letters`, `nodes`."""
 
 from __future__ import annotations
 
@@ -54,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     keys.add_parser("list", help="list keys (ids and tenants, never the keys)")
     revoke = keys.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("key_id")
+    nodes = sub.add_parser("nodes", help="the nodes workers run on; drain one before maintenance (admin role)")
+    nodes_sub = nodes.add_subparsers(dest="nodes_command", required=True)
+    nodes_sub.add_parser("list", help="each node: workers, drained or not, executions running and finished")
+    nodes_sub.add_parser("drain", help="its workers finish what they run and take nothing new").add_argument("node")
+    nodes_sub.add_parser("undrain", help="its workers take work again").add_argument("node")
     dproxy = sub.add_parser("docker-proxy", help="serve a narrowed Docker socket for workers (in its container)")
     dproxy.add_argument("--listen", required=True, help="unix socket path the workers connect to")
     dproxy.add_argument("--engine", default=_engine_socket(), help="the engine's socket (default: DOCKER_HOST's)")
@@ -141,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         elif not api_keys.revoke(args.key_id):
             print(f"no key {args.key_id}", file=sys.stderr)
             return 1
+    elif args.command == "nodes":
+        return _nodes(settings, args)
     elif args.command == "egress":
         from execbox.egress.main import run_egress
 
@@ -219,6 +226,36 @@ def main(argv: list[str] | None = None) -> int:
         from execbox.worker.context import WorkerContext
 
         print(json.dumps(reaper.sweep(WorkerContext.build(settings, name="reaper-cli"))))
+    return 0
+
+
+def _nodes(settings: Settings, args: argparse.Namespace) -> int:
+    """`execbox nodes list|drain NODE|undrain NODE`, with the admin role's Redis credentials."""
+    from execbox.core.redis import connect
+    from execbox.executions.store import ExecutionStore
+    from execbox.fleet.nodes import Nodes, node_problem
+    from execbox.keyschema import Keys
+
+    client = connect(settings)
+    nodes, store = Nodes(client, Keys(settings.redis.key_prefix)), ExecutionStore(client, settings)
+    if args.nodes_command != "list":
+        problem = node_problem(args.node)
+        if problem is not None:
+            print(f"node: {problem}", file=sys.stderr)
+            return 2
+        if args.nodes_command == "drain":
+            nodes.drain(args.node)
+        elif not nodes.undrain(args.node):
+            print(f"node {args.node} was not drained", file=sys.stderr)
+    views = nodes.overview(store.holders())
+    if args.nodes_command != "list":
+        views = [view for view in views if view.node == args.node] or [nodes.view(args.node, {})]
+    for view in views:
+        state = "drained" if view.drained else "active"
+        if view.drained and view.workers:
+            state += f" ({view.draining_workers}/{len(view.workers)} workers see it)"
+        print(f"{view.node or '(unnamed)'}  {state}  workers {len(view.workers)}  running {view.running}  "
+              f"finished {view.finished}")  # fmt: skip
     return 0
 
 

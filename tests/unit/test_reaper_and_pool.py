@@ -17,6 +17,8 @@ from execbox.executions.metrics import worker_metrics
 from execbox.executions.store import ExecutionStore
 from execbox.files.blobs import LocalArtifactStore
 from execbox.files.store import FileStore
+from execbox.fleet.metrics import node_metrics
+from execbox.fleet.nodes import DrainWatch, Nodes
 from execbox.fleet.registry import Heartbeat, WorkerRegistry
 from execbox.keyschema import Keys
 from execbox.sandbox.pool import PoolClass, Sizing, WarmPool
@@ -44,6 +46,8 @@ def context(settings: Settings, client: redis.Redis, engine: FakeEngine, tmp_pat
         artifacts=LocalArtifactStore(tmp_path / "artifacts"), name="worker-under-test",
         metrics=worker_metrics(registry), registry=registry, spans=setup_tracing(None, "test"),
         sessions=SessionStore(client, keys, settings.retention_s), backstop_s=60,
+        node="node-under-test", nodes=Nodes(client, keys), drain=DrainWatch(Nodes(client, keys), "node-under-test"),
+        node_metrics=node_metrics(registry),
     )  # fmt: skip
 
 

@@ -243,6 +243,7 @@ class ExecutionPublic(TypedDict):
     policy: AppliedPolicy
     image: NotRequired[str | None]
     worker: NotRequired[str | None]
+    node: NotRequired[str | None]
     webhook_deliveries: NotRequired[list[WebhookDelivery]]
     attempt: NotRequired[int]
 

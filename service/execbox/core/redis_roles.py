@@ -83,6 +83,8 @@ def roles(prefix: str) -> dict[str, Role]:
                 f"~{p}:slot:*",
                 f"~{p}:t:surprises:*",
                 f"~{p}:surprise:*",
+                f"~{p}:nodes:drained",
+                f"%R~{p}:nodes:finished",
             ),
             (f"{p}:done:*", f"{p}:t:idem:*"),
             f"{_DATA} {_PUBSUB}",
@@ -101,6 +103,8 @@ def roles(prefix: str) -> dict[str, Role]:
                 f"%R~{p}:run:*",
                 f"%R~{p}:approval:*",
                 f"%R~{p}:surprise:*",
+                f"%R~{p}:nodes:drained",
+                f"~{p}:nodes:finished",
             ),
             (f"{p}:done:*", "rq:pubsub:*"),
             f"{_DATA} {_PUBSUB}",
@@ -113,10 +117,23 @@ def roles(prefix: str) -> dict[str, Role]:
             "+get +hgetall +rpush +ltrim +expire +multi +exec +discard +ping +client|setname",
         ),
         # The operator's CLI: API keys, (sealed) secret headers, and the loops' dead letters (a replay
-        # is queued for the loop to put back: the admin role reaches none of the loops' own keys).
+        # is queued for the loop to put back: the admin role reaches none of the loops' own keys); the
+        # nodes' drain marks, and what `execbox nodes list` reads (heartbeats, running ids and their
+        # leases' holders: names and ids, never a record).
         "admin": Role(
             "admin",
-            (f"~{p}:apikey:*", f"~{p}:apikeys", f"~{p}:secret:*", f"~{p}:dead:*", f"~{p}:replay:*"),
+            (
+                f"~{p}:apikey:*",
+                f"~{p}:apikeys",
+                f"~{p}:secret:*",
+                f"~{p}:dead:*",
+                f"~{p}:replay:*",
+                f"~{p}:nodes:drained",
+                f"%R~{p}:nodes:finished",
+                f"%R~{p}:worker:*",
+                f"%R~{p}:running",
+                f"%R~{p}:lease:*",
+            ),  # fmt: skip
             (),
             "+@read +@write +@keyspace +@string +@hash +@set +@list +@stream +@transaction +@connection "
             "-@dangerous -@admin",

@@ -32,14 +32,19 @@ SCHEMA: tuple[KeySpec, ...] = (
         "executions still queued, for the expiry sweep",
     ),
     KeySpec(
-        "running", "set of ids", "none", ("api", "worker"), (), "executions running now, for the lost-worker sweep"
+        "running",
+        "set of ids",
+        "none",
+        ("api", "worker"),
+        ("admin",),
+        "executions running now, for the lost-worker sweep",
     ),
     KeySpec(
         "lease:{id}",
         "string (worker name)",
         "worker.lease_s, renewed",
         ("worker", "api"),
-        (),
+        ("admin",),
         "the running worker's lease",
     ),
     KeySpec(

@@ -76,6 +76,8 @@ class Worker(Protocol):
     @property
     def name(self) -> str: ...
     @property
+    def node(self) -> str: ...
+    @property
     def store(self) -> ExecutionStore: ...
     @property
     def files(self) -> FileStore: ...
@@ -107,6 +109,7 @@ def take(ctx: Worker, execution_id: str) -> ExecutionRecord | None:
             return ExecutionStatus.EXPIRED
         record.started_at = time.time()
         record.worker = ctx.name
+        record.node = ctx.node
         record.policy.runtime = record.policy.runtime or ctx.settings.docker.runtime or "runc"
         record.attempt += 1
         record.timing.queue_wait_ms = round((record.started_at - record.created_at) * 1000, 1)

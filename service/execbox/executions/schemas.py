@@ -362,6 +362,7 @@ class ExecutionPublic(BaseModel):
     policy: AppliedPolicy = Field(description="The policy actually applied.")
     image: str | None = Field(None, description="Digest (image id) of the sandbox image that ran the code.")
     worker: str | None = Field(None, description="Name of the worker that ran it.")
+    node: str | None = Field(None, description="The node (host) the worker that ran it runs on (EXECBOX_WORKER__NODE).")
     webhook_deliveries: list[WebhookDelivery] = Field(
         default_factory=list, description="Every attempt to deliver the webhook, in order."
     )

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from execbox.core.settings import HasRedis
 from execbox.egress.settings import EgressSettings
+from execbox.fleet.nodes import NODE_PATTERN
 
 
 class QueueSettings(BaseModel):
@@ -39,6 +40,12 @@ class WorkerSettings(BaseModel):
         ge=0,
         description="An execbox container that no live worker holds a lease for is removed by the "
         "reaper once it is older than this.",
+    )
+    node: str | None = Field(
+        None,
+        pattern=NODE_PATTERN,
+        description="The node (host) this worker runs on, as executions, heartbeats and drains name it "
+        "(`execbox nodes`); unset: the host name. In a Swarm stack: `{{.Node.Hostname}}`.",
     )
 
 

@@ -217,6 +217,13 @@ class ExecutionStore:
         with redis_errors():
             return sorted(text(i) for i in self.redis.smembers(self.keys.running))
 
+    def holders(self) -> dict[str, str]:
+        """Running execution id -> the worker holding its lease (one whose lease lapsed is left out)."""
+        ids = self.running()
+        with redis_errors():
+            values = self.redis.mget([self.keys.lease(i) for i in ids]) if ids else []
+        return {i: text(v) for i, v in zip(ids, values, strict=True) if v is not None}
+
 
 def mark_expired_if_due(record: ExecutionRecord) -> ExecutionStatus | None:
     """A mutation: expired when the queued record's deadline has passed, otherwise unchanged."""

@@ -1,12 +1,15 @@
 """Worker heartbeats (key `worker:{name}`): written by each worker, read by the API's health
-check, its admission (which runtimes are on offer, how many session slots the fleet has) and the
-metrics of shared state."""
+check, its admission (which runtimes are on offer, how many session slots the fleet has), the
+metrics of shared state and the per-node view (execbox.fleet.nodes).
+
+A heartbeat is read by processes of other versions during a rolling upgrade: a field it lacks
+takes its default, and a field this version does not know is ignored."""
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import redis
@@ -28,6 +31,10 @@ class Heartbeat:
     """Sessions the worker may hold at once (EXECBOX_SESSIONS__PER_WORKER); None from a worker that does not say."""
     queue: str = ""
     """The queue it serves ("" from a worker that does not say): only its queue's sessions can use its slots."""
+    node: str = ""
+    """The node (host) it runs on, EXECBOX_WORKER__NODE ("" from a worker that does not say)."""
+    draining: bool = False
+    """Its node was drained when it last looked: it finishes what it runs and takes nothing new."""
     at: float = 0.0
 
 
@@ -46,7 +53,7 @@ class WorkerRegistry:
             keys = list(self.redis.scan_iter(match=self.keys.pattern("worker"), count=100))
             values = self.redis.mget(keys) if keys else []
         beats: list[dict[str, Any]] = [json.loads(v) for v in values if v is not None]
-        return [Heartbeat(**beat) for beat in beats]
+        return [read_heartbeat(beat) for beat in beats]
 
     def runtimes(self) -> set[str] | None:
         """The runtimes some healthy worker offers; None when no worker is healthy (nothing to say yet)."""
@@ -61,3 +68,11 @@ class WorkerRegistry:
         if not live or any(beat.session_slots is None for beat in live):
             return None
         return sum(int(beat.session_slots or 0) for beat in live)
+
+
+_FIELDS = frozenset(f.name for f in fields(Heartbeat))
+
+
+def read_heartbeat(stored: dict[str, Any]) -> Heartbeat:
+    """A heartbeat as any version wrote it: missing fields take their defaults, unknown ones are dropped."""
+    return Heartbeat(**{name: value for name, value in stored.items() if name in _FIELDS})

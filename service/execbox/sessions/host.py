@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from secrets import token_hex
 from typing import Protocol
@@ -51,8 +52,10 @@ class _Held:
 
 
 class SessionHost:
-    def __init__(self, ctx: SessionWorker) -> None:
+    def __init__(self, ctx: SessionWorker, paused: Callable[[], bool] = lambda: False) -> None:
+        """`paused`: asked before taking each new session (a drained node takes none); held ones go on."""
         self.ctx = ctx
+        self._paused = paused
         self.store: SessionStore = ctx.sessions
         self._held: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
@@ -71,7 +74,7 @@ class SessionHost:
     def _intake(self) -> None:
         capacity = self.ctx.settings.sessions.per_worker
         while not self._stop.is_set():
-            if self.held >= capacity:
+            if self.held >= capacity or self._paused():
                 self._stop.wait(0.5)
                 continue
             try:

@@ -27,8 +27,9 @@ TENANT_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 DEFAULT_TENANT = "default"
 KEY_WORDS = frozenset(
     {"active", "apikey", "apikeys", "approval", "approvals", "cancel", "cells", "dead", "deadlines", "denied",
-     "done", "due", "egress", "events", "exe", "file", "firings", "idem", "lease", "live", "members", "open",
-     "pending", "poison", "q", "rate", "replay", "ring", "rule", "run", "runlock", "running", "runs", "schedule",
+     "done", "drained", "due", "egress", "events", "exe", "file", "finished", "firings", "idem", "lease", "live",
+     "members", "nodes", "open", "pending", "poison", "q", "rate", "replay", "ring", "rule", "run", "runlock",
+     "running", "runs", "schedule",
      "schedules", "script", "scripts", "scriptuse", "secret", "ses", "slot", "starts", "surprise", "surprises",
      "tenant", "uid", "worker"}
 )  # fmt: skip

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry
 
@@ -20,11 +21,15 @@ from execbox.egress.store import EgressStore
 from execbox.executions import events
 from execbox.executions.lifecycle import run_limits
 from execbox.executions.metrics import WorkerMetrics, worker_metrics
+from execbox.executions.record import ExecutionRecord
+from execbox.executions.status import ExecutionStatus
 from execbox.executions.store import ExecutionStore
 from execbox.files.backend import open_store
 from execbox.files.blobs import ArtifactStore
 from execbox.files.store import FileStore
-from execbox.fleet.registry import WorkerRegistry
+from execbox.fleet.metrics import NodeMetrics, node_metrics
+from execbox.fleet.nodes import DrainWatch, Nodes, node_problem
+from execbox.fleet.registry import Heartbeat, WorkerRegistry
 from execbox.keyschema import Keys
 from execbox.sandbox.docker import DockerRuntime
 from execbox.sandbox.pool import PoolClass, Sizing, WarmPool
@@ -34,6 +39,8 @@ from execbox.sessions.store import SessionStore
 from execbox.settings import Settings
 from execbox.tenancy.quotas import Slots
 from execbox.worker.failures import SANDBOX_FAILURE_REASONS
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -54,14 +61,28 @@ class WorkerContext:
     sessions: SessionStore
     backstop_s: int
     """The longest run any policy allows: RQ's last-resort timeout for the tickets a worker restores."""
+    node: str
+    """The node (host) it runs on: EXECBOX_WORKER__NODE, else the host name."""
+    nodes: Nodes
+    drain: DrainWatch
+    """Whether its node is drained (it then takes no ticket and no session)."""
+    node_metrics: NodeMetrics
     pool: WarmPool | None = None
+    last_beat: Heartbeat | None = None
+    """The heartbeat the reaper last sent (a drain seen between two is told at once with it)."""
 
     @classmethod
     def build(cls, settings: Settings, name: str | None = None, runtime: Runtime | None = None) -> WorkerContext:
         """`runtime`: the sandboxes to run in; None (production) builds the Docker runtime and its pool."""
         registry = CollectorRegistry()
+        node = settings.worker.node or socket.gethostname()
+        problem = node_problem(node)
+        if problem is not None:  # only the host name can get here: the setting is checked when it is read
+            raise ValueError(f"EXECBOX_WORKER__NODE: unset, and the host name {problem}; set it")
         client = connect(settings)
         keys = Keys(settings.redis.key_prefix)
+        nodes = Nodes(client, keys)
+        metrics_of_nodes = node_metrics(registry)
         store = ExecutionStore(client, settings)
         docker = None
         if runtime is None:
@@ -85,7 +106,14 @@ class WorkerContext:
             spans=setup_tracing(settings.telemetry.otlp_endpoint, "execbox-worker"),
             sessions=SessionStore(client, keys, settings.retention_s),
             backstop_s=PolicySet.load(settings.policies_dir).max_ceiling("timeout_s"),
+            node=node,
+            nodes=nodes,
+            drain=DrainWatch(nodes, node),
+            node_metrics=metrics_of_nodes,
         )
+        metrics_of_nodes.initialise(node, (status.value for status in ExecutionStatus if status.terminal))
+        store.listeners.append(context._count_for_node)
+        context.drain.on_change = context._drain_changed
         context.metrics.initialise((lang.name for lang in context.languages), SANDBOX_FAILURE_REASONS)
         if docker is not None:  # the warm pool and the launcher's status check are Docker's own
             docker.on_status_mismatch = context.metrics.status_mismatches.inc
@@ -93,6 +121,31 @@ class WorkerContext:
                 context.pool = docker.pool = build_pool(context, docker)
         events.subscribe(store, context.metrics.outcomes)
         return context
+
+    def _drain_changed(self, draining: bool) -> None:
+        """Say it in the metric and the heartbeat now, not at the next sweep."""
+        self.node_metrics.draining.set(1 if draining else 0)
+        beat = self.last_beat
+        if beat is None:
+            return
+        slots = 0 if draining else self.settings.sessions.per_worker
+        try:
+            self.fleet.report(
+                replace(beat, draining=draining, session_slots=slots), 3 * self.settings.worker.reaper_interval_s
+            )
+        except ServiceError as exc:
+            log.warning("could not report the drain in the heartbeat: %s", exc.message)
+
+    def _count_for_node(self, record: ExecutionRecord) -> None:
+        """An execution that ran on a node ended (here, or failed as lost by this worker's reaper): count it
+        for that node. Runs after the terminal transaction, so it must never raise into the lifecycle."""
+        if record.node is None:
+            return
+        self.node_metrics.executions.labels(record.node, record.status.value).inc()
+        try:
+            self.nodes.count_finished(record.node)
+        except Exception as exc:  # a lost count, never a lost outcome
+            log.warning("could not count execution %s for node %s: %s", record.id, record.node, exc)
 
 
 def build_pool(ctx: WorkerContext, runtime: DockerRuntime) -> WarmPool:

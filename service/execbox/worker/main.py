@@ -3,6 +3,11 @@
 It uses RQ's SimpleWorker (no fork per job): the Docker client, image ids and language table are
 built once per process, and a worker killed outright takes its job with it, which the lease and
 the reaper then settle. Run several processes (or containers) for parallelism.
+
+A drained node (execbox.fleet.nodes) holds its workers off the queue: between jobs the worker looks
+at the drain before each short dequeue (at most `_DEQUEUE_S` blocked, so a drain is seen within
+about a second) and, while drained, waits without dequeuing; a ticket dequeued in the instant a
+drain arrived is put back at the front of the queue, untouched, for another node's worker.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from rq import Queue, SimpleWorker
 from rq.job import Job
 from rq.serializers import JSONSerializer
+from rq.worker import WorkerStatus
 
 from execbox.core import logs
 from execbox.core.errors import ServiceError
@@ -32,6 +38,10 @@ from execbox.worker.context import WorkerContext, current, install
 
 log = logging.getLogger(__name__)
 
+_DEQUEUE_S = 1
+"""Longest a worker blocks on the queue (RQ's BLMOVE, whole seconds) before it looks at the drain again."""
+_DRAINED_POLL_S = 0.5
+"""How often a drained worker looks whether its node was undrained."""
 
 _stop_early = threading.Event()
 """Set by a SIGTERM/SIGINT that arrives before RQ installs its own handlers (start-up)."""
@@ -41,13 +51,54 @@ class _Worker(SimpleWorker):
     """RQ's in-process worker; each job gets its own log scope, which the job binds to the
     execution it takes, so RQ's lines about the job carry that execution's ids."""
 
+    def dequeue_job_and_maintain_ttl(
+        self, timeout: int | None, max_idle_time: int | None = None
+    ) -> tuple[Job, Queue] | None:
+        """RQ's dequeue, held off while the node is drained and cut into short blocks so that a drain
+        is seen within about a second (RQ's own block is minutes long)."""
+        drain = current().drain
+        if timeout is None:  # burst: take what is there now, unless drained
+            return None if drain.check() else super().dequeue_job_and_maintain_ttl(None, max_idle_time)
+        idle_since = time.monotonic()
+        while True:
+            if drain.check():
+                self._wait_while_drained()
+            # RQ's idle limit makes its loop give up after one short block instead of looping inside.
+            result = super().dequeue_job_and_maintain_ttl(min(timeout, _DEQUEUE_S), max_idle_time=_DEQUEUE_S)
+            if result is not None:
+                return result
+            if max_idle_time is not None and time.monotonic() - idle_since >= max_idle_time:
+                return None
+
+    def _wait_while_drained(self) -> None:
+        """Stay registered and alive (RQ's heartbeat, our own through the reaper) until undrained. A stop
+        request raises out of the sleep, as it does out of RQ's own blocking dequeue."""
+        self.set_state(WorkerStatus.SUSPENDED)
+        self.procline(f"drained: node {current().node}")  # type: ignore[no-untyped-call]
+        while current().drain.check():
+            self.heartbeat()
+            time.sleep(_DRAINED_POLL_S)  # the drain is a key to look at, not an event to block on
+        self.set_state(WorkerStatus.IDLE)
+
     def execute_job(self, job: Job, queue: Queue) -> None:
         with logs.bound(None, None):
+            if current().drain.check():
+                self._give_back(job, queue)
+                return
             reason = gate.refusal(job)
             if reason is None:
                 super().execute_job(job, queue)
             else:
                 self._refuse(job, queue, reason)
+
+    def _give_back(self, job: Job, queue: Queue) -> None:
+        """Put a ticket dequeued as the drain arrived back at the front of its queue, in one transaction
+        (out of RQ's intermediate list, where a dequeued job waits until it starts)."""
+        with queue.connection.pipeline() as pipe:
+            pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+            queue.push_job_id(job.id, pipeline=pipe, at_front=True)
+            pipe.execute()
+        log.info("node drained: ticket %s put back for another node", job.id)
 
     def _refuse(self, job: Job, queue: Queue, reason: str) -> None:
         """Record a message that is not one of execbox's jobs as failed, without running anything."""
@@ -97,7 +148,7 @@ def run_worker(
     loops.start("webhooks", WebhookConsumer(ctx.store, settings.webhooks, ctx.name, ctx.metrics.loops).run)
     if ctx.pool is not None:
         ctx.pool.start(stop)
-    sessions = SessionHost(ctx) if settings.sessions.per_worker > 0 else None
+    sessions = SessionHost(ctx, paused=ctx.drain.check) if settings.sessions.per_worker > 0 else None
     if sessions is not None:
         loops.start("sessions", sessions.run)
     try:

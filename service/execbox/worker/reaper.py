@@ -44,9 +44,14 @@ def report_health(ctx: WorkerContext) -> None:
     except ServiceError as exc:
         ok, detail = False, exc.message
     warm = sum(ctx.pool.idle().values()) if ctx.pool is not None else 0
+    draining = ctx.drain.check()
+    # A drained worker takes no session: its slots leave the fleet's capacity, so admission does not count on them.
+    slots = 0 if draining else ctx.settings.sessions.per_worker
     beat = Heartbeat(ctx.name, ok, detail, missing_images=missing, runtimes=runtimes, warm=warm,
-                     session_slots=ctx.settings.sessions.per_worker, queue=ctx.settings.queue.name)  # fmt: skip
+                     session_slots=slots, queue=ctx.settings.queue.name, node=ctx.node,
+                     draining=draining)  # fmt: skip
     ctx.fleet.report(beat, ttl_s=3 * ctx.settings.worker.reaper_interval_s)
+    ctx.last_beat = beat
 
 
 def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[str, int]:

@@ -1,5 +1,5 @@
-"""/v1/admin: API keys (issue, list, revoke) and shared scripts (publish, promote), with the
-operator's admin token."""
+"""/v1/admin: API keys (issue, list, revoke), shared scripts (publish, promote) and the nodes workers
+run on (list, drain, undrain), with the operator's admin token."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from pydantic import BaseModel, Field
 from execbox.api.bodies import OffLoopRoute
 from execbox.api.deps import ServicesDep
 from execbox.api.problems import PROBLEM_DOC
+from execbox.fleet.nodes import NODE_PATTERN, Nodes
+from execbox.fleet.schemas import NodePublic
 from execbox.library.schemas import NAME_PATTERN, VERSION_PATTERN, Promote, ScriptCreate, ScriptVersion
 from execbox.library.service import SHARED
 from execbox.tenancy.apikeys import TENANT_PATTERN, TenantName, bearer_token
@@ -94,3 +96,38 @@ def promote_shared(
 ) -> ScriptVersion:
     _admin(services, authorization)
     return services.scripts.promote(SHARED, name, version, body)
+
+
+NodeName = Annotated[
+    str,
+    Path(pattern=NODE_PATTERN, max_length=128, description="Node name, as workers report it (EXECBOX_WORKER__NODE)."),
+]
+
+
+def _nodes(services: ServicesDep) -> Nodes:
+    return Nodes(services.fleet.redis, services.fleet.keys)
+
+
+@router.get("/nodes", response_model=list[NodePublic], responses=_RESPONSES,
+            summary="Every node: live workers, drained or not, executions running and finished")  # fmt: skip
+def list_nodes(services: ServicesDep, authorization: AdminHeader = None) -> list[NodePublic]:
+    _admin(services, authorization)
+    return [NodePublic.of(view) for view in _nodes(services).overview(services.store.holders())]
+
+
+@router.post("/nodes/{node}/drain", response_model=NodePublic, responses=_RESPONSES,
+             summary="Drain a node: its workers finish what they run and take nothing new")  # fmt: skip
+def drain_node(node: NodeName, services: ServicesDep, authorization: AdminHeader = None) -> NodePublic:
+    _admin(services, authorization)
+    nodes = _nodes(services)
+    nodes.drain(node)
+    return NodePublic.of(nodes.view(node, services.store.holders()))
+
+
+@router.delete("/nodes/{node}/drain", response_model=NodePublic, responses=_RESPONSES,
+               summary="Undrain a node: its workers take work again")  # fmt: skip
+def undrain_node(node: NodeName, services: ServicesDep, authorization: AdminHeader = None) -> NodePublic:
+    _admin(services, authorization)
+    nodes = _nodes(services)
+    nodes.undrain(node)
+    return NodePublic.of(nodes.view(node, services.store.holders()))
