@@ -37,7 +37,7 @@ from execbox.executions.schemas import ExecutionCreate
 from execbox.executions.store import ExecutionStore
 from execbox.executions.submit import Submissions
 from execbox.executions.waits import Waiters
-from execbox.files.backend import open_store, prepare
+from execbox.files.backend import input_blobs, open_store, prepare
 from execbox.files.store import FileStore
 from execbox.fleet.registry import WorkerRegistry
 from execbox.keyschema import Keys
@@ -107,7 +107,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     registry.register(DeadLetterCollector(DeadLetters(client, keys).counts))
     metrics.loops.initialise(LOOPS)
     app.state.loops = Loops(stop, metrics.loops)
-    file_store = FileStore(client, keys)
+    artifacts = open_store(settings.artifacts, settings.artifacts_dir)
+    file_store = FileStore(client, keys, input_blobs(artifacts, settings.redis.key_prefix))
     policies = PolicySet.load(settings.policies_dir)
     language_set = Languages.load(settings.images_dir)
     spans = setup_tracing(settings.telemetry.otlp_endpoint, "execbox-api")
@@ -120,7 +121,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         quotas=quotas, fleet=fleet, idempotency=idempotency, spans=spans,
         on_accept=lambda language: metrics.accepted.labels(language).inc(), sessions=sessions,
     )  # fmt: skip
-    artifacts = open_store(settings.artifacts, settings.artifacts_dir)
     library = Library(ScriptStore(client, keys), submissions, language_set, policies)
     schedule_store = ScheduleStore(client, keys)
     executor = Executor(RunStore(client, keys, settings.retention_s), submissions, artifacts, metrics.plans, library)

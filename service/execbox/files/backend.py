@@ -1,6 +1,7 @@
-"""The artifact store a deployment's settings choose: the local directory or an S3 bucket.
+"""The artifact store a deployment's settings choose: the local directory or an S3 bucket; and where
+input file data goes with it (the Redis hash beside the local directory, the same bucket with S3).
 
-API and workers both build theirs here, so they always agree on where an artifact is.
+API and workers both build theirs here, so they always agree on where an artifact or a file is.
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ import asyncio
 from pathlib import Path
 
 from execbox.files.blobs import ArtifactStore, LocalArtifactStore
-from execbox.files.s3 import S3ArtifactStore
+from execbox.files.s3 import S3ArtifactStore, S3InputBlobs
 from execbox.files.settings import ArtifactBackend, ArtifactSettings
+from execbox.files.store import InputBlobs
 
 BUCKET_CHECK_S = 30.0
 """Longest the API's start waits for the bucket (found or made) before failing."""
@@ -36,6 +38,12 @@ def open_store(section: ArtifactSettings, local_dir: Path) -> ArtifactStore:
     )
 
 
+def input_blobs(store: ArtifactStore, deployment: str) -> InputBlobs | None:
+    """Where new input files' data goes beside `store`: the same bucket (and client) for S3, else
+    None, which FileStore reads as its Redis hash. `deployment`: the Redis key prefix."""
+    return S3InputBlobs(store, deployment) if isinstance(store, S3ArtifactStore) else None
+
+
 async def prepare(store: ArtifactStore, timeout_s: float = BUCKET_CHECK_S) -> None:
     """At the API's start: an S3 store's bucket is found (or made) within `timeout_s`, or the API
     fails to start with the reason; a local directory needs nothing."""
@@ -51,4 +59,4 @@ async def prepare(store: ArtifactStore, timeout_s: float = BUCKET_CHECK_S) -> No
         raise ArtifactStoreUnusable(f"artifact store: {where} is not usable: {error}") from error
 
 
-__all__ = ["ArtifactStoreUnusable", "open_store", "prepare"]
+__all__ = ["ArtifactStoreUnusable", "input_blobs", "open_store", "prepare"]

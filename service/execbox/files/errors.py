@@ -3,7 +3,7 @@ docs/api.md, the whole tree in docs/architecture.md."""
 
 from __future__ import annotations
 
-from execbox.core.errors import NotFound, RequestError, ServiceError
+from execbox.core.errors import InfrastructureError, NotFound, RequestError, ServiceError
 
 
 class ArtifactNotFound(NotFound):
@@ -20,11 +20,25 @@ class FileNotFound(NotFound):
 
 
 class InputUnavailable(ServiceError):
+    """An input file that cannot be given as it was accepted: gone, or not the bytes it was. A retry
+    of the same request meets the same file; a new upload is what helps."""
+
     code = "sandbox.input_unavailable"
     retryable = True
 
-    def __init__(self, path: str, file_id: str) -> None:
-        super().__init__(f"input file {path} ({file_id}) is no longer stored; upload it again and resubmit")
+    def __init__(self, path: str, file_id: str, why: str = "it is no longer stored") -> None:
+        super().__init__(f"input file {path} ({file_id}) cannot be used: {why}; upload it again and resubmit")
 
 
-__all__ = ["ArtifactNotFound", "FileNotFound", "InputUnavailable"]
+class InputStoreUnavailable(InfrastructureError):
+    """The store holding input file data failed (or is not configured here): the file may be intact."""
+
+    code = "file.store_unavailable"
+
+    def __init__(self, path: str, file_id: str, why: str) -> None:
+        super().__init__(
+            f"input file {path} ({file_id}): {why}; retry later, or check the EXECBOX_ARTIFACTS__* settings"
+        )
+
+
+__all__ = ["ArtifactNotFound", "FileNotFound", "InputStoreUnavailable", "InputUnavailable"]

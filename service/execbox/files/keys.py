@@ -7,11 +7,11 @@ from execbox.core.keys import KeyBuilder, KeySpec
 SCHEMA: tuple[KeySpec, ...] = (
     KeySpec(
         "file:{id}",
-        "hash (meta, data)",
+        "hash (meta, blob, data)",
         "file ttl, extended by executions using it",
         ("api",),
         ("worker",),
-        "an uploaded or inline input file",
+        "an uploaded or inline input file: meta, where its data is (`blob`), the data itself when in Redis",
     ),
 )
 

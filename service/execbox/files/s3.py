@@ -7,6 +7,11 @@ otherwise, so at most one part is in memory; the object appears only when comple
 computed on the way and kept in the object's metadata (`x-amz-meta-sha256`). botocore's errors stay
 here: absent becomes FileNotFoundError, anything else S3StoreError (an OSError, as a disk's failure
 would be).
+
+Input files (uploads and inline files of executions) use the same bucket, client and streaming put
+through S3InputBlobs: one object per file, `<prefix>input-files/<deployment>/<file id>`. Their life
+is their meta's in Redis, which executions extend, so they are not swept by age but when that meta
+is gone (`S3InputBlobs.sweep`).
 """
 
 from __future__ import annotations
@@ -15,12 +20,14 @@ import hashlib
 import io
 import math
 import os
+import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from typing import IO, Any
+from urllib.parse import quote
 
 import boto3
 from botocore.config import Config
@@ -33,6 +40,10 @@ _CHUNK = 1 << 16
 DEFAULT_PART_SIZE = 8 << 20
 _ABSENT = {"404", "NoSuchKey", "NoSuchBucket", "NotFound", "NoSuchUpload"}
 _DELETE_BATCH = 1000  # DeleteObjects' limit per request
+INPUTS_SEGMENT = "input-files"
+"""Input files live under `<prefix>input-files/`: a segment no execution id can be ('-' is not in one),
+so the artifacts' sweep passes over them."""
+_FILE_ID = re.compile(r"^file_[a-z0-9]{26}$")
 
 
 class S3StoreError(OSError):
@@ -136,7 +147,11 @@ class S3ArtifactStore:
                 raise
 
     def put(self, execution_id: str, name: str, data: IO[bytes], limit: int) -> tuple[int, str]:
-        key = self._key(execution_id, name)
+        return self.put_object(self._key(execution_id, name), data, limit, name)
+
+    def put_object(self, key: str, data: IO[bytes], limit: int, label: str) -> tuple[int, str]:
+        """Store at most `limit` bytes under `key`; (size, sha256 hex), the checksum also kept as the
+        object's metadata. ArtifactTooLarge(label) past the limit, with nothing left behind."""
         digest = hashlib.sha256()
         size = 0
 
@@ -148,7 +163,7 @@ class S3ArtifactStore:
             while part.tell() < self.part_size and (chunk := data.read(min(_CHUNK, self.part_size - part.tell()))):
                 size += len(chunk)
                 if size > limit:
-                    raise ArtifactTooLarge(name)
+                    raise ArtifactTooLarge(label)
                 digest.update(chunk)
                 part.write(chunk)
             length = part.tell()
@@ -202,7 +217,10 @@ class S3ArtifactStore:
         return size, sha256
 
     def read(self, execution_id: str, name: str) -> Iterator[bytes]:
-        key = self._key(execution_id, name)
+        return self.read_object(self._key(execution_id, name))
+
+    def read_object(self, key: str) -> Iterator[bytes]:
+        """The object's bytes in chunks (asked for at the first one); FileNotFoundError when absent."""
         with _mapped("get_object"):
             body = self.client().get_object(Bucket=self.bucket, Key=key)["Body"]
         try:
@@ -241,6 +259,8 @@ class S3ArtifactStore:
         newest = 0.0
         for obj in self._list(client, "list_objects_v2", "Contents"):
             execution_id = obj["Key"][len(self.prefix) :].split("/", 1)[0]
+            if execution_id == INPUTS_SEGMENT:  # input files: the input sweep's, by their meta in Redis
+                continue
             if execution_id != current:
                 removed += self._drop_if_old(client, keys, newest, cutoff)
                 current, keys, newest = execution_id, [], 0.0
@@ -262,6 +282,12 @@ class S3ArtifactStore:
     def _drop_if_old(self, client: Any, keys: list[str], newest: float, cutoff: float) -> int:
         if not keys or newest >= cutoff:
             return 0
+        self.delete_keys(keys, client)
+        return 1
+
+    def delete_keys(self, keys: list[str], client: Any = None) -> None:
+        """Remove these objects (an absent one is not an error), a thousand per request."""
+        client = client or self.client()
         for start in range(0, len(keys), _DELETE_BATCH):
             batch = [{"Key": key} for key in keys[start : start + _DELETE_BATCH]]
             with _mapped("delete_objects", writing=True):
@@ -269,7 +295,6 @@ class S3ArtifactStore:
             if answer.get("Errors"):
                 first = answer["Errors"][0]
                 raise S3StoreError("delete_objects", f"{first.get('Key')}: {first.get('Code')} {first.get('Message')}")
-        return 1
 
 
 def _code(error: ClientError) -> str:
@@ -301,3 +326,60 @@ def _mapped(operation: str, *, writing: bool = False, absent_ok: bool = False) -
 
 def _timestamp(value: datetime) -> float:
     return value.timestamp()
+
+
+class S3InputBlobs:
+    """Input file data in the artifact store's bucket: execbox.files.store.InputBlobs on S3.
+
+    `deployment` (the Redis key prefix) is part of every key: the sweep removes an object whose
+    meta its own Redis no longer holds, so two deployments sharing a bucket and prefix by mistake
+    still never sweep each other's files.
+    """
+
+    kind = "s3"
+
+    def __init__(self, store: S3ArtifactStore, deployment: str) -> None:
+        self.store = store
+        self.prefix = f"{store.prefix}{INPUTS_SEGMENT}/{quote(deployment, safe='')}/"
+        self._last_sweep = -math.inf
+
+    def key(self, file_id: str) -> str:
+        if not _FILE_ID.match(file_id):
+            raise ValueError(f"bad file id {file_id!r}")
+        return self.prefix + file_id
+
+    def put(self, file_id: str, data: IO[bytes], limit: int, ttl_s: int) -> tuple[int, str]:
+        # ttl_s is the meta's business: the object goes when its meta has gone (see sweep).
+        return self.store.put_object(self.key(file_id), data, limit, file_id)
+
+    def read(self, file_id: str) -> Iterator[bytes]:
+        return self.store.read_object(self.key(file_id))
+
+    def delete(self, file_id: str) -> None:
+        self.store.delete_keys([self.key(file_id)])
+
+    def sweep(self, stored_before: float, alive: Callable[[list[str]], list[bool]]) -> int:
+        """Remove the objects stored before `stored_before` whose file `alive` says is gone; return
+        how many. Paced like the artifacts' sweep (the store's sweep_interval_s), since it lists
+        every input object; `alive` is asked once per page of up to a thousand ids."""
+        now = time.monotonic()
+        if now - self._last_sweep < self.store.sweep_interval_s:
+            return 0
+        self._last_sweep = now
+        client = self.store.client()
+        removed = 0
+        with _mapped("list_objects_v2", absent_ok=True):
+            pages = client.get_paginator("list_objects_v2").paginate(Bucket=self.store.bucket, Prefix=self.prefix)
+            for page in pages:
+                old = {
+                    obj["Key"][len(self.prefix) :]: obj["Key"]
+                    for obj in page.get("Contents", [])
+                    if _timestamp(obj["LastModified"]) < stored_before
+                    and _FILE_ID.match(obj["Key"][len(self.prefix) :])
+                }
+                ids = sorted(old)
+                gone = [old[i] for i, live in zip(ids, alive(ids) if ids else [], strict=True) if not live]
+                if gone:
+                    self.store.delete_keys(gone, client)
+                    removed += len(gone)
+        return removed

@@ -58,14 +58,27 @@ async def upload_file(
     if not isinstance(part, UploadFile):
         raise InvalidRequest("send the file as a multipart part named `file`", (FieldProblem("file", "missing"),))
     cap = services.policies.max_ceiling("input_file_bytes")
-    data = await part.read(cap + 1)
-    if len(data) > cap:
+    # The parser has spooled the part to a temporary file (memory up to 1 MiB, then disk): it is read
+    # from there in chunks, for its fingerprint and into the store, never whole into memory.
+    if part.size is None or part.size > cap:
         raise InvalidRequest(
             f"the file is larger than {cap} bytes, the largest any policy accepts",
             (FieldProblem("file", f"at most {cap} bytes"),),
         )
     name = (part.filename or "upload").rsplit("/", 1)[-1][:255]
     ttl = services.settings.retention_s
+    spooled = part.file
+
+    def fingerprint() -> str:
+        digest = hashlib.sha256(name.encode() + b"\0")
+        spooled.seek(0)
+        while chunk := spooled.read(1 << 16):
+            digest.update(chunk)
+        return digest.hexdigest()
+
+    def put() -> FilePublic:
+        spooled.seek(0)
+        return services.files.put(spooled, name, ttl, tenant, limit=cap)
 
     def stored(file_id: str) -> FilePublic:
         meta = services.files.meta(file_id)
@@ -75,10 +88,8 @@ async def upload_file(
 
     def create() -> tuple[FilePublic, bool]:
         return services.idempotency.once(
-            tenant, "POST /v1/files", idempotency_key,
-            lambda: hashlib.sha256(name.encode() + b"\0" + data).hexdigest(),
-            lambda: services.files.put(data, name, ttl, tenant), lambda meta: meta.id, stored,
-        )  # fmt: skip
+            tenant, "POST /v1/files", idempotency_key, fingerprint, put, lambda meta: meta.id, stored
+        )
 
     meta, replayed = await run_in_threadpool(create)
     if replayed:
