@@ -1,5 +1,6 @@
 """Fixtures for the integration tests that need an outside world: test servers on a network of
-their own, the real egress proxy in its container, and an API with workers whose policy reaches them."""
+their own, the real egress proxy in its container, an API with workers whose policy reaches them,
+and one SeaweedFS cluster for every test of the session that needs an S3 store."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from tests.conftest import (
     free_port,
     wait_until,
 )
+from tests.integration.test_s3_artifacts import Cluster, start_cluster, stop_cluster
 
 # A's and B's server: answers "ok <name>" and logs each request's headers (as JSON) to stdout; and
 # echoes UDP datagrams on the same port.
@@ -302,3 +304,14 @@ def hooks() -> Iterator[Hooks]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A real SeaweedFS cluster (scripts/seaweedfs), started once: each test keeps to a bucket or a key
+    prefix of its own (starting one takes about 30 s)."""
+    cluster = start_cluster(tmp_path_factory.mktemp("seaweedfs") / "cluster")
+    try:
+        yield cluster
+    finally:
+        stop_cluster(cluster)

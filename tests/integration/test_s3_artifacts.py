@@ -13,7 +13,6 @@ import subprocess
 import time
 import tracemalloc
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,15 +80,6 @@ def stop_cluster(cluster: Cluster) -> None:
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, f"scripts/seaweedfs --stop failed:\n{done.stdout}\n{done.stderr}"
     assert not cluster.root.exists()
-
-
-@pytest.fixture(scope="session")
-def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    cluster = start_cluster(tmp_path_factory.mktemp("seaweedfs") / "cluster")
-    try:
-        yield cluster
-    finally:
-        stop_cluster(cluster)
 
 
 @pytest.fixture(params=["local", "s3"])

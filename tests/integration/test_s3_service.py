@@ -8,14 +8,14 @@ import random
 import secrets
 import socket
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.conftest import EXECBOX, Side, Stack, auth, free_port
-from tests.integration.test_s3_artifacts import Cluster, start_cluster, stop_cluster
+from tests.integration.test_s3_artifacts import Cluster
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis, pytest.mark.slow]
 
@@ -28,15 +28,6 @@ Path("out").mkdir(exist_ok=True)
 Path("out/a.bin").write_bytes(random.Random(5).randbytes(9 << 20))
 Path("out/b.txt").write_text("kept in the bucket\\n")
 """
-
-
-@pytest.fixture(scope="module")
-def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    cluster = start_cluster(tmp_path_factory.mktemp("seaweedfs-service") / "cluster")
-    try:
-        yield cluster
-    finally:
-        stop_cluster(cluster)
 
 
 def s3_env(cluster: Cluster, bucket: str, prefix: str, secret_file: Path, local_dir: Path) -> dict[str, str]:
