@@ -24,7 +24,7 @@ from execbox.executions.metrics import WorkerMetrics, worker_metrics
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.status import ExecutionStatus
 from execbox.executions.store import ExecutionStore
-from execbox.files.backend import open_store
+from execbox.files.backend import input_blobs, open_store
 from execbox.files.blobs import ArtifactStore
 from execbox.files.store import FileStore
 from execbox.fleet.metrics import NodeMetrics, node_metrics
@@ -89,16 +89,17 @@ class WorkerContext:
             runtime = docker = DockerRuntime(
                 settings.docker, redis_uids(client, keys, settings.docker.uid_range), settings.policies_dir
             )
+        artifacts = open_store(settings.artifacts, settings.artifacts_dir)  # input files' data goes beside
         context = cls(
             settings=settings,
             store=store,
-            files=FileStore(client, keys),
+            files=FileStore(client, keys, input_blobs(artifacts, settings.redis.key_prefix)),
             egress=EgressStore(client, keys, settings.retention_s),
             fleet=WorkerRegistry(client, keys),
             slots=Slots(client, keys),
             runtime=runtime,
             languages=Languages.load(settings.images_dir),
-            artifacts=open_store(settings.artifacts, settings.artifacts_dir),
+            artifacts=artifacts,
             # A random part: a restarted container has the same host name and, as PID 1, the same pid.
             name=name or f"{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(3)}",
             metrics=worker_metrics(registry),

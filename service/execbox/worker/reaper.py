@@ -66,6 +66,7 @@ def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[st
         "containers": 0,
         "networks": 0,
         "artifact_dirs": 0,
+        "input_files": 0,
     }
     # One record that cannot be settled (unreadable, say) is logged and counted by the guard, and
     # the sweep goes on with the others (execbox.core.poison).
@@ -115,6 +116,11 @@ def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[st
         unowned_before.clear()
         unowned_before.update(unowned_now)
     counts["artifact_dirs"] = ctx.artifacts.delete_older_than(now - ctx.settings.retention_s)
+
+    def sweep_inputs() -> None:  # S3 objects of input files whose meta expired (data in Redis expires with it)
+        counts["input_files"] = ctx.files.sweep(now)
+
+    guard.item("the sweep of input file objects", sweep_inputs)
     if any(counts.values()):
         log.info("reaper sweep", extra=counts)
     return counts
