@@ -25,7 +25,7 @@ from execbox.settings import Settings
 from execbox.tenancy.apikeys import ApiKeys
 from execbox.worker import context
 from execbox.worker.context import WorkerContext
-from execbox.worker.main import _Worker
+from execbox.worker.main import RQWorker
 from execbox.worker.reaper import report_health
 from execbox.worker.tasks import run_next
 from tests.unit.conftest import InProcess, make_record
@@ -170,7 +170,7 @@ def test_a_ticket_dequeued_as_the_drain_came_goes_back_to_the_front_untouched(wo
     queue = make_queue(worker_ctx.store.redis, worker_ctx.settings)
     execution_id = _queue_one(worker_ctx)
     _queue_one(worker_ctx)
-    worker = _Worker([queue], connection=worker_ctx.store.redis, serializer=queue.serializer, name="w-rq")
+    worker = RQWorker([queue], connection=worker_ctx.store.redis, serializer=queue.serializer, name="w-rq")
     taken = Queue.dequeue_any([queue], None, connection=worker_ctx.store.redis, serializer=queue.serializer)
     assert taken is not None
     job, _ = taken
@@ -184,7 +184,7 @@ def test_a_ticket_dequeued_as_the_drain_came_goes_back_to_the_front_untouched(wo
 
 def test_a_drained_worker_does_not_dequeue_until_undrained(worker_ctx: WorkerContext) -> None:
     queue = make_queue(worker_ctx.store.redis, worker_ctx.settings)
-    worker = _Worker([queue], connection=worker_ctx.store.redis, serializer=queue.serializer, name="w-rq2")
+    worker = RQWorker([queue], connection=worker_ctx.store.redis, serializer=queue.serializer, name="w-rq2")
     worker_ctx.nodes.drain("node-a")
     got: list[object] = []
     waiting = threading.Thread(target=lambda: got.append(worker.dequeue_job_and_maintain_ttl(30)), daemon=True)

@@ -47,7 +47,7 @@ _stop_early = threading.Event()
 """Set by a SIGTERM/SIGINT that arrives before RQ installs its own handlers (start-up)."""
 
 
-class _Worker(SimpleWorker):
+class RQWorker(SimpleWorker):
     """RQ's in-process worker; each job gets its own log scope, which the job binds to the
     execution it takes, so RQ's lines about the job carry that execution's ids."""
 
@@ -153,7 +153,7 @@ def run_worker(
         loops.start("sessions", sessions.run)
     try:
         for generation in itertools.count():
-            worker = _Worker(
+            worker = RQWorker(
                 [make_queue(ctx.store.redis, settings)],
                 connection=ctx.store.redis,
                 serializer=JSONSerializer,
