@@ -1,4 +1,4 @@
-"""The files room's settings section: where artifacts are kept (`EXECBOX_ARTIFACTS__*`).
+"""The files room's settings section: where artifacts and input files' data are kept (`EXECBOX_ARTIFACTS__*`).
 
 The local directory itself stays the root's `artifacts_dir` (EXECBOX_ARTIFACTS_DIR, as before this
 section existed); this section chooses between it and an S3-compatible bucket.
@@ -22,8 +22,9 @@ class ArtifactBackend(StrEnum):
 class ArtifactSettings(BaseModel):
     store: ArtifactBackend = Field(
         ArtifactBackend.LOCAL,
-        description="Where artifacts are kept: `local` (EXECBOX_ARTIFACTS_DIR, one host or a shared volume) or "
-        "`s3` (an S3-compatible bucket that API and workers on every host reach).",
+        description="Where artifacts and input files' data are kept: `local` (artifacts in EXECBOX_ARTIFACTS_DIR, "
+        "one host or a shared volume; input files in Redis) or `s3` (both in an S3-compatible bucket that API and "
+        "workers on every host reach).",
     )
     endpoint: str | None = Field(
         None,
@@ -45,8 +46,8 @@ class ArtifactSettings(BaseModel):
     sweep_interval_s: float = Field(
         300.0,
         ge=0,
-        description="Least time between two retention sweeps of the bucket by one worker (store=s3): each sweep "
-        "lists every key, so it is not repeated at each reaper pass.",
+        description="Least time between two retention sweeps of the bucket by one worker (store=s3), of artifacts "
+        "and of input files whose meta expired: each sweep lists every key, so it is not repeated at each reaper pass.",
     )
 
     @model_validator(mode="after")
