@@ -7,7 +7,7 @@ yet reads 0 rather than no data. The codes come from the rooms that raise them.
 from __future__ import annotations
 
 from execbox.core.errors import InfrastructureError, ServiceError
-from execbox.files.errors import InputUnavailable
+from execbox.files.errors import InputStoreUnavailable, InputUnavailable
 from execbox.sandbox.errors import RUN_FAILURES
 
 SANDBOX_FAILURE_REASONS: tuple[str, ...] = (
@@ -15,6 +15,7 @@ SANDBOX_FAILURE_REASONS: tuple[str, ...] = (
     InfrastructureError.code,
     *(error.code for error in RUN_FAILURES),
     InputUnavailable.code,
+    InputStoreUnavailable.code,
 )
 
 __all__ = ["SANDBOX_FAILURE_REASONS"]
