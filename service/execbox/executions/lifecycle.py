@@ -49,7 +49,6 @@ from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.executions.store import ExecutionStore, mark_expired_if_due
 from execbox.files.blobs import ArtifactStore
 from execbox.files.collect import RESULT_FILE, ArtifactCaps, Collector
-from execbox.files.errors import InputUnavailable
 from execbox.files.schemas import InputFileRef
 from execbox.files.store import FileStore
 from execbox.sandbox.pool import WarmPool
@@ -306,16 +305,17 @@ def input_archive(files: FileStore, refs: list[InputFileRef]) -> bytes:
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         made: set[str] = set()
         for ref in refs:
-            data = files.data(ref.file_id)
-            if data is None:
-                raise InputUnavailable(ref.path, ref.file_id)
+            # Streamed from its store, checked against the size and sha256 it was accepted with
+            # (InputUnavailable when it is gone or differs).
+            data = files.open(ref)
             parts = ref.path.split("/")
             for depth in range(1, len(parts)):
                 directory = "/".join(parts[:depth])
                 if directory not in made:
                     made.add(directory)
                     tar.addfile(_tar_entry(directory, tarfile.DIRTYPE, 0o777))
-            tar.addfile(_tar_entry(ref.path, tarfile.REGTYPE, 0o644, len(data)), io.BytesIO(data))
+            tar.addfile(_tar_entry(ref.path, tarfile.REGTYPE, 0o644, ref.size), data)
+            data.finish()
     return buffer.getvalue()
 
 

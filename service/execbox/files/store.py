@@ -184,15 +184,18 @@ class VerifiedInput:
         self.ref = ref
         self._chunks = chunks
         self._buffer = b""
+        self._at = 0
         self._seen = 0
         self._digest = hashlib.sha256()
         self._ended = False
 
     def read(self, n: int = -1) -> bytes:
-        while (n < 0 or len(self._buffer) < n) and not self._ended:
+        while (n < 0 or len(self._buffer) - self._at < n) and not self._ended:
             self._pull()
-        cut = len(self._buffer) if n < 0 else n
-        out, self._buffer = self._buffer[:cut], self._buffer[cut:]
+        end = len(self._buffer) if n < 0 else min(self._at + n, len(self._buffer))
+        # An offset into the buffer, not a slice off its front: a 50 MiB value read from Redis in one
+        # chunk is handed out in small reads without being copied at each.
+        out, self._at = self._buffer[self._at : end], end
         return out
 
     def finish(self) -> None:
@@ -209,7 +212,7 @@ class VerifiedInput:
         if self._seen > self.ref.size:
             raise self._unavailable(f"it holds more than the {self.ref.size} bytes it was stored with")
         self._digest.update(chunk)
-        self._buffer += chunk
+        self._buffer, self._at = self._buffer[self._at :] + chunk, 0  # only what is left unread is kept
         if self._seen == self.ref.size:
             # The announced end, which a tar writer reads up to and no further: the source must end too.
             while (extra := self._next()) == b"":
