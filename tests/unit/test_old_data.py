@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,11 @@ import redis
 
 from execbox import cli
 from execbox.api import create_app
+from execbox.files.store import FileStore
+from execbox.keyschema import Keys
 from tests.conftest import Redis
 from tests.unit.conftest import InProcess
+from tests.unit.test_file_blobs import FakeBlobs
 
 pytestmark = pytest.mark.redis
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -135,6 +139,21 @@ def test_old_artifact_blobs_and_input_files_are_served_byte_for_byte(old_stack: 
     assert blobs == {"report.txt": b"three rows\n", "blob.bin": bytes(range(256))}
     printed = old_stack.get(f"/v1/executions/{META['executions']['printed']}", headers=as_("alpha")).json()
     assert printed["stdout"] == "hello from 7\n" and printed["status"] == "succeeded"
+
+
+def test_an_old_input_file_reads_byte_for_byte_where_new_files_go_to_an_object_store(old_stack: InProcess) -> None:
+    """The old hash holds meta and data and no `blob`: a store whose new files go elsewhere (S3 in a
+    deployment set to it, a fake here) still reads it from the hash, checked against its sha256."""
+    client = redis.Redis.from_url(os.environ["EXECBOX_REDIS__URL"])
+    try:
+        keys = Keys(META["prefix"])
+        assert client.hget(keys.file(META["file"]), "blob") is None
+        files = FileStore(client, keys, FakeBlobs())
+        assert files.data(META["file"]) == b"a,b\n1,2\n"
+        meta = files.meta(META["file"])
+        assert meta is not None and meta.name == "data.csv"
+    finally:
+        client.close()
 
 
 def test_the_old_runs_step_executions_and_the_script_invocation_read_back(old_stack: InProcess) -> None:
