@@ -4,6 +4,7 @@ against botocore's Stubber. The real exchange with SeaweedFS is tests/integratio
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import tarfile
@@ -26,6 +27,9 @@ from execbox.files.settings import ArtifactSettings
 from execbox.files.store import FileStore, RedisHashBlobs, SweptBlobs, VerifiedInput, new_file_id
 from execbox.keyschema import Keys
 from execbox.settings import Settings
+from execbox.worker import reaper
+from tests.unit.fake_engine import FakeEngine
+from tests.unit.test_reaper_and_pool import context
 
 pytestmark = pytest.mark.redis
 
@@ -67,6 +71,8 @@ class FakeBlobs:
         self.objects.pop(file_id, None)
 
     def sweep(self, stored_before: float, alive: Callable[[list[str]], list[bool]]) -> int:
+        if self.fail:
+            raise OSError("list_objects_v2 failed")
         ids = sorted(i for i, at in self.stored_at.items() if at < stored_before and i in self.objects)
         gone = [i for i, live in zip(ids, alive(ids), strict=True) if not live]
         for file_id in gone:
@@ -239,6 +245,19 @@ def test_the_sweep_removes_only_data_whose_meta_is_gone_and_old_enough(
     assert set(fake.objects) == {live.id, young.id}
     assert remote.sweep(now=2000.0, grace_s=600.0) == 1
     assert set(fake.objects) == {live.id}
+
+
+def test_the_reaper_sweeps_input_objects_and_goes_on_when_the_store_fails(
+    settings: Settings, client: redis.Redis, keys: Keys, fake: FakeBlobs, tmp_path: Path
+) -> None:
+    ctx = dataclasses.replace(context(settings, client, FakeEngine(), tmp_path), files=FileStore(client, keys, fake))
+    live, orphan = ctx.files.put(b"live", "l", 60, "alpha"), ctx.files.put(b"orphan", "o", 60, "alpha")
+    client.delete(keys.file(orphan.id))  # stored long ago (the fake's clock), its meta expired
+    assert reaper.sweep(ctx)["input_files"] == 1
+    assert set(fake.objects) == {live.id}
+    fake.fail = True  # the object store is down: the rest of the sweep still runs and reports
+    counts = reaper.sweep(ctx)
+    assert counts["input_files"] == 0 and "containers" in counts
 
 
 def test_data_in_the_redis_hash_has_nothing_to_sweep(client: redis.Redis, keys: Keys) -> None:
