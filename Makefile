@@ -1,5 +1,5 @@
 # execbox: `make up` starts the service, `make test` runs every check and test.
-.PHONY: install venv engine images up down up-host down-host test check unit integration stack-test bench clean
+.PHONY: install venv engine images up down up-host down-host test check unit integration stack-test cluster-up cluster-down cluster-test bench clean
 
 # Each set-up phase says how long it took (scripts/phase); `make up` ends with the list. .ci/run
 # sets EXECBOX_PHASES and EXECBOX_T0 itself, to list the whole run's phases.
@@ -68,6 +68,23 @@ stack-test: images
 	@test -z "$$(docker ps -aq --filter label=execbox.deployment=execbox)" || { echo "stack-test: sandboxes left" >&2; exit 1; }
 	@test -z "$$(docker volume ls -q --filter label=execbox.deployment=execbox)" || { echo "stack-test: workspaces left" >&2; exit 1; }
 	@test -z "$$(docker images -q --filter dangling=true --filter label=org.execbox.built)" || { echo "stack-test: dangling images left" >&2; exit 1; }
+
+# Many hosts (issue 30): three Docker engines on this machine, each in a network namespace of its
+# own, in a Swarm of three managers (scripts/cluster), with deploy/swarm/stack.yml deployed on it.
+# cluster-test starts from nothing, runs tests/cluster (which break the cluster on purpose: a
+# volume server, the Redis primary, a whole node) and removes it all, also when a test fails.
+cluster-up: images
+	@scripts/phase "cluster up" scripts/cluster up
+	@scripts/phase "cluster deploy" scripts/cluster deploy
+
+cluster-down:
+	@scripts/phase "cluster down" scripts/cluster down
+
+cluster-test: images
+	@scripts/phase "cluster down (leftovers)" scripts/cluster down
+	@scripts/phase "cluster up" scripts/cluster up && scripts/phase "cluster deploy" scripts/cluster deploy \
+	  && scripts/phase "cluster tests" .venv/bin/pytest tests/cluster -p no:cacheprovider -p no:randomly -s --timeout 600; \
+	  status=$$?; scripts/phase "cluster down" scripts/cluster down; exit $$status
 
 # The short default (< 10 min on 2 cores); BENCH=full for the long series (about 60 min). Both
 # also measure the stack `make up` started when it answers on :8000.

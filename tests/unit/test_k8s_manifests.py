@@ -410,7 +410,7 @@ def test_many_hosts_workers_name_their_node_and_combine_sentinel_and_seaweedfs(
 ) -> None:
     objs = rendered("overlays/many-hosts")
     worker = find(objs, "DaemonSet", "execbox-worker")
-    (node,) = [e for e in container(worker, "worker")["env"] if e["name"] == "EXECBOX_FLEET__NODE"]
+    (node,) = [e for e in container(worker, "worker")["env"] if e["name"] == "EXECBOX_WORKER__NODE"]
     assert node["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     names = {o["metadata"]["name"] for o in objs}
     assert {"execbox-sentinel", "execbox-redis-node", "execbox-seaweedfs-volume", "execbox-seaweedfs-s3"} <= names

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import unquote, urlsplit
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from execbox.core.redis_roles import role_url
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 """The repository, found from this module's place: the default policies/ and sandbox-images/ folders."""
@@ -36,6 +39,28 @@ class RedisSettings(BaseModel):
     accept_wait_ms: int = Field(
         500, gt=0, description="How long an acceptance waits for those replicas (with accept_replicas above 0)."
     )
+    password_file: Path | None = Field(
+        None,
+        description="File holding this component's Redis password (a Swarm or Kubernetes secret). It takes the "
+        "place of any password in url, whose user name stays; url then carries no secret.",
+    )
+
+    @model_validator(mode="after")
+    def _password_from_file(self) -> RedisSettings:
+        if self.password_file is None:
+            return self
+        try:
+            password = self.password_file.read_text().strip()
+        except OSError as exc:
+            raise ValueError(
+                f"redis.password_file {str(self.password_file)!r} cannot be read: {exc.strerror}"
+            ) from None
+        if not password:
+            raise ValueError(f"redis.password_file {str(self.password_file)!r} is empty")
+        user = urlsplit(self.url).username or "default"
+        self.url = role_url(self.url, unquote(user), password)
+        self.password_file = None  # read once: a copy of these settings must not read it again
+        return self
 
 
 class TelemetrySettings(BaseModel):
