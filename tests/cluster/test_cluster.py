@@ -26,6 +26,7 @@ from tests.cluster.conftest import (
     RUN,
     Api,
     address,
+    admin,
     container_of,
     docker,
     node_of,
@@ -136,6 +137,39 @@ def test_losing_a_seaweedfs_volume_server_keeps_every_artifact_readable(apis: di
     finally:
         docker("n1", "service", "scale", "-d", "execbox_seaweedfs-volume-3=1")
         wait_for(lambda: running_on("seaweedfs-volume-3") == ["n3"], 90, "volume server 3 back")
+
+
+def test_a_drained_node_finishes_what_it_runs_and_takes_nothing_new(apis: dict[str, Api]) -> None:
+    api = other(apis)
+    drained = "n2"
+    long_ids: list[str] = []
+
+    def running_on_drained() -> str | None:
+        long_ids.append(api.submit("import time\ntime.sleep(8)\nprint('finished')"))
+        for execution_id in long_ids:
+            record = api.record(execution_id)
+            if record["status"] == "running" and record.get("worker") and node_of(record) == drained:
+                return execution_id
+        return None
+
+    busy = wait_for(running_on_drained, 60, f"an execution running on {drained}", step_s=0.5)
+    admin("nodes", "drain", drained)
+    try:
+        after = [api.submit("print('after the drain')") for _ in range(6)]
+        results = [api.result(i) for i in after]
+        assert [r["status"] for r in results] == ["succeeded"] * len(after)
+        nodes_after = Counter(node_of(api.record(r["id"])) for r in results)
+        finished = api.result(busy)
+        listing = admin("nodes", "list")
+        print(f"\ndrained {drained} while it ran {busy}: that one ended {finished['status']}; the {len(after)} "
+              f"submitted after ran on {dict(nodes_after)}\n{listing}")  # fmt: skip
+        assert finished["status"] == "succeeded" and finished["stdout"] == "finished\n"
+        assert drained not in nodes_after
+    finally:
+        admin("nodes", "undrain", drained)
+    # Undrained, it takes work again.
+    wait_for(lambda: node_of(api.record(api.result(api.submit("print(2)"))["id"])) == drained, 60,
+             f"{drained} to take work again after the undrain", step_s=0)  # fmt: skip
 
 
 def sentinel_primary() -> str:
