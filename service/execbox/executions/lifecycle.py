@@ -29,11 +29,11 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from execbox.catalog.languages import Languages
 from execbox.catalog.schemas import AppliedPolicy, NetworkAllowlist
-from execbox.core.errors import ServiceError
+from execbox.core.errors import QueueUnavailable, ServiceError
 from execbox.core.tracing import Spans, TraceContext
 from execbox.egress.rules import EgressRule
 from execbox.egress.store import EgressStore, RunEgress
@@ -64,6 +64,7 @@ from execbox.sandbox.runtime import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 _ACTIVE = {ExecutionStatus.RUNNING}
 
 
@@ -148,14 +149,19 @@ def run_and_finish(
     )  # fmt: skip
     run, failure = _run(ctx, record, limits, collector, session, control)
     _trace_run(ctx, record, run, parent)
-    denials = ctx.egress.denials(record.id) if isinstance(record.policy.network, NetworkAllowlist) else None
+    patience_s = ctx.settings.worker.lease_s * 3
+    denials = (
+        _through_failover("reading the run's egress denials", lambda: ctx.egress.denials(record.id), patience_s)
+        if isinstance(record.policy.network, NetworkAllowlist)
+        else None
+    )
     ctx.metrics.network_denials.inc(len(denials or []))
     files = read_files(record.id, collector, ctx.artifacts) if run is not None else None
     errors = ctx.languages.get(record.language).errors if run is not None else None
     outcome = decide(record, run, files, limits, errors, failure, denials, finished_at=time.time())
     if before_store is not None:
         before_store(run)
-    _store(ctx, record.id, outcome)
+    _through_failover("storing the outcome", lambda: _store(ctx, record.id, outcome), patience_s)
     if ctx.pool is not None and session is None:
         ctx.pool.refill()  # only now: creating the successor would compete with the run and its result
 
@@ -203,13 +209,34 @@ def _run(
         if lease is not None:
             lease.drop()
         stop.set()
-        ctx.store.signal(record.id, "stop")  # wakes the watcher out of its blocking wait
+        try:
+            ctx.store.signal(record.id, "stop")  # wakes the watcher out of its blocking wait
+        except QueueUnavailable as exc:  # it wakes on its own within its wait; the result matters more
+            log.warning("could not wake the cancel watcher: %s", exc.message)
         watcher.join(timeout=5)
         metrics.running.dec()
         if ctx.pool is not None:
             ctx.pool.run_ended()
     _observe_run(ctx, record.language, run, failure, collector)
     return run, failure
+
+
+def _through_failover(what: str, step: Callable[[], T], patience_s: float) -> T:
+    """A step of a finished run that needs Redis, tried again while Redis has no primary (a
+    Sentinel fail-over takes a few seconds) rather than leaving a run that ended to the reaper,
+    which would call it lost. Past `patience_s` the error stands; the store's transitions are
+    conditional, so a run the reaper settled meanwhile is not written twice."""
+    deadline = time.monotonic() + patience_s
+    delay = 0.2
+    while True:
+        try:
+            return step()
+        except QueueUnavailable as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("%s: %s; trying again in %.1f s", what, exc.message, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
 
 def _store(ctx: Worker, execution_id: str, outcome: Outcome) -> None:
