@@ -291,7 +291,7 @@ def test_losing_a_node_ends_its_executions_retryable_and_the_rest_carry_on(apis:
     long_ids: list[str] = []
 
     def on_lost_node() -> bool:
-        long_ids.append(api.submit("import time\ntime.sleep(120)", policy={"timeout_s": 150}))
+        long_ids.append(api.submit("import time\ntime.sleep(100)", policy={"timeout_s": 120}))
         time.sleep(0)  # the submission is acknowledged; whether it runs on n3 is what we poll for
         records = [api.record(i) for i in long_ids]
         return any(r["status"] == "running" and node_of(r) == lost for r in records if r.get("worker"))
