@@ -280,12 +280,17 @@ def test_killing_the_redis_primary_under_load_loses_no_acknowledged_execution(ap
     wait_for(lambda: sentinel_replicas_in_sync() == [primary], 60, f"{primary} to rejoin as a replica")
 
 
-def test_losing_a_node_ends_its_executions_retryable_and_the_rest_carry_on(apis: dict[str, Api]) -> None:
-    lost = "n3"
-    survivors = {node: api for node, api in apis.items() if node != lost}
-    assert survivors, "no API replica outside the node to lose"
-    api = next(iter(survivors.values()))
+def test_losing_a_node_ends_its_executions_retryable_and_the_rest_carry_on(key: str) -> None:
+    # The node to lose runs an API replica (so that Swarm has something to move) and neither
+    # SeaweedFS's master (n1) nor the Redis primary: n3 if it has a replica, else n2, once the
+    # primary is on n1 (a Sentinel fail-over asked for, as an operator would before maintenance).
     api_before = running_on("api")
+    lost = "n3" if "n3" in api_before else "n2"
+    if lost == "n2" and sentinel_primary() != "redis-1":
+        sentinel("failover", "execbox")
+        wait_for(lambda: sentinel_primary() == "redis-1", 60, "the primary to move to redis-1")
+    survivors = {node: Api(node, key) for node in api_before if node != lost}
+    api = next(iter(survivors.values()))
     # Long runs until one is running on the node to lose (the workers take them in turn), then a
     # queue of short ones behind them.
     long_ids: list[str] = []
@@ -301,7 +306,7 @@ def test_losing_a_node_ends_its_executions_retryable_and_the_rest_carry_on(apis:
     on_lost = [i for i in long_ids if node_of(api.record(i)) == lost]
     queued = [api.submit("print('after')") for _ in range(6)]
     lost_at = time.monotonic()
-    subprocess.run(["ip", "link", "set", "ebxc-n3", "down"], check=True)
+    subprocess.run(["ip", "link", "set", f"ebxc-{lost}", "down"], check=True)
     pid = int((CLUSTER_ROOT / lost / "dockerd.pid").read_text())
     subprocess.run(["kill", "-TERM", str(pid)], check=True)
     # The API keeps answering while the node is gone.
@@ -325,7 +330,6 @@ def test_losing_a_node_ends_its_executions_retryable_and_the_rest_carry_on(apis:
     ends = Counter(api.result(i, wait_s=60)["status"] for i in long_ids + queued)
     assert sum(ends.values()) == len(long_ids) + len(queued) and not ends.keys() & {"queued", "running"}, ends
     # Swarm moves an API replica that ran on the lost node to a node without one.
-    if lost in api_before:
-        moved = wait_for(lambda: (now := running_on("api", "n1")) and lost not in now and len(now) == 2 and now,
-                         120, "Swarm to reschedule the lost node's API replica")  # fmt: skip
-        print(f"API replicas after the loss: {moved}")
+    moved = wait_for(lambda: (now := running_on("api", "n1")) and lost not in now and len(now) == 2 and now,
+                     120, "Swarm to reschedule the lost node's API replica")  # fmt: skip
+    print(f"API replicas after the loss: {moved}")
