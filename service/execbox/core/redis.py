@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
@@ -24,6 +26,7 @@ def redis_errors() -> Iterator[None]:
 
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def compare_and_set(
@@ -65,3 +68,21 @@ def connect(settings: HasRedis) -> redis.Redis:
         socket_connect_timeout=settings.redis.socket_timeout_s,
         health_check_interval=30,
     )
+
+
+def through_outage(what: str, step: Callable[[], T], patience_s: float) -> T:
+    """`step` (which needs Redis), tried again while Redis answers QueueUnavailable (a Sentinel
+    fail-over leaves it without a primary for a few seconds), 0.2 s doubling to 2 s apart; past
+    `patience_s` the error stands. For steps that must not be given up lightly, such as storing a
+    finished run's outcome, which the reaper would otherwise call lost."""
+    deadline = time.monotonic() + patience_s
+    delay = 0.2
+    while True:
+        try:
+            return step()
+        except QueueUnavailable as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("%s: %s; trying again in %.1f s", what, exc.message, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)

@@ -29,11 +29,12 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from execbox.catalog.languages import Languages
 from execbox.catalog.schemas import AppliedPolicy, NetworkAllowlist
 from execbox.core.errors import QueueUnavailable, ServiceError
+from execbox.core.redis import through_outage
 from execbox.core.tracing import Spans, TraceContext
 from execbox.egress.rules import EgressRule
 from execbox.egress.store import EgressStore, RunEgress
@@ -64,7 +65,6 @@ from execbox.sandbox.runtime import (
 )
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 _ACTIVE = {ExecutionStatus.RUNNING}
 
 
@@ -151,7 +151,7 @@ def run_and_finish(
     _trace_run(ctx, record, run, parent)
     patience_s = ctx.settings.worker.lease_s * 3
     denials = (
-        _through_failover("reading the run's egress denials", lambda: ctx.egress.denials(record.id), patience_s)
+        through_outage("reading the run's egress denials", lambda: ctx.egress.denials(record.id), patience_s)
         if isinstance(record.policy.network, NetworkAllowlist)
         else None
     )
@@ -161,7 +161,7 @@ def run_and_finish(
     outcome = decide(record, run, files, limits, errors, failure, denials, finished_at=time.time())
     if before_store is not None:
         before_store(run)
-    _through_failover("storing the outcome", lambda: _store(ctx, record.id, outcome), patience_s)
+    through_outage("storing the outcome", lambda: _store(ctx, record.id, outcome), patience_s)
     if ctx.pool is not None and session is None:
         ctx.pool.refill()  # only now: creating the successor would compete with the run and its result
 
@@ -219,24 +219,6 @@ def _run(
             ctx.pool.run_ended()
     _observe_run(ctx, record.language, run, failure, collector)
     return run, failure
-
-
-def _through_failover(what: str, step: Callable[[], T], patience_s: float) -> T:
-    """A step of a finished run that needs Redis, tried again while Redis has no primary (a
-    Sentinel fail-over takes a few seconds) rather than leaving a run that ended to the reaper,
-    which would call it lost. Past `patience_s` the error stands; the store's transitions are
-    conditional, so a run the reaper settled meanwhile is not written twice."""
-    deadline = time.monotonic() + patience_s
-    delay = 0.2
-    while True:
-        try:
-            return step()
-        except QueueUnavailable as exc:
-            if time.monotonic() + delay > deadline:
-                raise
-            log.warning("%s: %s; trying again in %.1f s", what, exc.message, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
 
 
 def _store(ctx: Worker, execution_id: str, outcome: Outcome) -> None:

@@ -1,11 +1,11 @@
-"""A finished run's last Redis steps are tried again through a Sentinel fail-over (issue 30)."""
+"""Steps that need Redis, tried again through a Sentinel fail-over (issue 30): a finished run stores its outcome."""
 
 from __future__ import annotations
 
 import pytest
 
 from execbox.core.errors import QueueUnavailable
-from execbox.executions.lifecycle import _through_failover
+from execbox.core.redis import through_outage
 
 
 def test_a_step_that_fails_while_redis_has_no_primary_is_tried_again_until_it_answers() -> None:
@@ -17,7 +17,7 @@ def test_a_step_that_fails_while_redis_has_no_primary_is_tried_again_until_it_an
             raise QueueUnavailable("Redis is unreachable or failing (No master found); retry shortly")
         return "stored"
 
-    assert _through_failover("storing", step, patience_s=5) == "stored"
+    assert through_outage("storing", step, patience_s=5) == "stored"
     assert len(calls) == 3
 
 
@@ -29,7 +29,7 @@ def test_past_its_patience_the_outage_error_stands() -> None:
         raise QueueUnavailable("Redis is unreachable or failing; retry shortly")
 
     with pytest.raises(QueueUnavailable):
-        _through_failover("storing", step, patience_s=0.5)
+        through_outage("storing", step, patience_s=0.5)
     assert 2 <= len(calls) <= 4  # 0.2 s, then 0.4 s would pass the deadline
 
 
@@ -41,5 +41,5 @@ def test_other_errors_are_not_retried() -> None:
         raise ValueError("a bug, not an outage")
 
     with pytest.raises(ValueError):
-        _through_failover("storing", step, patience_s=5)
+        through_outage("storing", step, patience_s=5)
     assert calls == [1]
