@@ -64,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     dproxy.add_argument("--engine", default=_engine_socket(), help="the engine's socket (default: DOCKER_HOST's)")
     dproxy.add_argument("--deployment", default="execbox", help="the deployment label (EXECBOX_REDIS__KEY_PREFIX)")
     dproxy.add_argument("--egress-container", default="execbox-egress", help="the egress proxy's container name")
+    dproxy.add_argument(
+        "--egress-service",
+        help="on a Swarm node: the egress proxy is this service's task here (its container is Swarm-named)",
+    )
     egress_key = sub.add_parser(
         "egress-key", help="make the egress proxy's key pair (if missing); print the public key"
     )
@@ -89,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         from execbox.dockerproxy.server import run
 
         logs.configure("INFO", "docker-proxy")
-        run(args.listen, args.engine, args.deployment, args.egress_container)
+        run(args.listen, args.engine, args.deployment, args.egress_container, args.egress_service)
         return 0
     if args.command == "egress-key":
         from execbox.egress.sealing import generate

@@ -9,6 +9,8 @@ fail-over time), which the CI log keeps.
 from __future__ import annotations
 
 import hashlib
+import http.server
+import json
 import secrets
 import subprocess
 import threading
@@ -119,6 +121,60 @@ def test_prometheus_scrapes_every_api_and_worker_on_every_node(apis: dict[str, A
     up = wait_for(lambda: (t := targets()) and len(t.get("execbox-worker", [])) == 3
                   and len(t.get("execbox-api", [])) == len(apis) and t, 60, "every target up")  # fmt: skip
     print(f"\nPrometheus targets up: {up}")
+
+
+@pytest.fixture
+def upstream() -> Iterator[str]:
+    """An HTTP server on the host's end of the cluster bridge: the one upstream the site policy
+    allows (scripts/cluster renders it), reachable only through a node's egress proxy."""
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = f"ok {self.path}".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("10.239.0.1", 18080), Answer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield "10.239.0.1:18080"
+    server.shutdown()
+    server.server_close()
+
+
+FETCH = (
+    "import json, urllib.request, urllib.error\n"
+    "def get(url):\n"
+    "    try:\n"
+    "        with urllib.request.urlopen(url, timeout=10) as r:\n"
+    "            return [r.status, r.read().decode()]\n"
+    "    except urllib.error.HTTPError as e:\n"
+    "        return [e.code, '']\n"
+    "    except OSError as e:\n"
+    "        return [0, type(e).__name__]\n"
+)
+
+
+def test_each_nodes_egress_proxy_lets_a_run_reach_only_its_allowlist(apis: dict[str, Api], upstream: str) -> None:
+    api = other(apis)
+    code = FETCH + f"print(json.dumps([get('http://{upstream}/allowed'), get('http://10.239.0.1:18081/not')]))"
+    policy = {"name": "site", "network": {"mode": "allowlist", "allow": [upstream]}}
+    with ThreadPoolExecutor(6) as pool:
+        ids = list(pool.map(lambda _: api.submit(code, policy=policy), range(6)))
+    seen: Counter[str] = Counter()
+    for execution_id in ids:
+        result = api.result(execution_id)
+        assert result["status"] == "succeeded", (result["error"], result["stderr"][-1500:])
+        allowed, refused = json.loads(result["stdout"].strip().splitlines()[-1])
+        assert allowed == [200, "ok /allowed"] and refused[0] == 403, (allowed, refused)
+        seen[node_of(api.record(execution_id))] += 1
+    print(f"\nallowlist runs reached {upstream} through the egress proxy of nodes {dict(sorted(seen.items()))}")
+    assert len(seen) >= 2, seen
 
 
 def test_losing_a_seaweedfs_volume_server_keeps_every_artifact_readable(apis: dict[str, Api]) -> None:

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 from typing import Any
+from urllib.parse import quote
 
 import h11
 import httpx
@@ -30,10 +31,15 @@ _CHECKED = {"create", "update", "network-create", "network-connect"}
 
 
 class DockerProxy:
-    def __init__(self, engine_socket: str, deployment: str, egress_container: str) -> None:
+    def __init__(
+        self, engine_socket: str, deployment: str, egress_container: str, egress_service: str | None = None
+    ) -> None:
         self._engine = engine_socket
         self._deployment = deployment
         self._egress = egress_container
+        self._egress_service = egress_service
+        """On a Swarm node: the egress proxy is this service's task on this engine, whose container
+        name Swarm chooses; workers still say `egress_container`, and the proxy connects the task."""
         self._owned: dict[tuple[str, str], str] = {}
         """(kind, id or name) -> full id, for objects already seen to be this deployment's."""
         self._inspect = httpx.AsyncClient(
@@ -85,10 +91,12 @@ class DockerProxy:
         body = b""
         if route.scope in _CHECKED:
             body = await _read_body(client, reader, int(headers.get("content-length") or 0))
-            await self._check(route.scope, body)
+            body = await self._check(route.scope, body)
         await self._forward(client, reader, writer, method, target, body, route.scope in _CHECKED)
 
-    async def _check(self, scope: str, body: bytes) -> None:
+    async def _check(self, scope: str, body: bytes) -> bytes:
+        """Refuse what a worker may not ask; the body to forward (the same, or with the egress
+        proxy's container resolved on a Swarm node)."""
         try:
             data: dict[str, Any] = json.loads(body or b"{}")
         except ValueError as exc:
@@ -103,6 +111,25 @@ class DockerProxy:
             rules.check_network_create(data, self._deployment)
         else:
             rules.check_connect(data, self._egress)
+            if self._egress_service is not None:
+                data["Container"] = await self._egress_task()
+                return json.dumps(data).encode()
+        return body
+
+    async def _egress_task(self) -> str:
+        """The running container of the egress service's task on this engine (a Swarm node runs one)."""
+        labels = json.dumps({"label": [f"com.docker.swarm.service.name={self._egress_service}"], "status": ["running"]})
+        status, found = await self._engine_list(f"/containers/json?filters={quote(labels)}")
+        if status != 200 or not found:
+            raise rules.Refused(f"no running task of the egress service {self._egress_service!r} on this node")
+        return str(found[0]["Id"])
+
+    async def _engine_list(self, path: str) -> tuple[int, list[dict[str, Any]]]:
+        try:
+            answer = await self._inspect.get(path)
+            return answer.status_code, answer.json()
+        except (httpx.HTTPError, ValueError):
+            return 0, []
 
     async def _is_ours(self, kind: str, name: str) -> bool:
         try:
@@ -144,8 +171,11 @@ class DockerProxy:
     ) -> None:
         request = client.request
         upgrade = any(n == b"upgrade" for n, _ in request.headers)
-        kept = [(n, v) for n, v in request.headers if n not in (b"connection", b"host", b"keep-alive")]
+        dropped = (b"connection", b"host", b"keep-alive", *((b"content-length",) if body_read else ()))
+        kept = [(n, v) for n, v in request.headers if n.lower() not in dropped]
         headers = [(b"Host", b"docker"), *kept, (b"Connection", b"Upgrade" if upgrade else b"close")]
+        if body_read:  # a checked body may have been rewritten
+            headers.append((b"Content-Length", str(len(body)).encode()))
         out = h11.Connection(h11.CLIENT)
         engine_r, engine_w = await asyncio.open_unix_connection(self._engine)
         try:
@@ -215,9 +245,9 @@ async def _answer(writer: asyncio.StreamWriter, status: int, reason: str) -> Non
         await writer.drain()
 
 
-def run(listen: str, engine: str, deployment: str, egress_container: str) -> None:
+def run(listen: str, engine: str, deployment: str, egress_container: str, egress_service: str | None = None) -> None:
     async def serve() -> None:
-        server = await DockerProxy(engine, deployment, egress_container).serve(listen)
+        server = await DockerProxy(engine, deployment, egress_container, egress_service).serve(listen)
         log.info("docker proxy listening on %s for deployment %s", listen, deployment)
         async with server:
             await server.serve_forever()
