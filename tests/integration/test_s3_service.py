@@ -57,7 +57,7 @@ def test_an_s3_deployment_keeps_artifacts_in_the_bucket_and_serves_them_to_their
         response = api.post("/v1/executions?wait=60", json={"language": "python", "code": WRITE})
         assert response.status_code == 200, response.text
         body = response.json()
-        assert body["status"] == "succeeded", body
+        assert body["status"] == "succeeded", (body["error"], body["stderr"][-1500:])
         expected = {"a.bin": random.Random(5).randbytes(9 * MiB), "b.txt": b"kept in the bucket\n"}
         listed = {a["name"]: a for a in body["artifacts"]}
         assert set(listed) == set(expected)
