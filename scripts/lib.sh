@@ -1,4 +1,9 @@
-# Shared by scripts/stack and scripts/services (sourced, with $port set).
+# Shared by scripts/stack, scripts/services (sourced, with $port set), scripts/redis-ha and
+# scripts/cluster.
+
+# A new random secret (48 hex digits), and the SHA-256 a Redis ACL line holds for a password.
+secret() { head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
+digest() { printf %s "$1" | sha256sum | cut -c1-64; }
 
 # Keep one API key for local use in .run/api-key, issuing a new one when the stored one is
 # missing or no longer known (e.g. Redis data was removed). Arguments: the key-issuing command.
@@ -46,7 +51,7 @@ ensure_roles() {
   [ -f "$env_file" ] || { : > "$env_file"; chmod 600 "$env_file"; }
   for role in API WORKER EGRESS ADMIN SCALER; do
     grep -q "^REDIS_${role}_PASSWORD=" "$env_file" \
-      || echo "REDIS_${role}_PASSWORD=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')" >> "$env_file"
+      || echo "REDIS_${role}_PASSWORD=$(secret)" >> "$env_file"
   done
   .venv/bin/execbox redis-acl --prefix "${EXECBOX_REDIS__KEY_PREFIX:-execbox}" --passwords "$env_file" \
     > .run/redis-users.acl

@@ -130,9 +130,14 @@ def apis(key: str) -> Iterator[dict[str, Api]]:
         api.http.close()
 
 
+def stack_env() -> dict[str, str]:
+    """The passwords scripts/cluster deploy rendered (.run/cluster/stack.env)."""
+    return dict(line.split("=", 1) for line in (RUN / "stack.env").read_text().splitlines() if "=" in line)
+
+
 def admin(*args: str) -> str:
     """An execbox CLI command with the admin role, from a one-off container on the stack's network."""
-    env = dict(line.split("=", 1) for line in (RUN / "stack.env").read_text().splitlines() if "=" in line)
+    env = stack_env()
     url = (f"sentinel://admin:{env['REDIS_ADMIN_PASSWORD']}@sentinel-1:26379,sentinel-2:26379,"
            "sentinel-3:26379/execbox?db=0")  # fmt: skip
     return docker("n1", "run", "--rm", "--network", "execbox_backend", "--read-only", "--cap-drop", "ALL",

@@ -26,7 +26,6 @@ import pytest
 from tests.cluster.conftest import (
     CLUSTER_ROOT,
     NODES,
-    RUN,
     Api,
     address,
     admin,
@@ -34,6 +33,7 @@ from tests.cluster.conftest import (
     docker,
     node_of,
     running_on,
+    stack_env,
     wait_for,
 )
 
@@ -236,7 +236,7 @@ KILL_REDIS_SERVER = (
 
 def sentinel(*command: str) -> list[str]:
     """A Sentinel command, asked of sentinel-1 with the peer user; its reply's words."""
-    env = dict(line.split("=", 1) for line in (RUN / "stack.env").read_text().splitlines() if "=" in line)
+    env = stack_env()
     out = docker("n1", "exec", container_of("n1", "sentinel-1"), "redis-cli", "-p", "26379", "--no-auth-warning",
                  "--user", "peer", "--pass", env["REDIS_PEER_PASSWORD"], "sentinel", *command)  # fmt: skip
     return out.split()

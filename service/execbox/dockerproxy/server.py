@@ -119,17 +119,10 @@ class DockerProxy:
     async def _egress_task(self) -> str:
         """The running container of the egress service's task on this engine (a Swarm node runs one)."""
         labels = json.dumps({"label": [f"com.docker.swarm.service.name={self._egress_service}"], "status": ["running"]})
-        status, found = await self._engine_list(f"/containers/json?filters={quote(labels)}")
+        status, found = await self._engine_get(f"/containers/json?filters={quote(labels)}")
         if status != 200 or not found:
             raise rules.Refused(f"no running task of the egress service {self._egress_service!r} on this node")
         return str(found[0]["Id"])
-
-    async def _engine_list(self, path: str) -> tuple[int, list[dict[str, Any]]]:
-        try:
-            answer = await self._inspect.get(path)
-            return answer.status_code, answer.json()
-        except (httpx.HTTPError, ValueError):
-            return 0, []
 
     async def _is_ours(self, kind: str, name: str) -> bool:
         try:
@@ -152,7 +145,9 @@ class DockerProxy:
         self._owned[(kind, name)] = full
         return full
 
-    async def _engine_get(self, path: str) -> tuple[int, dict[str, Any]]:
+    async def _engine_get(self, path: str) -> tuple[int, Any]:
+        """The engine's status and JSON answer (an object, or a list for a listing); 0 and {} when
+        it did not answer or answered something else."""
         try:
             answer = await self._inspect.get(path)
             return answer.status_code, answer.json()
