@@ -226,6 +226,49 @@ def test_a_sessions_second_call_sees_the_first_calls_variables(api: Api, worker:
     assert worker.fake.sessions[session].calls == ["x = 20", "print('x is', x)"]
 
 
+def test_a_session_whose_start_outlasts_its_idle_timeout_still_runs_the_call_that_waits(
+    api: Api, worker: Worker
+) -> None:
+    """Idle time counts from when the sandbox is ready, not from the POST: on a busy host a start
+    may take longer than a short idle timeout, and the call queued meanwhile must still run."""
+    http, headers = api
+    report_health(worker.ctx)
+    host = SessionHost(worker.ctx)
+    starting, release = threading.Event(), threading.Event()
+    open_session = worker.fake.open_session
+
+    def slow_start(spec: Any, session_id: str, start_timeout_s: float) -> Any:
+        def aged(record: Any) -> bool:  # as if the start had taken longer than the idle timeout
+            record.last_activity_at -= record.idle_timeout_s + 1
+            return True
+
+        host.store.update(session_id, aged)
+        starting.set()
+        release.wait(5)
+        return open_session(spec, session_id, start_timeout_s)
+
+    worker.fake.open_session = slow_start  # type: ignore[method-assign]
+    stop = threading.Event()
+    thread = threading.Thread(target=host.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        opened = http.post("/v1/sessions", json={"language": "python", "idle_timeout_s": 5}, headers=headers["alpha"])
+        assert opened.status_code == 201, opened.text
+        sid = opened.json()["id"]
+        assert starting.wait(5), "the worker starts the session's sandbox"
+        waiting = submit(api, {"code": "x = 1", "session": sid})
+        release.set()
+        done = get_when_done(api, waiting["id"])
+        record = http.get(f"/v1/sessions/{sid}", headers=headers["alpha"]).json()
+        assert done["status"] == "succeeded", done
+        assert record["status"] == "ready" and record["last_activity_at"] >= record["ready_at"], record
+    finally:
+        release.set()
+        stop.set()
+        thread.join(5)
+        host.join(5)
+
+
 def test_a_sessions_call_keeps_as_artifacts_only_the_files_it_wrote(api: Api, worker: Worker, session: str) -> None:
     worker.fake.scripts["draw()"] = Script(files={"out/a.png": b"first"})
     worker.fake.scripts["plot()"] = Script(files={"out/b.png": b"second"})

@@ -117,7 +117,7 @@ def test_a_loop_that_dies_is_restarted_and_readyz_names_it_until_it_runs(api: Ap
         stop.wait()
 
     loops.start("sessions", fragile)
-    wait_until(lambda: runs, 5, "the loop to run once")
+    wait_until(lambda: loops.status()["sessions"].restarts == 1, 5, "the loop to die once")
     check = http.get("/readyz").json()["checks"]["loops"]
     assert not check["ok"] and "sessions" in check["detail"], check
     assert check["loops"]["sessions"]["last_error"] == "RuntimeError: a bug in the loop itself"

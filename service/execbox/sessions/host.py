@@ -142,7 +142,10 @@ class SessionHost:
                 return
 
             def ready(r: SessionRecord) -> bool:
+                """Idle time counts from here: a start slower than the idle timeout (a busy host)
+                must not end the session before its first call, which may already wait."""
                 r.status, r.ready_at = SessionStatus.READY, time.time()
+                r.last_activity_at, r.expires_at = r.ready_at, r.deadline()
                 return True
 
             held.sandbox = sandbox

@@ -38,7 +38,9 @@ class SessionPublic(BaseModel):
     expires_at: float = Field(description="When it ends unless used again (idle timeout or max lifetime, sooner).")
     idle_timeout_s: int = Field(description="Idle timeout, seconds.")
     max_lifetime_s: int = Field(description="Maximum lifetime, seconds.")
-    last_activity_at: float = Field(description="Unix time of its last execution's end (or its creation).")
+    last_activity_at: float = Field(
+        description="Unix time of its last execution's end (or when it became ready; its creation before)."
+    )
     executions: int = Field(0, description="Executions run in it so far.")
     running: str | None = Field(None, description="The execution running in it now, if any.")
     kernel_restarts: int = Field(0, description="Times its kernel was restarted (a cell that would not stop).")
