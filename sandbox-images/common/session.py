@@ -343,8 +343,18 @@ def main():
         changed = [p for p in report.get("changed", []) if isinstance(p, str)] if report else []
         if report is not None and kernel.hand_over(report):
             kernel.sweep()
-            _emit({"ev": "end", "id": cell, "status": _int(report.get("status"), 1), "changed": changed,
-                   "restarted": False, "oom": False, "peak": _peak(), "reason": None})
+            _emit(
+                {
+                    "ev": "end",
+                    "id": cell,
+                    "status": _int(report.get("status"), 1),
+                    "changed": changed,
+                    "restarted": False,
+                    "oom": False,
+                    "peak": _peak(),
+                    "reason": None,
+                }
+            )
             cell, kill_at = None, None
             continue
         # Not handed over, not stopped in time after an interrupt, or the kernel died: everything stops,
@@ -358,16 +368,29 @@ def main():
             status = kernel.exited(block=True)
             code = os.waitstatus_to_exitcode(status) if status else 137
             code = code if code >= 0 else 128 - code
-            reason = ("the cell did not stop when interrupted; the kernel was restarted" if overdue else
-                      "the kernel process ended during the cell; it was restarted")
+            reason = (
+                "the cell did not stop when interrupted; the kernel was restarted"
+                if overdue
+                else "the kernel process ended during the cell; it was restarted"
+            )
         _drain(kernel, kernel.out)
         _drain(kernel, kernel.err)
         oom = _oom_kills() > oom_before
         kernel.close()
         kernel = _start()
         if cell is not None:
-            _emit({"ev": "end", "id": cell, "status": code, "changed": changed, "restarted": True, "oom": oom,
-                   "peak": _peak(), "reason": reason})
+            _emit(
+                {
+                    "ev": "end",
+                    "id": cell,
+                    "status": code,
+                    "changed": changed,
+                    "restarted": True,
+                    "oom": oom,
+                    "peak": _peak(),
+                    "reason": reason,
+                }
+            )
         else:
             _emit({"ev": "ready", "restarted": True})
         cell, kill_at = None, None

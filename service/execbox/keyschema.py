@@ -9,6 +9,7 @@ is. docs/architecture.md's key table is rendered from `SCHEMA` (`execbox.vocabul
 from __future__ import annotations
 
 from execbox.core.keys import LOOP_SCHEMA, KeySpec
+from execbox.e2b import keys as e2b
 from execbox.egress import keys as egress
 from execbox.executions import keys as executions
 from execbox.files import keys as files
@@ -29,6 +30,7 @@ ROOM_SCHEMAS: dict[str, tuple[KeySpec, ...]] = {
     "egress": egress.SCHEMA,
     "sandbox": sandbox.SCHEMA,
     "sessions": sessions.SCHEMA,
+    "e2b": e2b.SCHEMA,
     "plans": plans.SCHEMA,
     "library": library.SCHEMA,
     "schedules": schedules.SCHEMA,
@@ -40,7 +42,7 @@ ROOM_SCHEMAS: dict[str, tuple[KeySpec, ...]] = {
 SCHEMA: tuple[KeySpec, ...] = tuple(spec for table in ROOM_SCHEMAS.values() for spec in table)
 
 
-class Keys(webhooks.WebhookKeys, plans.PlanKeys, schedules.ScheduleKeys):
+class Keys(webhooks.WebhookKeys, plans.PlanKeys, schedules.ScheduleKeys, e2b.E2bKeys):
     """Key names for one deployment (prefix): every room's."""
 
 

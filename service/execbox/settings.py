@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from execbox.core.settings import REPO_ROOT, RedisSettings, SettingsRoot, TelemetrySettings
+from execbox.e2b.settings import E2bSettings
 from execbox.egress.settings import EgressSettings
 from execbox.executions.settings import QueueSettings, WorkerSettings
 from execbox.files.settings import ArtifactSettings
@@ -61,6 +62,7 @@ class Settings(SettingsRoot):
     webhooks: WebhookSettings = WebhookSettings()
     plans: PlanSettings = PlanSettings()
     sessions: SessionSettings = SessionSettings()
+    e2b: E2bSettings = E2bSettings()
     retention_s: int = Field(24 * 3600, gt=0, description="How long finished executions are kept.")
     policies_dir: Path = Field(REPO_ROOT / "policies", description="Directory of policy YAML files.")
     artifacts: ArtifactSettings = ArtifactSettings()

@@ -19,7 +19,7 @@ from execbox import __version__
 from execbox.api import mcp, problems
 from execbox.api.deps import Services
 from execbox.api.metrics import HttpMetrics, SharedStateCollector, api_metrics
-from execbox.api.routes import admin, executions, files, health, languages, runs, schedules, scripts
+from execbox.api.routes import admin, e2b, executions, files, health, languages, runs, schedules, scripts
 from execbox.api.routes import sessions as sessions_routes
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
@@ -30,6 +30,8 @@ from execbox.core.metrics import DeadLetterCollector
 from execbox.core.poison import LOOPS, Loops
 from execbox.core.redis import connect
 from execbox.core.tracing import setup as setup_tracing
+from execbox.e2b.interpreter import Interpreter
+from execbox.e2b.sandboxes import Sandboxes
 from execbox.executions import events
 from execbox.executions.idempotency import IdempotencyKeys
 from execbox.executions.queue import depth, make_queue
@@ -148,6 +150,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         schedules=Scheduler(schedule_store, library, store, metrics.schedules, loop_metrics=metrics.loops),
         surprises=Surprises(client, keys, store, schedule_store, settings.retention_s),
         sessions=sessions,
+        sandboxes=Sandboxes(settings.e2b, sessions, client, keys, settings.retention_s),
+        interpreter=Interpreter(
+            submissions, sessions, artifacts, waiters.streams, keys, int(settings.api.sse_keepalive_s * 1000)
+        ),  # fmt: skip
     )
     problems.install(app, settings.api.max_json_body_bytes, settings.api.max_body_bytes)
     app.add_middleware(HttpMetrics, metrics=metrics, routes=app.routes)
@@ -161,6 +167,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(admin.router)
     app.include_router(languages.router)
     app.include_router(health.router)
+    if settings.e2b.enabled:
+        app.include_router(e2b.control)
+        app.include_router(e2b.sandbox)
     _document_request_models(app)
     app.state.mcp_sessions = mcp.mount(app)
     return app

@@ -14,6 +14,8 @@ from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.core.redis import redis_errors
 from execbox.core.tracing import Spans
+from execbox.e2b.interpreter import Interpreter
+from execbox.e2b.sandboxes import Sandboxes
 from execbox.executions.idempotency import IdempotencyKeys
 from execbox.executions.store import ExecutionStore
 from execbox.executions.submit import Submissions
@@ -54,6 +56,8 @@ class Services:
     schedules: Scheduler
     surprises: Surprises
     sessions: Sessions
+    sandboxes: Sandboxes
+    interpreter: Interpreter
 
 
 def _services(request: Request) -> Services:

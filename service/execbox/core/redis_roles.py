@@ -85,6 +85,7 @@ def roles(prefix: str) -> dict[str, Role]:
                 f"~{p}:surprise:*",
                 f"~{p}:nodes:drained",
                 f"%R~{p}:nodes:finished",
+                f"~{p}:e2b:*",
             ),
             (f"{p}:done:*", f"{p}:t:idem:*"),
             f"{_DATA} {_PUBSUB}",

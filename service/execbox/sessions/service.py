@@ -183,6 +183,26 @@ class Sessions:
         settle_waiting(self.store, self.executions, session_id, ended_error(ended), "api")
         return ended
 
+    def end_in(self, tenant: str, session_id: str, seconds: int) -> SessionRecord:
+        """End the session `seconds` from now, sooner or later than it would have (its holder reads
+        the new lifetime within a second). Above the operator's lifetime ceiling: 422, unchanged."""
+        record = self.owned(tenant, session_id)
+        lifetime = math.ceil(time.time() + seconds - record.created_at)
+        ceiling = self.settings.sessions.max_lifetime_s
+        if lifetime > ceiling:
+            why = f"the session would live {lifetime} s, above the operator's ceiling {ceiling} s"
+            raise PolicyExceeded((FieldProblem("timeout", why),))
+
+        def change(r: SessionRecord) -> bool:
+            r.max_lifetime_s = lifetime
+            r.expires_at = r.deadline()
+            return True
+
+        updated = self.store.update(session_id, change)
+        if updated is None:
+            raise SessionEnded(f"session {session_id} ended ({record.end_reason}); open a new one")
+        return updated
+
     # Placement (execbox.executions.submit)
     def policy(self, tenant: str, body: ExecutionCreate) -> AppliedPolicy:
         """The policy an execution in body.session runs with; raises when it cannot run there."""

@@ -27,7 +27,7 @@ TENANT_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 DEFAULT_TENANT = "default"
 KEY_WORDS = frozenset(
     {"active", "apikey", "apikeys", "approval", "approvals", "cancel", "cells", "dead", "deadlines", "denied",
-     "done", "drained", "due", "egress", "events", "exe", "file", "finished", "firings", "idem", "lease", "live",
+     "done", "drained", "due", "e2b", "egress", "events", "exe", "file", "finished", "firings", "idem", "lease", "live",
      "members", "nodes", "open", "pending", "poison", "q", "rate", "replay", "ring", "rule", "run", "runlock",
      "running", "runs", "schedule",
      "schedules", "script", "scripts", "scriptuse", "secret", "ses", "slot", "starts", "surprise", "surprises",

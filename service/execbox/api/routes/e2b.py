@@ -1,0 +1,202 @@
+"""HTTP for the E2B-compatible API (docs/e2b.md): E2B's control plane under /e2b, and what E2B
+calls a sandbox's envd and code interpreter under /e2b/sandbox (the address to give
+E2B_SANDBOX_URL: the SDK sends every sandbox's calls there, naming the sandbox in a header). Only
+translation: the work is execbox.e2b's. Errors take E2B's shapes, not problem+json: the control
+plane's `{"code": <status>, "message"}`, Connect's `{"code": "<name>", "message"}` for RPCs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any
+
+from anyio import to_thread
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from execbox.api.bodies import OffLoopRoute
+from execbox.api.deps import Services, ServicesDep
+from execbox.api.params import TraceHeader
+from execbox.core.errors import ServiceError
+from execbox.core.redis import redis_errors
+from execbox.e2b.errors import NotOffered, SandboxGone
+from execbox.e2b.sandboxes import Opened, metadata_filter
+from execbox.e2b.schemas import (
+    ConnectSandbox,
+    Context,
+    Execute,
+    NewContext,
+    NewSandbox,
+    Sandbox,
+    SandboxDetail,
+    SetTimeout,
+)
+from execbox.tenancy.apikeys import DEFAULT_TENANT
+
+CONNECT_CODES = {400: "invalid_argument", 401: "unauthenticated", 403: "permission_denied", 404: "not_found",
+                 409: "already_exists", 429: "resource_exhausted", 501: "unimplemented", 502: "unavailable",
+                 503: "unavailable"}  # fmt: skip
+"""HTTP status -> Connect error code, for the envd RPC paths (the SDK maps them to its exceptions)."""
+
+
+def _message(exc: ServiceError | RequestValidationError) -> tuple[int, str]:
+    if isinstance(exc, RequestValidationError):
+        where = "; ".join(f"{'.'.join(map(str, e['loc'][1:])) or 'body'}: {e['msg']}" for e in exc.errors())
+        return 400, f"invalid request: {where}"
+    problems = "; ".join(f"{p.field}: {p.message}" for p in exc.problems)
+    status = 400 if exc.http_status == 422 else exc.http_status
+    return status, exc.message + (f" ({problems})" if problems else "")
+
+
+class E2bRoute(OffLoopRoute):
+    """Answers the service's errors in E2B's shapes (its SDK parses them before it looks at the status)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except (ServiceError, RequestValidationError) as exc:
+                status, message = _message(exc)
+                headers = dict(getattr(exc, "headers", {}) or {})
+                if request.method == "POST" and request.url.path.endswith("/v2/sandboxes") and status >= 500:
+                    headers["Should-Retry"] = "false"  # a retried create could leave a second sandbox
+                rpc = "/process.Process/" in request.url.path or "/filesystem.Filesystem/" in request.url.path
+                code: int | str = CONNECT_CODES.get(status, "unknown") if rpc else status
+                return JSONResponse({"code": code, "message": message}, status_code=status, headers=headers)
+
+        return handle
+
+
+control = APIRouter(prefix="/e2b", tags=["e2b"], route_class=E2bRoute, include_in_schema=False)
+sandbox = APIRouter(prefix="/e2b/sandbox", tags=["e2b"], route_class=E2bRoute, include_in_schema=False)
+
+
+async def _tenant(request: Request) -> str:
+    """The tenant of the X-API-KEY header (E2B's name for the API key; 401 without a valid one)."""
+    services: Services = request.app.state.services
+    if not services.settings.auth.enabled:
+        return DEFAULT_TENANT
+    key = request.headers.get("X-API-KEY")
+    redis_key = services.keys.lookup_key(f"Bearer {key}" if key else None)
+    with redis_errors():
+        raw = await services.waiters.redis.get(redis_key)
+    info = services.keys.key_from(raw)
+    request.state.api_key_id = info.key_id
+    return info.tenant
+
+
+# the control plane: the caller is the tenant of its API key (X-API-KEY)
+@control.post("/v2/sandboxes", status_code=201, response_model=Sandbox)
+async def create(request: Request, body: NewSandbox, services: ServicesDep, traceparent: TraceHeader = None) -> Sandbox:
+    tenant = await _tenant(request)
+    return await to_thread.run_sync(services.sandboxes.create, tenant, body, traceparent)
+
+
+@control.get("/v2/sandboxes", response_model=list[SandboxDetail])
+async def list_sandboxes(
+    request: Request,
+    response: Response,
+    services: ServicesDep,
+    metadata: Annotated[str | None, Query(max_length=8192)] = None,
+    limit: Annotated[int | None, Query(ge=1, le=1000)] = None,
+    next_token: Annotated[str | None, Query(alias="nextToken", pattern=r"^\d{1,9}$")] = None,
+) -> list[SandboxDetail]:
+    tenant = await _tenant(request)
+    found = await to_thread.run_sync(services.sandboxes.running, tenant, metadata_filter(metadata))
+    start = int(next_token or 0)
+    end = len(found) if limit is None else start + limit
+    if end < len(found):
+        response.headers["x-next-token"] = str(end)  # absent on the last page, or the SDK pages forever
+    return found[start:end]
+
+
+@control.post("/v2/sandboxes/{sandbox_id}/connect", response_model=Sandbox)
+async def connect(
+    request: Request, sandbox_id: str, services: ServicesDep, body: ConnectSandbox | None = None
+) -> Sandbox:
+    tenant = await _tenant(request)
+    return await to_thread.run_sync(services.sandboxes.connect, tenant, sandbox_id, body or ConnectSandbox())
+
+
+@control.get("/sandboxes/{sandbox_id}", response_model=SandboxDetail)
+async def get_sandbox(request: Request, sandbox_id: str, services: ServicesDep) -> SandboxDetail:
+    tenant = await _tenant(request)
+    return await to_thread.run_sync(services.sandboxes.detail, tenant, sandbox_id)
+
+
+@control.delete("/sandboxes/{sandbox_id}", status_code=204)
+async def kill(request: Request, sandbox_id: str, services: ServicesDep) -> Response:
+    tenant = await _tenant(request)
+    await to_thread.run_sync(services.sandboxes.kill, tenant, sandbox_id)
+    return Response(status_code=204)
+
+
+@control.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
+async def set_timeout(request: Request, sandbox_id: str, body: SetTimeout, services: ServicesDep) -> Response:
+    tenant = await _tenant(request)
+    await to_thread.run_sync(services.sandboxes.set_timeout, tenant, sandbox_id, body.timeout)
+    return Response(status_code=204)
+
+
+# the sandbox plane: the caller holds a sandbox id and that sandbox's access token, nothing more
+async def _opened(request: Request, services: Services, running: bool = True) -> Opened:
+    headers = request.headers
+    token = headers.get("X-Access-Token") or headers.get("E2B-Traffic-Access-Token")
+    opened = await to_thread.run_sync(services.sandboxes.open, headers.get("E2b-Sandbox-Id"), token)
+    if running and not opened.running:
+        raise SandboxGone(headers.get("E2b-Sandbox-Id", ""))
+    return opened
+
+
+@sandbox.get("/health", status_code=204)
+async def health(request: Request, services: ServicesDep) -> Response:
+    await _opened(request, services)
+    return Response(status_code=204)
+
+
+@sandbox.post("/execute")
+async def execute(
+    request: Request, body: Execute, services: ServicesDep, traceparent: TraceHeader = None
+) -> StreamingResponse:
+    opened = await _opened(request, services)
+    record = await to_thread.run_sync(services.interpreter.start, opened, body, traceparent)
+    lines = services.interpreter.lines(opened.entry.tenant, record)
+    return StreamingResponse(lines, media_type="application/x-ndjson", headers={"X-Trace-Id": record.trace_id})
+
+
+@sandbox.get("/contexts", response_model=list[Context])
+async def list_contexts(request: Request, services: ServicesDep) -> list[Context]:
+    return services.interpreter.contexts(await _opened(request, services))
+
+
+@sandbox.post("/contexts", response_model=Context)
+async def create_context(request: Request, body: NewContext, services: ServicesDep) -> Context:
+    return services.interpreter.new_context(await _opened(request, services), body)
+
+
+@sandbox.delete("/contexts/{context_id}")
+async def remove_context(request: Request, context_id: str, services: ServicesDep) -> Response:
+    services.interpreter.context(await _opened(request, services), context_id)
+    raise NotOffered("the default context cannot be removed; kill the sandbox to end it")
+
+
+@sandbox.post("/contexts/{context_id}/restart")
+async def restart_context(request: Request, context_id: str, services: ServicesDep) -> Response:
+    services.interpreter.context(await _opened(request, services), context_id)
+    raise NotOffered("restarting a context is not offered yet; kill the sandbox and create another")
+
+
+@sandbox.api_route("/files", methods=["GET", "POST"])
+async def files(request: Request, services: ServicesDep) -> Response:
+    await _opened(request, services)
+    raise NotOffered("the sandbox's filesystem calls are not offered yet (docs/e2b.md)")
+
+
+@sandbox.post("/{service}/{method}")
+async def rpc(request: Request, service: str, method: str, services: ServicesDep) -> Response:
+    await _opened(request, services)
+    if service not in ("process.Process", "filesystem.Filesystem"):
+        raise NotOffered(f"no RPC service {service[:64]!r}")
+    raise NotOffered(f"{service}/{method[:64]} is not offered yet (docs/e2b.md)")
