@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-from e2b import RateLimitException, SandboxException, SandboxQuery
+from e2b import RateLimitException, SandboxException, SandboxQuery, TimeoutException
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 
 from tests.conftest import Stack, auth, wait_until
@@ -162,3 +163,13 @@ def test_what_is_not_offered_fails_at_once_with_a_clear_error(sandbox: Sandbox) 
         sandbox.create_code_context(language="python")
     with pytest.raises(SandboxException, match="templateID"):
         Sandbox.create(template="no-such-template")
+
+
+def test_a_cell_the_client_gives_up_on_is_interrupted_and_the_sandbox_takes_the_next(sandbox: Sandbox) -> None:
+    sandbox.run_code("kept = 'before'")
+    with pytest.raises(TimeoutException):
+        sandbox.run_code("import time\ntime.sleep(60)", timeout=1)
+    started = time.monotonic()
+    after = sandbox.run_code("kept")
+    assert after.text == "'before'", "the kernel was interrupted, not restarted: its variables are kept"
+    assert time.monotonic() - started < 20, "the next cell did not wait for the abandoned one's 60 s"
