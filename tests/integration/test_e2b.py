@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import threading
 import time
 from collections.abc import Iterator
 
@@ -173,3 +174,29 @@ def test_a_cell_the_client_gives_up_on_is_interrupted_and_the_sandbox_takes_the_
     after = sandbox.run_code("kept")
     assert after.text == "'before'", "the kernel was interrupted, not restarted: its variables are kept"
     assert time.monotonic() - started < 20, "the next cell did not wait for the abandoned one's 60 s"
+
+
+def test_a_cell_in_flight_when_the_sandbox_is_killed_raises_what_the_sdk_says_of_a_killed_sandbox(
+    e2b_env: Stack, stack: Stack
+) -> None:
+    sbx = Sandbox.create(timeout=120)
+    native = httpx.Client(base_url=stack.base_url, headers=auth(stack.keys["alpha"]), timeout=30)
+    raised: list[BaseException] = []
+
+    def long_cell() -> None:
+        try:
+            sbx.run_code("import time\ntime.sleep(60)")
+        except BaseException as exc:
+            raised.append(exc)
+
+    cell = threading.Thread(target=long_cell)
+    try:
+        cell.start()
+        wait_until(lambda: native.get(f"/v1/sessions/ses_{sbx.sandbox_id}").json()["running"], 30, "the cell to run")
+        assert Sandbox.kill(sbx.sandbox_id) is True
+        cell.join(30)
+        assert not cell.is_alive(), "the in-flight call ended with the sandbox"
+        assert len(raised) == 1 and isinstance(raised[0], TimeoutException), raised
+        assert "killed while the request was in progress" in str(raised[0]), raised[0]
+    finally:
+        native.close()

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from typing import Any
 
 import pytest
 import redis
 
+from execbox.core import logs
 from execbox.e2b.interpreter import CWD
 from execbox.e2b.results import error_line, finished_lines, result_line
 from execbox.e2b.sandboxes import metadata_filter
@@ -141,3 +143,16 @@ def test_an_in_sandbox_call_without_the_sandboxs_token_is_refused_alike(api: Api
     assert {a.status_code for a in answers} == {401}, [a.text for a in answers]
     rpc = http.post("/e2b/sandbox/process.Process/Start", content=b"", headers=headers)
     assert rpc.status_code == 401 and rpc.json()["code"] == "unauthenticated", rpc.text
+
+
+def test_a_connection_cut_on_purpose_is_logged_as_one_info_line_not_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    logs.configure("INFO", "api")
+    try:
+        raise logs.CutConnection("sandbox x ended under cell exe_y")
+    except logs.CutConnection:
+        logging.getLogger("uvicorn.error").exception("Exception in ASGI application")
+    (line,) = [json.loads(x) for x in capsys.readouterr().err.splitlines() if "uvicorn.error" in x]
+    assert line["level"] == "INFO" and "exc_info" not in line, line
+    assert line["message"] == "connection cut on purpose: sandbox x ended under cell exe_y"

@@ -18,8 +18,18 @@ _execution_id: ContextVar[str | None] = ContextVar("execution_id", default=None)
 _EXECUTION_ID = re.compile(r"\bexe_[a-z0-9]{26}\b")
 
 
+class CutConnection(Exception):
+    """Raised inside a streamed response body to end the connection on purpose, without the body's
+    end (a protocol whose clients read a cut connection as the answer). The server logs it as an
+    exception in the application; this module's filter makes that one INFO line, not a traceback."""
+
+
 class _ContextFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], CutConnection):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args = f"connection cut on purpose: {record.exc_info[1]}", ()
+            record.exc_info, record.exc_text = None, None
         execution_id = _execution_id.get()
         if execution_id is None:
             # Library lines (RQ announcing a job it dequeued) name the execution in their text.

@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 from anyio import CancelScope, to_thread
 
 from execbox.core.errors import FieldProblem, InvalidRequest, ServiceError
+from execbox.core.logs import CutConnection
 from execbox.e2b.errors import ContextNotFound, NotOffered
 from execbox.e2b.results import finished_lines
 from execbox.e2b.sandboxes import Opened, sandbox_id
@@ -34,6 +35,7 @@ from execbox.executions.submit import Submissions
 from execbox.files.blobs import ArtifactStore
 from execbox.files.collect import RICH_DIR
 from execbox.sessions.service import Sessions
+from execbox.sessions.status import SessionStatus
 
 CWD = "/workspace"
 """Where a cell runs: the sandbox's working directory (execbox.sandbox.runtime.WORKDIR)."""
@@ -94,6 +96,8 @@ class Interpreter:
                     break
             finished = await to_thread.run_sync(self._finished, tenant, record)
             ended = True
+            if finished is None:  # the SDK then asks /health, hears 502, and says the sandbox was killed
+                raise CutConnection(f"sandbox {sandbox_id(record.session or '')} ended under cell {record.id}")
             for piece in finished:
                 yield piece
         finally:
@@ -101,10 +105,15 @@ class Interpreter:
                 with CancelScope(shield=True):
                     await to_thread.run_sync(self._cancel, tenant, record.id)
 
-    def _finished(self, tenant: str, record: ExecutionRecord) -> list[bytes]:
+    def _finished(self, tenant: str, record: ExecutionRecord) -> list[bytes] | None:
+        """The lines after the output; None when the sandbox ended under the cell (killed, timed
+        out, lost), where E2B's own server would have lost the connection with the machine."""
         final = self.submissions.owned(tenant, record.id)
         assert final.session is not None
-        count = self.sessions.owned(tenant, final.session).executions
+        session = self.sessions.owned(tenant, final.session)
+        if final.status is not ExecutionStatus.SUCCEEDED and session.status is SessionStatus.ENDED:
+            return None
+        count = session.executions
 
         def read(data: ResultData) -> bytes:
             name = RICH_DIR + unquote(data.url.rsplit("/results/", 1)[-1])
