@@ -45,6 +45,8 @@ def test_run_code_keeps_state_between_cells_and_counts_them(sandbox: Sandbox) ->
     environment = sandbox.run_code("import os\nos.environ['WHERE'], os.environ.get('CELL')", envs={"CELL": "this one"})
     assert environment.text == "('sandbox', 'this one')", environment
     assert sandbox.run_code("os.environ.get('CELL')").text is None, "a cell's envs are its own"
+    with pytest.raises(SandboxException, match="env_vars"):
+        sandbox.run_code("1", envs={"1 BAD": "x"})
 
 
 def test_a_plot_comes_back_as_png_and_an_error_with_its_traceback(sandbox: Sandbox) -> None:

@@ -19,13 +19,14 @@ from urllib.parse import unquote
 
 import redis.asyncio as aioredis
 from anyio import CancelScope, to_thread
+from pydantic import ValidationError
 
 from execbox.core.errors import FieldProblem, InvalidRequest, ServiceError
 from execbox.core.logs import CutConnection
 from execbox.e2b.errors import ContextNotFound, NotOffered
 from execbox.e2b.results import finished_lines
 from execbox.e2b.sandboxes import Opened, sandbox_id
-from execbox.e2b.schemas import Context, Execute, NewContext, line
+from execbox.e2b.schemas import Context, Execute, NewContext, line, problems
 from execbox.executions import live
 from execbox.executions.keys import ExecutionKeys
 from execbox.executions.record import ExecutionRecord
@@ -77,8 +78,11 @@ class Interpreter:
                 f"this sandbox runs {session.language}",
                 (FieldProblem("language", f"only {session.language!r} here; other languages are not offered yet"),),
             )
-        request = ExecutionCreate(language=session.language, code=body.code, session=session.id,
-                                  env=body.env_vars or {}, labels={LABEL: sandbox_id(session.id)})  # fmt: skip
+        try:
+            request = ExecutionCreate(language=session.language, code=body.code, session=session.id,
+                                      env=body.env_vars or {}, labels={LABEL: sandbox_id(session.id)})  # fmt: skip
+        except ValidationError as exc:
+            raise InvalidRequest("this cell cannot run", problems(exc, {"env": "env_vars"})) from exc
         return self.submissions.submit(opened.entry.tenant, request).record
 
     async def lines(self, tenant: str, record: ExecutionRecord) -> AsyncIterator[bytes]:

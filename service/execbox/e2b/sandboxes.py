@@ -27,7 +27,7 @@ from execbox.core.errors import FieldProblem, InvalidRequest
 from execbox.core.redis import redis_errors
 from execbox.e2b.errors import BadAccessToken, SandboxNotFound
 from execbox.e2b.keys import E2bKeys
-from execbox.e2b.schemas import UNSUPPORTED_CREATE, ConnectSandbox, NewSandbox, Sandbox, SandboxDetail
+from execbox.e2b.schemas import UNSUPPORTED_CREATE, ConnectSandbox, NewSandbox, Sandbox, SandboxDetail, problems
 from execbox.e2b.settings import E2bSettings
 from execbox.sessions.errors import SessionNotFound
 from execbox.sessions.record import SessionRecord
@@ -94,16 +94,16 @@ class Sandboxes:
 
     # the control plane (the caller's tenant comes from its API key)
     def create(self, tenant: str, body: NewSandbox, traceparent: str | None) -> Sandbox:
-        problems = [FieldProblem(name, "not offered by this server (docs/e2b.md)")
+        refused = [FieldProblem(name, "not offered by this server (docs/e2b.md)")
                     for name in sorted(body.model_extra or {}) if name in UNSUPPORTED_CREATE]  # fmt: skip
         if body.allow_internet_access:
-            problems.append(FieldProblem("allow_internet_access", "sandboxes here have no network (docs/e2b.md)"))
+            refused.append(FieldProblem("allow_internet_access", "sandboxes here have no network (docs/e2b.md)"))
         template = self.settings.templates.get(body.templateID)
         if template is None:
             offered = ", ".join(sorted(self.settings.templates))
-            problems.append(FieldProblem("templateID", f"no template {body.templateID[:64]!r}; offered: {offered}"))
-        if problems:
-            raise InvalidRequest("this sandbox cannot be created here", tuple(problems))
+            refused.append(FieldProblem("templateID", f"no template {body.templateID[:64]!r}; offered: {offered}"))
+        if refused:
+            raise InvalidRequest("this sandbox cannot be created here", tuple(refused))
         assert template is not None
         ceilings = self.sessions.settings.sessions
         try:
@@ -117,15 +117,7 @@ class Sandboxes:
             )
         except ValidationError as exc:
             names = {"env": "envVars", "labels": "metadata", "max_lifetime_s": "timeout"}
-            raise InvalidRequest(
-                "the sandbox's fields are invalid",
-                tuple(
-                    FieldProblem(
-                        ".".join([names.get(str(e["loc"][0]), str(e["loc"][0])), *map(str, e["loc"][1:])]), e["msg"]
-                    )
-                    for e in exc.errors()
-                ),  # fmt: skip
-            ) from exc
+            raise InvalidRequest("the sandbox's fields are invalid", problems(exc, names)) from exc
         if request.max_lifetime_s > ceilings.max_lifetime_s:
             raise InvalidRequest(
                 "the sandbox would outlive the operator's ceiling",

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from execbox.core.errors import FieldProblem
 
 ENVD_VERSION = "0.5.7"
 """The envd version the facade reports: at or above 0.4.0 the SDK sends no forced user, and at 0.5.7
@@ -103,6 +105,14 @@ class Context(BaseModel):
     cwd: str
 
 
+def problems(exc: ValidationError, names: dict[str, str]) -> tuple[FieldProblem, ...]:
+    """A native model's validation errors in E2B's field names (`names`: native -> E2B)."""
+    return tuple(
+        FieldProblem(".".join([names.get(str(e["loc"][0]), str(e["loc"][0])), *map(str, e["loc"][1:])]), e["msg"])
+        for e in exc.errors()
+    )
+
+
 def line(kind: str, **fields: Any) -> bytes:
     """One NDJSON line of /execute: every object has its `type`, and no line is ever blank."""
     return (json.dumps({"type": kind, **fields}, separators=(",", ":")) + "\n").encode()
@@ -120,4 +130,5 @@ __all__ = [
     "SandboxDetail",
     "SetTimeout",
     "line",
+    "problems",
 ]
