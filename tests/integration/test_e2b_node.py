@@ -17,7 +17,11 @@ import pytest
 from tests.conftest import ROOT, Stack
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
-PROJECT = ROOT / "tests" / "e2b-node"
+SOURCE = ROOT / "tests" / "e2b-node"
+"""The Node project as committed: package.json, its lock, the quickstart."""
+PROJECT = ROOT / ".run" / "e2b-node"
+"""Where it is installed and run: outside the test tree, whose every .py file the checks read (npm
+packages ship some)."""
 NODE = PROJECT / "node_modules" / ".bin" / "node"
 """Node 20.20.2 from npm's `node` package (locked in tests/e2b-node): the SDK needs 20.18.1 or newer,
 and the machine's own Node may be older (Debian 12 ships 18)."""
@@ -25,11 +29,14 @@ and the machine's own Node may be older (Debian 12 ships 18)."""
 
 @pytest.fixture(scope="session")
 def node_project() -> Path:
-    """tests/e2b-node with its locked dependencies installed: `npm ci` once, when node_modules is
-    missing or older than package-lock.json (its output only in a failure's message)."""
+    """tests/e2b-node copied to .run/e2b-node with its locked dependencies installed: `npm ci` once,
+    when node_modules is missing or older than package-lock.json (its output only in a failure's message)."""
     npm = shutil.which("npm")
     if npm is None:
         pytest.fail("npm is not on PATH: run scripts/install (apt-get install npm)")
+    PROJECT.mkdir(parents=True, exist_ok=True)
+    for name in ("package.json", "package-lock.json", "quickstart.mjs"):
+        shutil.copy2(SOURCE / name, PROJECT / name)
     stamp = PROJECT / "node_modules" / ".package-lock.json"  # npm writes it on every install
     lock = PROJECT / "package-lock.json"
     if not stamp.exists() or stamp.stat().st_mtime < lock.stat().st_mtime:

@@ -60,7 +60,8 @@ def _text(node: ast.expr | None) -> str | None:
 
 def _handler_codes() -> set[str]:
     """Codes the API's handlers write without a ServiceError: the literal `code` of each
-    `problem_response(...)` call, the values of a status-to-code table and its `.get` default."""
+    `problem_response(...)` or `_answer(request, ...)` call, the values of a status-to-code table
+    and its `.get` default."""
     found: set[str | None] = set()
     for path in (SERVICE / "api").rglob("*.py"):
         tree = ast.parse(path.read_text())
@@ -77,6 +78,8 @@ def _handler_codes() -> set[str]:
             func = node.func
             if isinstance(func, ast.Name) and func.id == "problem_response":
                 found.add(_text(node.args[1]))
+            if isinstance(func, ast.Name) and func.id == "_answer" and len(node.args) > 2:  # (request, status, code)
+                found.add(_text(node.args[2]))
             if isinstance(func, ast.Attribute) and func.attr == "get" and getattr(func.value, "id", None) in tables:
                 found.add(_text(node.args[1]))
     return {code for code in found if code is not None}

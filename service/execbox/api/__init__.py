@@ -155,7 +155,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             submissions, sessions, artifacts, waiters.streams, keys, int(settings.api.sse_keepalive_s * 1000)
         ),  # fmt: skip
     )
-    problems.install(app, settings.api.max_json_body_bytes, settings.api.max_body_bytes)
+    foreign = {"/e2b/": e2b.error_response} if settings.e2b.enabled else {}
+    problems.install(app, settings.api.max_json_body_bytes, settings.api.max_body_bytes, foreign)
     app.add_middleware(HttpMetrics, metrics=metrics, routes=app.routes)
     app.include_router(executions.router)
     app.include_router(files.router)

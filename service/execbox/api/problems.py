@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -76,17 +76,39 @@ def _field(loc: tuple[Any, ...]) -> str:
 _MODEL_NAME = re.compile(r"^[A-Z][A-Za-z0-9]+$")
 
 
-async def _service_error(request: Request, exc: Exception) -> JSONResponse:
+ForeignShape = Callable[[str, str, int, str, Mapping[str, str]], Response]
+"""How a protocol that is not ours answers an error under its path prefix (method, path, status,
+message, headers): a client of that protocol parses its own shape, not problem+json."""
+
+
+def _answer(
+    request: Request,
+    status: int,
+    code: str,
+    detail: str,
+    retryable: bool,
+    problems: tuple[FieldProblem, ...] = (),
+    headers: Mapping[str, str] | None = None,
+) -> Response:
+    shapes: dict[str, ForeignShape] = request.app.state.foreign_shapes
+    for prefix, shape in shapes.items():
+        if request.url.path.startswith(prefix):
+            message = detail + ("".join(f"; {p.field}: {p.message}" for p in problems) if problems else "")
+            return shape(request.method, request.url.path, status, message, headers or {})
+    return problem_response(status, code, detail, retryable, problems, headers)
+
+
+async def _service_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ServiceError)
     headers = {"Retry-After": "1"} if exc.http_status == 503 else {}
-    return problem_response(exc.http_status, exc.code, exc.message, exc.retryable, exc.problems,
-                            {**headers, **exc.headers})  # fmt: skip
+    return _answer(request, exc.http_status, exc.code, exc.message, exc.retryable, exc.problems,
+                   {**headers, **exc.headers})  # fmt: skip
 
 
 _HTTP_CODES = {400: "request.malformed", 404: "not_found", 405: "method_not_allowed", 413: "request.too_large"}
 
 
-async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     code = _HTTP_CODES.get(exc.status_code, "http.error")
     detail = str(exc.detail)
@@ -94,14 +116,15 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         detail = f"no such resource: {request.url.path}; see /docs for the API"
     elif exc.status_code == 405:
         detail = f"{request.method} is not allowed on {request.url.path}"
-    return problem_response(exc.status_code, code, detail, False, headers=exc.headers)
+    return _answer(request, exc.status_code, code, detail, False, headers=exc.headers)
 
 
-async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+async def _validation_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     errors = list(exc.errors())
     if any(e.get("type") == "json_invalid" for e in errors):
-        return problem_response(
+        return _answer(
+            request,
             400,
             "request.malformed_json",
             "the body is not valid JSON; send a JSON object with Content-Type: application/json",
@@ -110,7 +133,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         )
     problems = tuple(FieldProblem(_field(tuple(e["loc"])), str(e["msg"])) for e in errors)
     detail = "; ".join(f"{p.field}: {p.message}" for p in problems)
-    return problem_response(422, "request.invalid", f"the request is invalid: {detail}", False, problems)
+    return _answer(request, 422, "request.invalid", f"the request is invalid: {detail}", False, problems)
 
 
 class BodyLimit:
@@ -118,8 +141,10 @@ class BodyLimit:
     upload routes (`uploads`, POST only) take up to `upload_bytes`, every other route `json_bytes`,
     so a JSON control route never holds more than a few MiB per request in the API's memory."""
 
-    def __init__(self, app: ASGIApp, json_bytes: int, upload_bytes: int, uploads: Collection[str]) -> None:
+    def __init__(self, app: ASGIApp, json_bytes: int, upload_bytes: int, uploads: Collection[str],
+                 foreign: Mapping[str, ForeignShape]) -> None:  # fmt: skip
         self.app = app
+        self.foreign = foreign
         self.json_bytes = json_bytes
         self.upload_bytes = upload_bytes
         self.uploads = frozenset(uploads)
@@ -135,9 +160,14 @@ class BodyLimit:
         cap = self.cap(scope)
         # Connection: close, because the rest of the unread body must not be taken for a next request.
         hint = "" if cap == self.upload_bytes else "; upload files with POST /v1/files and refer to them by id"
-        too_large = problem_response(
-            413, BodyTooLarge.code, BodyTooLarge(cap).message + hint, False, headers={"Connection": "close"}
-        )
+        path = scope.get("path", "")
+        shape = next((s for prefix, s in self.foreign.items() if path.startswith(prefix)), None)
+        if shape is not None:
+            too_large = shape(scope.get("method", ""), path, 413, BodyTooLarge(cap).message, {"Connection": "close"})
+        else:
+            too_large = problem_response(
+                413, BodyTooLarge.code, BodyTooLarge(cap).message + hint, False, headers={"Connection": "close"}
+            )
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > cap:
             await too_large(scope, receive, send)
@@ -166,8 +196,14 @@ UPLOADS = ("/v1/executions", "/v1/files")
 """The routes whose bodies carry files (POST): the only ones allowed api.max_body_bytes."""
 
 
-def install(app: FastAPI, json_bytes: int, upload_bytes: int) -> None:
+def install(
+    app: FastAPI, json_bytes: int, upload_bytes: int, foreign: Mapping[str, ForeignShape] | None = None
+) -> None:
+    """problem+json for every error the routes do not answer themselves, except under the path
+    prefixes of `foreign`, which answer in their protocol's own shape."""
+    app.state.foreign_shapes = dict(foreign or {})
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_middleware(BodyLimit, json_bytes=json_bytes, upload_bytes=upload_bytes, uploads=UPLOADS)
+    app.add_middleware(BodyLimit, json_bytes=json_bytes, upload_bytes=upload_bytes, uploads=UPLOADS,
+                       foreign=app.state.foreign_shapes)  # fmt: skip

@@ -211,14 +211,20 @@ class ExecutionCreate(BaseModel):
     @field_validator("env")
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for name, val in value.items():
-            if not re.match(ENV_NAME_PATTERN, name):
-                raise ValueError(f"env name {name!r} must match {ENV_NAME_PATTERN}")
-            if name.upper().startswith("EXECBOX_"):
-                raise ValueError(f"env name {name!r}: the EXECBOX_ prefix is reserved")
-            if len(val) > 4096 or "\x00" in val:
-                raise ValueError(f"env {name}: values are at most 4096 characters, without NUL")
-        return value
+        return check_env(value)
+
+
+def check_env(value: dict[str, str]) -> dict[str, str]:
+    """An environment a client asks for: names a program can read, none of the service's own, values
+    a process can hold. Every request model with an `env` checks it here."""
+    for name, val in value.items():
+        if not re.match(ENV_NAME_PATTERN, name):
+            raise ValueError(f"env name {name!r} must match {ENV_NAME_PATTERN}")
+        if name.upper().startswith("EXECBOX_"):
+            raise ValueError(f"env name {name!r}: the EXECBOX_ prefix is reserved")
+        if len(val) > 4096 or "\x00" in val:
+            raise ValueError(f"env {name}: values are at most 4096 characters, without NUL")
+    return value
 
 
 class Origin(BaseModel):

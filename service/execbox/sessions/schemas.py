@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from execbox.catalog.schemas import AppliedPolicy, PolicyRequest
-from execbox.executions.schemas import ExecutionError, InputFile, Labels
+from execbox.executions.schemas import ExecutionError, InputFile, Labels, check_env
 from execbox.sessions.status import SessionEnd, SessionStatus
 
 
@@ -21,10 +21,17 @@ class SessionCreate(BaseModel):
         "each execution's default). Network must be `none`.",
     )
     files: list[InputFile] = Field(default_factory=list, description="Files placed in /workspace before the start.")
-    env: dict[str, str] = Field(default_factory=dict, description="Environment of the session's interpreter.")
+    env: dict[str, str] = Field(
+        default_factory=dict, max_length=64, description="Environment of the session's interpreter (as an execution's)."
+    )
     idle_timeout_s: int = Field(600, ge=1, description="End the session after this long without an execution.")
     max_lifetime_s: int = Field(3600, ge=1, description="End the session this long after it was created.")
     labels: Labels = Field(default_factory=dict, max_length=16, description="Free-form labels, returned as given.")
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_env(value)
 
 
 class SessionPublic(BaseModel):

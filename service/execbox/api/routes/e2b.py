@@ -6,7 +6,7 @@ plane's `{"code": <status>, "message"}`, Connect's `{"code": "<name>", "message"
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Annotated, Any
 
 from anyio import to_thread
@@ -34,8 +34,8 @@ from execbox.e2b.schemas import (
 from execbox.tenancy.apikeys import DEFAULT_TENANT
 
 CONNECT_CODES = {400: "invalid_argument", 401: "unauthenticated", 403: "permission_denied", 404: "not_found",
-                 409: "already_exists", 429: "resource_exhausted", 501: "unimplemented", 502: "unavailable",
-                 503: "unavailable"}  # fmt: skip
+                 405: "unimplemented", 409: "already_exists", 429: "resource_exhausted", 501: "unimplemented",
+                 502: "unavailable", 503: "unavailable"}  # fmt: skip
 """HTTP status -> Connect error code, for the envd RPC paths (the SDK maps them to its exceptions)."""
 
 
@@ -44,12 +44,23 @@ def _message(exc: ServiceError | RequestValidationError) -> tuple[int, str]:
         where = "; ".join(f"{'.'.join(map(str, e['loc'][1:])) or 'body'}: {e['msg']}" for e in exc.errors())
         return 400, f"invalid request: {where}"
     problems = "; ".join(f"{p.field}: {p.message}" for p in exc.problems)
-    status = 400 if exc.http_status == 422 else exc.http_status
-    return status, exc.message + (f" ({problems})" if problems else "")
+    return exc.http_status, exc.message + (f" ({problems})" if problems else "")
+
+
+def error_response(method: str, path: str, status: int, message: str, headers: Mapping[str, str]) -> Response:
+    """An error in E2B's shape: its SDK parses the body before it looks at the status. Also what
+    the app answers under /e2b for errors no route saw (405, 413: problems.install's `foreign`)."""
+    headers = dict(headers)
+    status = 400 if status == 422 else status
+    if method == "POST" and path.endswith("/v2/sandboxes") and status >= 500:
+        headers["Should-Retry"] = "false"  # a retried create could leave a second sandbox
+    rpc = "/process.Process/" in path or "/filesystem.Filesystem/" in path
+    code: int | str = CONNECT_CODES.get(status, "unknown") if rpc else status
+    return JSONResponse({"code": code, "message": message}, status_code=status, headers=headers)
 
 
 class E2bRoute(OffLoopRoute):
-    """Answers the service's errors in E2B's shapes (its SDK parses them before it looks at the status)."""
+    """Answers the service's errors in E2B's shapes."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -59,12 +70,8 @@ class E2bRoute(OffLoopRoute):
                 return await handler(request)
             except (ServiceError, RequestValidationError) as exc:
                 status, message = _message(exc)
-                headers = dict(getattr(exc, "headers", {}) or {})
-                if request.method == "POST" and request.url.path.endswith("/v2/sandboxes") and status >= 500:
-                    headers["Should-Retry"] = "false"  # a retried create could leave a second sandbox
-                rpc = "/process.Process/" in request.url.path or "/filesystem.Filesystem/" in request.url.path
-                code: int | str = CONNECT_CODES.get(status, "unknown") if rpc else status
-                return JSONResponse({"code": code, "message": message}, status_code=status, headers=headers)
+                headers = getattr(exc, "headers", {}) or {}
+                return error_response(request.method, request.url.path, status, message, headers)
 
         return handle
 
