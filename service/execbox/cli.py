@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
 
         from execbox.api import create_app
 
-        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_config=None, access_log=False)
+        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_config=None, access_log=False,
+                    timeout_graceful_shutdown=settings.api.shutdown_grace_s)  # fmt: skip
     elif args.command == "scheduler":
         import signal
         import threading

@@ -28,6 +28,13 @@ from execbox.webhooks.settings import WebhookSettings
 
 
 class ApiSettings(BaseModel):
+    shutdown_grace_s: int = Field(
+        5,
+        ge=0,
+        le=300,
+        description="On SIGTERM, how long requests still open may finish (an event stream never does; its "
+        "client resumes with Last-Event-ID) before they are ended and the process exits.",
+    )
     idempotency_ttl_s: int = Field(24 * 3600, ge=60, description="How long an Idempotency-Key is remembered.")
     max_wait_s: float = Field(60.0, ge=0, description="Longest a client may ask POST/GET to wait for completion.")
     max_body_bytes: int = Field(

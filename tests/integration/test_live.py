@@ -3,13 +3,19 @@ with Last-Event-ID resumes without loss or duplicates, the end event is the stor
 
 from __future__ import annotations
 
+import contextlib
 import json
+import secrets
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
+
+from tests.conftest import EXECBOX, Processes, Stack, answers_200, auth, free_port, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 TICKS = "import time\nfor i in range(30):\n    print(f'tick {i}', flush=True)\n    time.sleep(0.1)\n"
@@ -121,3 +127,40 @@ def test_a_session_call_streams_too(api: httpx.Client) -> None:
         assert [e.event for e in events][-2:] == ["status", "end"]
     finally:
         api.delete(f"/v1/sessions/{session['id']}")
+
+
+def test_sigterm_ends_an_api_with_an_open_event_stream_once_its_shutdown_grace_passes(
+    stack: Stack, processes: Processes
+) -> None:
+    """An event stream never ends by itself: without a bound, uvicorn waited for it forever and the
+    orchestrator (or this test session) had to kill the API."""
+    queue = f"{stack.prefix}-{secrets.token_hex(3)}"  # no worker listens: the execution stays queued
+    env = {**stack.env, "EXECBOX_QUEUE__NAME": queue, "EXECBOX_API__SHUTDOWN_GRACE_S": "1"}
+    port = free_port()
+    api = processes.spawn(f"api-{queue}", [EXECBOX, "api", "--port", str(port)], env)
+    base_url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: answers_200(f"{base_url}/healthz"), 20, "the API to answer")
+    with httpx.Client(base_url=base_url, timeout=30, headers=auth(stack.keys["alpha"])) as client:
+        queued = client.post("/v1/executions", json={"language": "python", "code": "1"}).json()
+        opened = threading.Event()
+
+        def listen() -> None:
+            with (
+                contextlib.suppress(httpx.HTTPError),
+                client.stream("GET", f"/v1/executions/{queued['id']}/events") as r,
+            ):
+                opened.set()
+                for _ in r.iter_lines():
+                    pass
+
+        listener = threading.Thread(target=listen, daemon=True)
+        listener.start()
+        assert opened.wait(10), "the event stream opened"
+        stopping = time.monotonic()
+        api.send_signal(signal.SIGTERM)
+        api.wait(15)
+        took = time.monotonic() - stopping
+        listener.join(5)
+    # The grace (1 s), then the app's own shutdown: its background loops get at most 10 s to stop.
+    assert took < 11, f"the API took {took:.1f} s to stop with a stream open (grace 1 s)"
+    assert not listener.is_alive(), "the client's stream ended with the API"
