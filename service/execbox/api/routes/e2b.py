@@ -6,18 +6,16 @@ plane's `{"code": <status>, "message"}`, Connect's `{"code": "<name>", "message"
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Mapping
-from typing import Annotated, Any
+from collections.abc import Mapping
+from typing import Annotated
 
 from anyio import to_thread
 from fastapi import APIRouter, Query, Request, Response
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from execbox.api.bodies import OffLoopRoute
 from execbox.api.deps import Services, ServicesDep
 from execbox.api.params import TraceHeader
-from execbox.core.errors import ServiceError
 from execbox.core.redis import redis_errors
 from execbox.e2b.errors import NotOffered, SandboxGone
 from execbox.e2b.sandboxes import Opened, metadata_filter
@@ -39,17 +37,10 @@ CONNECT_CODES = {400: "invalid_argument", 401: "unauthenticated", 403: "permissi
 """HTTP status -> Connect error code, for the envd RPC paths (the SDK maps them to its exceptions)."""
 
 
-def _message(exc: ServiceError | RequestValidationError) -> tuple[int, str]:
-    if isinstance(exc, RequestValidationError):
-        where = "; ".join(f"{'.'.join(map(str, e['loc'][1:])) or 'body'}: {e['msg']}" for e in exc.errors())
-        return 400, f"invalid request: {where}"
-    problems = "; ".join(f"{p.field}: {p.message}" for p in exc.problems)
-    return exc.http_status, exc.message + (f" ({problems})" if problems else "")
-
-
 def error_response(method: str, path: str, status: int, message: str, headers: Mapping[str, str]) -> Response:
-    """An error in E2B's shape: its SDK parses the body before it looks at the status. Also what
-    the app answers under /e2b for errors no route saw (405, 413: problems.install's `foreign`)."""
+    """An error in E2B's shape: its SDK parses the body before it looks at the status. The app's
+    error handlers answer every error under /e2b/ with it (problems.install's `foreign`): the
+    service's own, validation (422 becomes E2B's 400), a wrong method, an oversized body."""
     headers = dict(headers)
     status = 400 if status == 422 else status
     if method == "POST" and path.endswith("/v2/sandboxes") and status >= 500:
@@ -59,25 +50,8 @@ def error_response(method: str, path: str, status: int, message: str, headers: M
     return JSONResponse({"code": code, "message": message}, status_code=status, headers=headers)
 
 
-class E2bRoute(OffLoopRoute):
-    """Answers the service's errors in E2B's shapes."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def handle(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except (ServiceError, RequestValidationError) as exc:
-                status, message = _message(exc)
-                headers = getattr(exc, "headers", {}) or {}
-                return error_response(request.method, request.url.path, status, message, headers)
-
-        return handle
-
-
-control = APIRouter(prefix="/e2b", tags=["e2b"], route_class=E2bRoute, include_in_schema=False)
-sandbox = APIRouter(prefix="/e2b/sandbox", tags=["e2b"], route_class=E2bRoute, include_in_schema=False)
+control = APIRouter(prefix="/e2b", tags=["e2b"], route_class=OffLoopRoute, include_in_schema=False)
+sandbox = APIRouter(prefix="/e2b/sandbox", tags=["e2b"], route_class=OffLoopRoute, include_in_schema=False)
 
 
 async def _tenant(request: Request) -> str:
