@@ -6,6 +6,8 @@ find / -xdev -type f -perm /6000 -exec chmod a-s {} + 2>/dev/null || true
 rm -f /bin/su /usr/bin/su /usr/bin/sudo /usr/sbin/sudo
 mkdir -p /workspace /opt/execbox
 chown 65534:65534 /workspace
+# E2B's SDK (and scripts written for it) take /home/user for the sandbox's home: it is the workspace.
+mkdir -p /home && ln -sfn /workspace /home/user
 # The launcher runs from an execute-only copy of python3: the kernel marks a process started from
 # an unreadable binary non-dumpable, so the sandboxed program cannot ptrace it or read its memory
 # (where the per-run nonce of its end-of-run marker lives).

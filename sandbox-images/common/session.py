@@ -48,6 +48,9 @@ import signal
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's directory out
+import session_ops  # noqa: E402
+
 KERNEL = ("python3", "/opt/execbox/kernel.py")
 GRACE_S = 2.0
 HANDOVER_S = 5.0
@@ -150,7 +153,9 @@ class Kernel:
         started and left running. Repeated until none is left (one may fork while it is killed)."""
         keep = {1, os.getpid(), self.pid}
         for _ in range(100):
-            others = [pid for pid in _pids() if pid not in keep]
+            sids = {pid: _sid(pid) for pid in _pids() if pid not in keep}
+            spared = OPS.processes.spared(set(sids.values()))
+            others = [pid for pid, sid in sids.items() if sid not in spared]
             if not others:
                 break
             for pid in others:
@@ -202,6 +207,15 @@ def _pids():
     return found
 
 
+def _sid(pid):
+    """A process's session id (0 when it is gone)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[3])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def _status(pid):
     """A process's /proc status fields (Name: value), {} when it is gone."""
     try:
@@ -223,6 +237,8 @@ def _reap(kernel):
             return
         if pid == kernel.pid and kernel.alive:
             kernel.alive, kernel.status = False, status
+        else:
+            OPS.processes.reaped(pid, status)
 
 
 def _drain(kernel, fd):
@@ -298,6 +314,9 @@ def _int(value, default):
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
+OPS = session_ops.Ops(_emit)
+
+
 def main():
     libc = ctypes.CDLL(None)
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
@@ -305,12 +324,13 @@ def main():
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     kernel = _start()
     _emit({"ev": "ready", "restarted": False})
+    procs = OPS.processes
     pending = b""
     cell = None  # the running cell's id
     oom_before = 0
     kill_at = None  # set when the running cell was interrupted: its kernel is restarted by then at the latest
     while True:
-        ready, _, _ = select.select([0, *kernel.watched()], [], [], 0.1)
+        ready, _, _ = select.select([0, *kernel.watched(), *procs.watched()], [], [], 0.1)
         report = None
         for fd in ready:
             if fd == 0:
@@ -325,13 +345,18 @@ def main():
                     if request.get("op") == "run" and cell is None:
                         cell, oom_before = request["id"], _oom_kills()
                         kernel.send({"id": cell, "code": request.get("code", ""), "env": request.get("env", {})})
-                    elif request.get("op") == "interrupt" and cell is not None and request.get("id") == cell:
-                        kernel.signal(signal.SIGINT)
-                        kill_at = kill_at or time.monotonic() + GRACE_S
+                    elif request.get("op") == "interrupt":
+                        if cell is not None and request.get("id") == cell:
+                            kernel.signal(signal.SIGINT)
+                            kill_at = kill_at or time.monotonic() + GRACE_S
+                    elif request.get("op") != "run":
+                        OPS.handle(request)
             elif fd == kernel.rep:
                 report = _mine(_read_reports(kernel), cell) or report
-            else:
+            elif not procs.readable(fd):
                 _drain(kernel, fd)
+        if procs.live:
+            _reap(kernel)  # a process of OPS that ended reports it now, not at the next cell
         status = kernel.exited()
         if report is None and status is not None and cell is not None:
             report = _mine(_read_reports(kernel, wait=False), cell)  # written just before the process left

@@ -24,7 +24,7 @@ import json
 import tarfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,6 +133,8 @@ class FakeKernel:
         self.gone: str | None = None
         self.closed = False
         self.calls: list[str] = []
+        self.ops: list[dict[str, Any]] = []
+        self.listener: Callable[[dict[str, Any]], None] | None = None
 
     def run_cell(self, spec: SandboxSpec, code: str, control: SandboxControl) -> SandboxOutcome:
         self.calls.append(code)
@@ -141,6 +143,16 @@ class FakeKernel:
     def close(self) -> None:
         self.closed = True
         self.gone = self.gone or "closed"
+
+    def op(self, request: dict[str, Any]) -> None:
+        """Answers every file or process request with a refusal (the fake keeps no filesystem)."""
+        self.ops.append(request)
+        if self.listener is not None:
+            error = {"kind": "invalid", "message": "the fake sandbox serves no files or processes"}
+            self.listener({"ev": "reply", "id": request.get("id"), "error": error})
+
+    def listen(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        self.listener = listener
 
 
 class FakeRuntime:

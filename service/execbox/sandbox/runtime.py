@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 MANAGED_LABEL = "execbox.managed"
 EXECUTION_LABEL = "execbox.execution_id"
@@ -198,6 +198,14 @@ class SessionSandbox(Protocol):
 
     def close(self) -> None:
         """Remove the container (and with it the kernel and the workspace)."""
+
+    def op(self, request: dict[str, Any]) -> None:
+        """Send a file or process request beside the cells (its "id" is the caller's; the requests
+        and their answers are sandbox-images/common/session_ops.py's)."""
+
+    def listen(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Where everything the sandbox says outside a cell goes (answers to `op`, a process's
+        output and end), from the thread that reads the sandbox; replaces the one before."""
 
 
 class Sandbox(Protocol):

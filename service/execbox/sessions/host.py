@@ -25,6 +25,7 @@ from execbox.core.errors import ServiceError
 from execbox.core.tracing import TraceContext
 from execbox.executions.lifecycle import Worker, input_archive, run_and_finish, run_limits, take
 from execbox.sandbox.runtime import SandboxControl, SandboxOutcome, SandboxSpec, SessionSandbox
+from execbox.sessions.ops import Relay
 from execbox.sessions.record import SessionRecord
 from execbox.sessions.service import ended_error, settle_waiting
 from execbox.sessions.settings import SessionsConfig
@@ -152,6 +153,9 @@ class SessionHost:
             if self.store.update(session_id, ready) is None:
                 return  # deleted while starting
             log.info("session %s ready", session_id)
+            relay = Relay(self.store, session_id, sandbox, ctx.metrics.loops.poison.labels("sessions").inc)
+            relaying = threading.Thread(target=relay.run, args=(renewing,), name=f"ops-{session_id}", daemon=True)
+            relaying.start()
             self._loop(session_id, sandbox, held)
         finally:
             renewing.set()

@@ -16,6 +16,22 @@ SCHEMA: tuple[KeySpec, ...] = (
     ),
     KeySpec("ses:{id}:cells", "list of execution ids", "retention_s", ("api", "worker"), (), "a session's queue"),
     KeySpec(
+        "ses:{id}:ops",
+        "list of JSON requests",
+        "retention_s",
+        ("api", "worker"),
+        (),
+        "file and process requests for the session's holder (execbox.sessions.ops)",
+    ),
+    KeySpec(
+        "ses:{id}:op:{op}",
+        "list of JSON answers",
+        "ANSWER_TTL_S (60 s) after the last",
+        ("api", "worker"),
+        (),
+        "what the sandbox said to one request: a read's chunks, the reply, a process's output and end",
+    ),
+    KeySpec(
         "ses:{id}:lease", "string (worker name)", "worker.lease_s, renewed", ("worker",), ("api",), "the holder's lease"
     ),
     KeySpec("t:ses:tenant:{tenant}", "zset id -> created_at", "none", ("api", "worker"), (), "a tenant's sessions"),
@@ -31,6 +47,12 @@ class SessionKeys(ExecutionKeys):
 
     def session_cells(self, session_id: str) -> str:
         return self._k("ses", session_id, "cells")
+
+    def session_ops(self, session_id: str) -> str:
+        return self._k("ses", session_id, "ops")
+
+    def session_answers(self, session_id: str, op: str) -> str:
+        return self._k("ses", session_id, "op", op)
 
     def session_lease(self, session_id: str) -> str:
         return self._k("ses", session_id, "lease")

@@ -154,6 +154,27 @@ class SessionStore:
             waiting, _ = pipe.execute()
         return [text(i) for i in waiting if text(i) != WAKE]
 
+    # file and process requests beside the cells (execbox.sessions.ops)
+    def ask(self, session_id: str, request: str) -> None:
+        with redis_errors(), self.redis.pipeline() as pipe:
+            pipe.rpush(self.keys.session_ops(session_id), request)
+            pipe.expire(self.keys.session_ops(session_id), self.retention_s)
+            pipe.execute()
+
+    def next_op(self, session_id: str, timeout_s: float) -> str | None:
+        with redis_errors():
+            got = self.redis.blpop([self.keys.session_ops(session_id)], timeout=max(timeout_s, 0.01))
+        return None if got is None else text(got[1])
+
+    def answer(self, session_id: str, op: str, answer: str, ttl_s: int) -> int:
+        """Add to a request's answers; how many are now waiting to be read."""
+        key = self.keys.session_answers(session_id, op)
+        with redis_errors(), self.redis.pipeline() as pipe:
+            pipe.rpush(key, answer)
+            pipe.expire(key, ttl_s)
+            waiting, _ = pipe.execute()
+        return int(waiting)
+
     def next_start(self, queue: str, timeout_s: float) -> str | None:
         with redis_errors():
             got = self.redis.blpop([self.keys.session_starts(queue)], timeout=max(timeout_s, 0.01))

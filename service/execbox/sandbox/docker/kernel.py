@@ -20,6 +20,7 @@ import socket
 import tarfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import docker
@@ -35,7 +36,10 @@ log = logging.getLogger(__name__)
 INTERRUPT_GRACE_S = 20.0
 """After an interrupt: the supervisor's own grace (2 s) plus a kernel restart, with room."""
 LINE_CAP = 1 << 20
-"""The longest event line read from the supervisor (its output chunks are 64 KiB before base64)."""
+"""The longest event line read from the supervisor (its output chunks are 64 KiB before base64,
+a file's 512 KiB)."""
+SIDE_EVENTS = frozenset({"reply", "chunk", "pout", "pend"})
+"""What the supervisor says outside a cell (session_ops.py): for the listener, not the call."""
 
 
 class KernelHost(Protocol):
@@ -66,6 +70,7 @@ class KernelContainer:
         self._sock: Any = None
         self._raw: socket.socket | None = None
         self._send_lock = threading.Lock()
+        self._listener: Callable[[dict[str, Any]], None] | None = None
         self.image_id = ""
 
     # opening
@@ -129,8 +134,14 @@ class KernelContainer:
         except ValueError:
             log.warning("session %s: unreadable line from the supervisor", self.session_id)
             return
-        if isinstance(event, dict):
-            self._events.put(event)
+        if not isinstance(event, dict):
+            return
+        if event.get("ev") in SIDE_EVENTS:
+            listener = self._listener
+            if listener is not None:
+                listener(event)
+            return
+        self._events.put(event)
 
     def _next(self, deadline: float) -> dict[str, Any] | None:
         try:
@@ -148,6 +159,15 @@ class KernelContainer:
 
     def _request(self, request: dict[str, Any]) -> None:
         self._send((json.dumps(request) + "\n").encode())
+
+    # beside the cells
+    def op(self, request: dict[str, Any]) -> None:
+        if request.get("op") in ("run", "interrupt"):
+            raise ValueError("cells are run with run_cell")
+        self._request(request)
+
+    def listen(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        self._listener = listener
 
     # one call
     def run_cell(self, spec: SandboxSpec, code: str, control: SandboxControl) -> SandboxOutcome:

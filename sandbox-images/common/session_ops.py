@@ -1,0 +1,476 @@
+"""Files and processes of a session's sandbox, served by its supervisor (session.py) beside the cells.
+
+The worker asks on the supervisor's stdin, one JSON object per line, each with an "id" of its own:
+
+    {"op": "fs", "id", "call": "stat"|"list"|"read"|"write"|"mkdir"|"remove"|"move",
+     "path", "to" (move), "depth" (list), "b" (write, base64), "limit" (read, bytes)}
+    {"op": "proc.start", "id", "argv": [...], "env": {...}, "cwd", "stdin": bool, "tag"}
+    {"op": "proc.input", "id", "pid", "b"}     {"op": "proc.close", "id", "pid"}   (stdin)
+    {"op": "proc.signal", "id", "pid", "sig"}  {"op": "proc.list", "id"}
+
+and each gets one answer, {"ev": "reply", "id", "ok": {...}} or {"ev": "reply", "id", "error":
+{"kind": "not_found"|"exists"|"invalid"|"too_large"|"failed", "message"}}; a read's bytes come
+first as {"ev": "chunk", "id", "b"} events (so that no line is large). A started process then
+reports on its own: {"ev": "pout", "pid", "fd": 1|2, "b"} while it writes, and {"ev": "pend",
+"pid", "status", "signal"} once it has ended (its exit status, or the signal that ended it).
+
+Paths. Everything that changes the filesystem stays in the workspace's tree: the path is resolved by
+the kernel beneath an fd of /workspace (openat2 with RESOLVE_BENEATH and RESOLVE_NO_MAGICLINKS), so
+no `..`, absolute symlink or /proc link a cell planted leads out of it. Reads, listings and stats
+may also look at the rest of the image (read-only), never at /proc, /sys or /dev: the file
+actually opened is checked, not the name asked for. This matters beyond tidiness: this process's
+stdout is the worker's channel, and a write that reached /proc/self/fd/1 would let whoever chose
+the path speak for the supervisor. Only regular files are read or written (opened non-blocking:
+a FIFO a cell left where a file was expected cannot stall the supervisor).
+
+Processes run as the sandbox's user, each in a session of its own (its pid is its session id), with
+the session's environment plus the request's. They are not a cell's leftovers: the sweep after
+each cell spares every process of such a session (see `spared`). A kernel restart (kill -1) ends
+them with everything else, and each reports its end.
+"""
+
+import base64
+import ctypes
+import errno
+import grp
+import os
+import pwd
+import shutil
+import signal
+import stat
+
+WORKDIR = "/workspace"
+HIDDEN = ("/proc", "/sys", "/dev")
+"""Never read, listed or stat'ed: the supervisor's own fds and the kernel's interfaces live there."""
+CHUNK = 512 * 1024
+MAX_PROCS = 32
+MAX_INPUT = 1 << 20
+SYS_OPENAT2 = 437  # the same number on every architecture Linux has added it to
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_BENEATH = 0x08
+AT_FDCWD = -100
+SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT, "SIGHUP": signal.SIGHUP}
+
+
+class OpError(Exception):
+    def __init__(self, kind, message):
+        super().__init__(message)
+        self.kind, self.message = kind, message
+
+
+class _How(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _openat2(dirfd, path, flags, mode, resolve):
+    how = _How(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0, resolve)  # openat2 wants no stray mode
+    fd = _libc.syscall(SYS_OPENAT2, dirfd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
+    if fd < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), path)
+    return fd
+
+
+def _failure(exc, path):
+    """An OSError as the answer's error."""
+    kinds = {errno.ENOENT: "not_found", errno.ENOTDIR: "not_found", errno.EEXIST: "exists",
+             errno.ENOTEMPTY: "exists", errno.EXDEV: "invalid", errno.ELOOP: "invalid",
+             errno.EISDIR: "invalid", errno.ENOSPC: "too_large", errno.EDQUOT: "too_large"}  # fmt: skip
+    what = {"invalid": "leads outside the workspace or through a link that may not be followed"}
+    kind = kinds.get(exc.errno, "failed")
+    return OpError(kind, "%s: %s" % (path, what.get(kind) if exc.errno in (errno.EXDEV, errno.ELOOP) else exc.strerror))
+
+
+def _clean(path):
+    if not isinstance(path, str) or not path.startswith("/") or "\x00" in path or len(path) > 4096:
+        raise OpError("invalid", "a path must be absolute, without NUL, at most 4096 characters")
+    return os.path.normpath(path).replace("//", "/")
+
+
+def _inside(path):
+    return path == WORKDIR or path.startswith(WORKDIR + "/")
+
+
+class _Opened:
+    """An fd for a path, resolved safely: beneath the workspace, or (reads only) elsewhere but never
+    in HIDDEN. Closed on exit."""
+
+    def __init__(self, path, flags, write, mode=0o644):
+        path = _clean(path)
+        if _inside(path):
+            self.root = os.open(WORKDIR, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            relative = os.path.relpath(path, WORKDIR)
+            try:
+                self.fd = _openat2(self.root, relative, flags, mode, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
+            except OSError as exc:
+                os.close(self.root)
+                raise _failure(exc, path) from None
+        else:
+            if write:
+                raise OpError("invalid", "%s: only the workspace (%s) can be changed" % (path, WORKDIR))
+            self.root = None
+            try:
+                self.fd = _openat2(AT_FDCWD, path, flags, mode, RESOLVE_NO_MAGICLINKS)
+            except OSError as exc:
+                raise _failure(exc, path) from None
+            real = os.readlink("/proc/self/fd/%d" % self.fd)
+            if any(real == top or real.startswith(top + "/") for top in HIDDEN):
+                self.close()
+                raise OpError("invalid", "%s: not readable through this interface" % path)
+        self.path = path
+
+    def close(self):
+        for fd in (self.fd, self.root):
+            if fd is not None:
+                os.close(fd)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _entry(parent_fd, name, path):
+    """What a listing or stat says of one entry (not following a symlink)."""
+    st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    kind = "dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else "other"
+    target = None
+    if stat.S_ISLNK(st.st_mode):
+        kind = "symlink"
+        try:
+            target = os.readlink(name, dir_fd=parent_fd)
+        except OSError:
+            target = None
+    return {"name": os.path.basename(path) or "/", "path": path, "type": kind, "size": st.st_size,
+            "mode": stat.S_IMODE(st.st_mode), "perm": stat.filemode(st.st_mode), "owner": _user(st.st_uid),
+            "group": _group(st.st_gid), "mtime": st.st_mtime, "target": target}  # fmt: skip
+
+
+def _user(uid):
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _group(gid):
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def _parent_of(path, write):
+    parent, name = os.path.split(path)
+    if not name or (write and path == WORKDIR):
+        raise OpError("invalid", "%s: not a file or directory that can be changed" % path)
+    return _Opened(parent, os.O_PATH | os.O_DIRECTORY, write), name
+
+
+def _makedirs(path):
+    """mkdir -p beneath the workspace; True when the last one was made here."""
+    path = _clean(path)
+    if not _inside(path) or path == WORKDIR:
+        if path == WORKDIR:
+            return False
+        raise OpError("invalid", "%s: only the workspace (%s) can be changed" % (path, WORKDIR))
+    made = False
+    current = WORKDIR
+    for part in os.path.relpath(path, WORKDIR).split("/"):
+        with _Opened(current, os.O_PATH | os.O_DIRECTORY, True) as parent:
+            try:
+                os.mkdir(part, 0o755, dir_fd=parent.fd)
+                made = True
+            except FileExistsError:
+                made = False
+            except OSError as exc:
+                raise _failure(exc, current + "/" + part) from None
+        current = current + "/" + part
+    with _Opened(current, os.O_PATH | os.O_DIRECTORY, True):  # what exists there must be a directory
+        pass
+    return made
+
+
+class Files:
+    def __init__(self, emit):
+        self.emit = emit
+
+    def handle(self, request):
+        call = request.get("call")
+        path = _clean(request.get("path"))
+        if call == "stat":
+            parent, name = _parent_of(path, False) if path != "/" else (None, None)
+            if parent is None:
+                raise OpError("invalid", "/: not available")
+            with parent:
+                try:
+                    return {"entry": _entry(parent.fd, name, path)}
+                except OSError as exc:
+                    raise _failure(exc, path) from None
+        if call == "list":
+            depth = request.get("depth", 1)
+            depth = depth if isinstance(depth, int) and 1 <= depth <= 16 else 1
+            found = []
+            self._list(path, depth, found)
+            return {"entries": found}
+        if call == "read":
+            return self._read(request, path)
+        if call == "write":
+            return self._write(request, path)
+        if call == "mkdir":
+            return {"made": _makedirs(path)}
+        if call == "remove":
+            parent, name = _parent_of(path, True)
+            with parent:
+                try:
+                    if stat.S_ISDIR(os.stat(name, dir_fd=parent.fd, follow_symlinks=False).st_mode):
+                        shutil.rmtree(name, dir_fd=parent.fd)
+                    else:
+                        os.unlink(name, dir_fd=parent.fd)
+                except OSError as exc:
+                    raise _failure(exc, path) from None
+            return {}
+        if call == "move":
+            target = _clean(request.get("to"))
+            _makedirs(os.path.dirname(target))
+            source, name = _parent_of(path, True)
+            with source:
+                destination, new = _parent_of(target, True)
+                with destination:
+                    try:
+                        os.rename(name, new, src_dir_fd=source.fd, dst_dir_fd=destination.fd)
+                        return {"entry": _entry(destination.fd, new, target)}
+                    except OSError as exc:
+                        raise _failure(exc, path) from None
+        raise OpError("invalid", "unknown file call %r" % (call,))
+
+    def _list(self, path, depth, found):
+        with _Opened(path, os.O_RDONLY | os.O_DIRECTORY, False) as opened:
+            names = sorted(os.listdir(opened.fd))
+            for name in names[: 10000 - len(found)]:
+                child = path.rstrip("/") + "/" + name
+                try:
+                    entry = _entry(opened.fd, name, child)
+                except OSError:
+                    continue
+                found.append(entry)
+                if depth > 1 and entry["type"] == "dir" and len(found) < 10000:
+                    try:
+                        self._list(child, depth - 1, found)
+                    except OpError:
+                        continue
+
+    def _read(self, request, path):
+        limit = request.get("limit")
+        limit = limit if isinstance(limit, int) and limit > 0 else 1 << 20
+        with _Opened(path, os.O_RDONLY | os.O_NONBLOCK, False) as opened:
+            st = os.fstat(opened.fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise OpError("invalid", "%s: is a directory" % path)
+            if not stat.S_ISREG(st.st_mode):
+                raise OpError("invalid", "%s: not a regular file" % path)
+            if st.st_size > limit:
+                raise OpError("too_large", "%s: %d bytes, more than the %d this interface reads" % (path, st.st_size, limit))
+            total = 0
+            while True:
+                data = os.read(opened.fd, min(CHUNK, limit + 1 - total))
+                if not data:
+                    break
+                total += len(data)
+                if total > limit:
+                    raise OpError("too_large", "%s: more than the %d bytes this interface reads" % (path, limit))
+                self.emit({"ev": "chunk", "id": request.get("id"), "b": base64.b64encode(data).decode()})
+            return {"size": total}
+
+    def _write(self, request, path):
+        try:
+            data = base64.b64decode(request.get("b") or "", validate=True)
+        except ValueError:
+            raise OpError("invalid", "the content is not base64") from None
+        _makedirs(os.path.dirname(path))
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK
+        with _Opened(path, flags, True) as opened:
+            if not stat.S_ISREG(os.fstat(opened.fd).st_mode):
+                raise OpError("invalid", "%s: not a regular file" % path)
+            try:
+                os.ftruncate(opened.fd, 0)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(opened.fd, view) :]
+            except OSError as exc:
+                raise _failure(exc, path) from None
+            parent, name = _parent_of(path, True)
+            with parent:
+                return {"entry": _entry(parent.fd, name, path)}
+
+
+class Process:
+    def __init__(self, pid, request, stdin, out, err):
+        self.pid, self.stdin, self.pipes = pid, stdin, {out: 1, err: 2}
+        self.info = {"pid": pid, "tag": request.get("tag"), "argv": request["argv"], "env": request.get("env") or {},
+                     "cwd": request.get("cwd") or WORKDIR}  # fmt: skip
+        self.status = None
+
+
+class Processes:
+    """The processes started on request, and their pipes."""
+
+    def __init__(self, emit):
+        self.emit = emit
+        self.live = {}
+        self.ended = {}
+        """Session ids of processes whose leader has ended: spared while any member is left."""
+
+    def watched(self):
+        return [fd for proc in self.live.values() for fd in proc.pipes]
+
+    def spared(self, sids):
+        """The session ids the cell sweep must leave alone, given the sids of the processes alive."""
+        for sid in list(self.ended):
+            if sid not in sids:
+                del self.ended[sid]
+        return set(self.live) | set(self.ended)
+
+    def handle(self, request):
+        op = request.get("op")
+        if op == "proc.list":
+            return {"processes": [proc.info for proc in self.live.values()]}
+        if op == "proc.start":
+            return self._start(request)
+        proc = self.live.get(request.get("pid"))
+        if proc is None:
+            raise OpError("not_found", "no running process %r" % (request.get("pid"),))
+        if op == "proc.signal":
+            sig = SIGNALS.get(request.get("sig"))
+            if sig is None:
+                raise OpError("invalid", "signal must be one of %s" % ", ".join(SIGNALS))
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            return {}
+        if op == "proc.input":
+            if proc.stdin is None:
+                raise OpError("invalid", "process %d was started without stdin" % proc.pid)
+            try:
+                data = base64.b64decode(request.get("b") or "", validate=True)
+            except ValueError:
+                raise OpError("invalid", "the input is not base64") from None
+            if len(data) > MAX_INPUT:
+                raise OpError("too_large", "at most %d bytes of input at a time" % MAX_INPUT)
+            try:
+                written = os.write(proc.stdin, data) if data else 0
+            except (BlockingIOError, BrokenPipeError):
+                written = 0 if data else None
+            if data and written != len(data):
+                raise OpError("failed", "process %d is not reading its stdin (%d of %d bytes taken)" % (proc.pid, written or 0, len(data)))
+            return {}
+        if op == "proc.close":
+            if proc.stdin is not None:
+                os.close(proc.stdin)
+                proc.stdin = None
+            return {}
+        raise OpError("invalid", "unknown op %r" % (op,))
+
+    def _start(self, request):
+        argv, env, cwd = request.get("argv"), request.get("env") or {}, request.get("cwd") or WORKDIR
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and "\x00" not in a for a in argv):
+            raise OpError("invalid", "argv must be a non-empty list of strings")
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise OpError("invalid", "env must map names to strings")
+        if len(self.live) >= MAX_PROCS:
+            raise OpError("too_large", "at most %d processes run at once in a sandbox" % MAX_PROCS)
+        cwd = _clean(cwd)
+        with _Opened(cwd, os.O_PATH | os.O_DIRECTORY, False):
+            pass  # it exists, is a directory, and is not hidden
+        environ = {**os.environ, **env}
+        stdin_r, stdin_w = os.pipe() if request.get("stdin") else (os.open(os.devnull, os.O_RDONLY), None)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setsid()
+                for fd, target in ((stdin_r, 0), (out_w, 1), (err_w, 2)):
+                    os.dup2(fd, target)
+                os.closerange(3, 1024)
+                signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+                os.chdir(cwd)
+                os.execvpe(argv[0], argv, environ)
+            except OSError as exc:
+                os.write(2, ("%s: %s\n" % (argv[0], exc.strerror)).encode())
+            finally:
+                os._exit(127)
+        for fd in (stdin_r, out_w, err_w):
+            os.close(fd)
+        for fd in (out_r, err_r) + ((stdin_w,) if stdin_w is not None else ()):
+            os.set_inheritable(fd, False)
+            os.set_blocking(fd, False)
+        self.live[pid] = Process(pid, request, stdin_w, out_r, err_r)
+        return {"pid": pid}
+
+    def readable(self, fd):
+        """Forward what a process wrote on fd; False when fd is none of theirs."""
+        for proc in self.live.values():
+            if fd in proc.pipes:
+                self._forward(proc, fd)
+                return True
+        return False
+
+    def _forward(self, proc, fd):
+        try:
+            while True:
+                data = os.read(fd, 1 << 16)
+                if not data:
+                    del proc.pipes[fd]
+                    os.close(fd)
+                    return
+                self.emit({"ev": "pout", "pid": proc.pid, "fd": proc.pipes[fd], "b": base64.b64encode(data).decode()})
+        except BlockingIOError:
+            return
+
+    def reaped(self, pid, status):
+        """A child ended; True when it was one of ours (its end is reported)."""
+        proc = self.live.pop(pid, None)
+        if proc is None:
+            return False
+        for fd in list(proc.pipes):
+            self._forward(proc, fd)
+            if fd in proc.pipes:
+                os.close(fd)
+        if proc.stdin is not None:
+            os.close(proc.stdin)
+        self.ended[pid] = True
+        code = os.waitstatus_to_exitcode(status)
+        self.emit({"ev": "pend", "pid": pid, "status": code if code >= 0 else 128 - code,
+                   "signal": signal.Signals(-code).name if code < 0 else None})  # fmt: skip
+        return True
+
+
+class Ops:
+    """Both, behind the one entry the supervisor's loop calls."""
+
+    def __init__(self, emit):
+        self.emit = emit
+        self.files = Files(emit)
+        self.processes = Processes(emit)
+
+    def handle(self, request):
+        ident = request.get("id")
+        try:
+            op = request.get("op")
+            if op == "fs":
+                answer = self.files.handle(request)
+            elif isinstance(op, str) and op.startswith("proc."):
+                answer = self.processes.handle(request)
+            else:
+                raise OpError("invalid", "unknown op %r" % (op,))
+            self.emit({"ev": "reply", "id": ident, "ok": answer})
+        except OpError as exc:
+            self.emit({"ev": "reply", "id": ident, "error": {"kind": exc.kind, "message": exc.message}})
+        except Exception as exc:  # an op never takes the supervisor down
+            self.emit({"ev": "reply", "id": ident, "error": {"kind": "failed", "message": "%s: %s" % (type(exc).__name__, exc)}})
