@@ -356,6 +356,7 @@ def main():
             elif not procs.readable(fd):
                 _drain(kernel, fd)
         if procs.live:
+            procs.expire()
             _reap(kernel)  # a process of OPS that ended reports it now, not at the next cell
         status = kernel.exited()
         if report is None and status is not None and cell is not None:

@@ -4,7 +4,8 @@ The worker asks on the supervisor's stdin, one JSON object per line, each with a
 
     {"op": "fs", "id", "call": "stat"|"list"|"read"|"write"|"mkdir"|"remove"|"move",
      "path", "to" (move), "depth" (list), "b" (write, base64), "limit" (read, bytes)}
-    {"op": "proc.start", "id", "argv": [...], "env": {...}, "cwd", "stdin": bool, "tag"}
+    {"op": "proc.start", "id", "argv": [...], "env": {...}, "cwd", "stdin": bool, "tag",
+     "timeout_s" (its lifetime: killed then; null for none)}
     {"op": "proc.input", "id", "pid", "b"}     {"op": "proc.close", "id", "pid"}   (stdin)
     {"op": "proc.signal", "id", "pid", "sig"}  {"op": "proc.list", "id"}
 
@@ -38,6 +39,7 @@ import pwd
 import shutil
 import signal
 import stat
+import time
 
 WORKDIR = "/workspace"
 HIDDEN = ("/proc", "/sys", "/dev")
@@ -78,7 +80,8 @@ def _failure(exc, path):
     """An OSError as the answer's error."""
     kinds = {errno.ENOENT: "not_found", errno.ENOTDIR: "not_found", errno.EEXIST: "exists",
              errno.ENOTEMPTY: "exists", errno.EXDEV: "invalid", errno.ELOOP: "invalid",
-             errno.EISDIR: "invalid", errno.ENOSPC: "too_large", errno.EDQUOT: "too_large"}  # fmt: skip
+             errno.EISDIR: "invalid", errno.EACCES: "invalid", errno.EPERM: "invalid", errno.EROFS: "invalid",
+             errno.ENOSPC: "too_large", errno.EDQUOT: "too_large"}  # fmt: skip
     what = {"invalid": "leads outside the workspace or through a link that may not be followed"}
     kind = kinds.get(exc.errno, "failed")
     return OpError(kind, "%s: %s" % (path, what.get(kind) if exc.errno in (errno.EXDEV, errno.ELOOP) else exc.strerror))
@@ -313,7 +316,8 @@ class Process:
         self.pid, self.stdin, self.pipes = pid, stdin, {out: 1, err: 2}
         self.info = {"pid": pid, "tag": request.get("tag"), "argv": request["argv"], "env": request.get("env") or {},
                      "cwd": request.get("cwd") or WORKDIR}  # fmt: skip
-        self.status = None
+        timeout = request.get("timeout_s")
+        self.deadline = time.monotonic() + timeout if isinstance(timeout, (int, float)) and timeout > 0 else None
 
 
 class Processes:
@@ -387,7 +391,7 @@ class Processes:
         cwd = _clean(cwd)
         with _Opened(cwd, os.O_PATH | os.O_DIRECTORY, False):
             pass  # it exists, is a directory, and is not hidden
-        environ = {**os.environ, **env}
+        environ = {**os.environ, **env, "PWD": cwd}  # the shell's pwd says the directory as it was asked
         stdin_r, stdin_w = os.pipe() if request.get("stdin") else (os.open(os.devnull, os.O_RDONLY), None)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -412,6 +416,17 @@ class Processes:
             os.set_blocking(fd, False)
         self.live[pid] = Process(pid, request, stdin_w, out_r, err_r)
         return {"pid": pid}
+
+    def expire(self):
+        """Kill the processes whose lifetime is over (their end is reported when they are reaped)."""
+        now = time.monotonic()
+        for proc in self.live.values():
+            if proc.deadline is not None and now >= proc.deadline:
+                proc.deadline = None
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def readable(self, fd):
         """Forward what a process wrote on fd; False when fd is none of theirs."""

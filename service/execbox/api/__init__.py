@@ -30,6 +30,7 @@ from execbox.core.metrics import DeadLetterCollector
 from execbox.core.poison import LOOPS, Loops
 from execbox.core.redis import connect
 from execbox.core.tracing import setup as setup_tracing
+from execbox.e2b.envd import Envd
 from execbox.e2b.interpreter import Interpreter
 from execbox.e2b.sandboxes import Sandboxes
 from execbox.executions import events
@@ -154,6 +155,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         interpreter=Interpreter(
             submissions, sessions, artifacts, waiters.streams, keys, int(settings.api.sse_keepalive_s * 1000)
         ),  # fmt: skip
+        envd=Envd(sessions.store, waiters.streams, keys, settings.e2b.max_file_bytes, settings.e2b.call_timeout_s),
     )
     foreign = {"/e2b/": e2b.error_response} if settings.e2b.enabled else {}
     problems.install(app, settings.api.max_json_body_bytes, settings.api.max_body_bytes, foreign)

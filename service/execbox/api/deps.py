@@ -14,6 +14,7 @@ from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.core.redis import redis_errors
 from execbox.core.tracing import Spans
+from execbox.e2b.envd import Envd
 from execbox.e2b.interpreter import Interpreter
 from execbox.e2b.sandboxes import Sandboxes
 from execbox.executions.idempotency import IdempotencyKeys
@@ -58,6 +59,7 @@ class Services:
     sessions: Sessions
     sandboxes: Sandboxes
     interpreter: Interpreter
+    envd: Envd
 
 
 def _services(request: Request) -> Services:

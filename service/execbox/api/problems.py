@@ -192,7 +192,7 @@ class _TooLarge(Exception):
     pass
 
 
-UPLOADS = ("/v1/executions", "/v1/files")
+UPLOADS = ("/v1/executions", "/v1/files", "/e2b/sandbox/files")
 """The routes whose bodies carry files (POST): the only ones allowed api.max_body_bytes."""
 
 

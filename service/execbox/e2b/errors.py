@@ -3,7 +3,7 @@ are listed in docs/api.md, the whole tree in docs/architecture.md."""
 
 from __future__ import annotations
 
-from execbox.core.errors import NotFound, RequestError, ServiceError
+from execbox.core.errors import ConflictError, InfrastructureError, NotFound, RequestError, ServiceError
 
 
 class SandboxNotFound(NotFound):
@@ -44,4 +44,56 @@ class SandboxGone(ServiceError):
         super().__init__(f"The sandbox {sandbox_id} was not found: it ended (killed, timed out or lost)")
 
 
-__all__ = ["BadAccessToken", "ContextNotFound", "NotOffered", "SandboxGone", "SandboxNotFound"]
+class PathNotFound(RequestError):
+    """A file call's path, or a process, that is not there (the sandbox's own words)."""
+
+    code = "e2b.not_found"
+    http_status = 404
+
+
+class FileExists(ConflictError):
+    code = "e2b.exists"
+    http_status = 409
+
+
+class FileTooLarge(RequestError):
+    """A file larger than the facade moves (EXECBOX_E2B__MAX_FILE_BYTES), or a full workspace."""
+
+    code = "e2b.too_large"
+    http_status = 413
+
+
+class PathRefused(RequestError):
+    """A path the sandbox will not take: outside the workspace for a change, in /proc, /sys or /dev,
+    through a link it does not follow, not a regular file."""
+
+    code = "e2b.path_refused"
+    http_status = 400
+
+
+class EnvdFailed(InfrastructureError):
+    """A file or process call that failed in the sandbox for a reason of its own."""
+
+    code = "e2b.call_failed"
+    http_status = 500
+    retryable = False
+
+
+class EnvdTimeout(InfrastructureError):
+    code = "e2b.call_timeout"
+    http_status = 504
+
+
+__all__ = [
+    "BadAccessToken",
+    "ContextNotFound",
+    "EnvdFailed",
+    "EnvdTimeout",
+    "FileExists",
+    "FileTooLarge",
+    "NotOffered",
+    "PathNotFound",
+    "PathRefused",
+    "SandboxGone",
+    "SandboxNotFound",
+]

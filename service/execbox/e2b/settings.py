@@ -20,6 +20,13 @@ class E2bSettings(BaseModel):
         "(`code-interpreter-v1` is the code-interpreter SDK's default, `base` the plain SDK's).",
     )
     default_timeout_s: int = Field(300, ge=1, description="A sandbox's lifetime when create names no timeout.")
+    max_file_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024,
+        description="The largest file one read or write of the sandbox's filesystem moves (larger: 413).",
+    )  # fmt: skip
+    call_timeout_s: float = Field(
+        60.0, gt=0, le=600, description="How long a file or process call waits for the sandbox's answer (then 504)."
+    )
 
 
 __all__ = ["E2bSettings", "Template"]

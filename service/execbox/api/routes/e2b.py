@@ -12,11 +12,15 @@ from typing import Annotated
 from anyio import to_thread
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.datastructures import UploadFile
 
 from execbox.api.bodies import OffLoopRoute
 from execbox.api.deps import Services, ServicesDep
 from execbox.api.params import TraceHeader
+from execbox.core.errors import FieldProblem, InvalidRequest, ServiceError
 from execbox.core.redis import redis_errors
+from execbox.e2b import commands, filesystem
+from execbox.e2b import connect as connectrpc
 from execbox.e2b.errors import NotOffered, SandboxGone
 from execbox.e2b.sandboxes import Opened, metadata_filter
 from execbox.e2b.schemas import (
@@ -31,11 +35,6 @@ from execbox.e2b.schemas import (
 )
 from execbox.tenancy.apikeys import DEFAULT_TENANT
 
-CONNECT_CODES = {400: "invalid_argument", 401: "unauthenticated", 403: "permission_denied", 404: "not_found",
-                 405: "unimplemented", 409: "already_exists", 429: "resource_exhausted", 501: "unimplemented",
-                 502: "unavailable", 503: "unavailable"}  # fmt: skip
-"""HTTP status -> Connect error code, for the envd RPC paths (the SDK maps them to its exceptions)."""
-
 
 def error_response(method: str, path: str, status: int, message: str, headers: Mapping[str, str]) -> Response:
     """An error in E2B's shape: its SDK parses the body before it looks at the status. The app's
@@ -46,7 +45,7 @@ def error_response(method: str, path: str, status: int, message: str, headers: M
     if method == "POST" and path.endswith("/v2/sandboxes") and status >= 500:
         headers["Should-Retry"] = "false"  # a retried create could leave a second sandbox
     rpc = "/process.Process/" in path or "/filesystem.Filesystem/" in path
-    code: int | str = CONNECT_CODES.get(status, "unknown") if rpc else status
+    code: int | str = connectrpc.connect_code(status) if rpc else status
     return JSONResponse({"code": code, "message": message}, status_code=status, headers=headers)
 
 
@@ -169,15 +168,55 @@ async def restart_context(request: Request, context_id: str, services: ServicesD
     raise NotOffered("restarting a context is not offered yet; kill the sandbox and create another")
 
 
-@sandbox.api_route("/files", methods=["GET", "POST"])
-async def files(request: Request, services: ServicesDep) -> Response:
-    await _opened(request, services)
-    raise NotOffered("the sandbox's filesystem calls are not offered yet (docs/e2b.md)")
+@sandbox.get("/files")
+async def read_file(
+    request: Request, services: ServicesDep, path: Annotated[str | None, Query(max_length=4096)] = None
+) -> Response:
+    data = await filesystem.read(services.envd, await _opened(request, services), path)
+    return Response(data, media_type="application/octet-stream")
+
+
+@sandbox.post("/files")
+async def write_files(
+    request: Request, services: ServicesDep, path: Annotated[str | None, Query(max_length=4096)] = None
+) -> JSONResponse:
+    """Multipart (field `file`, each part's filename its path; `path` names a single part) or, for
+    envd 0.5.7's streamed writes, the raw bytes (gzip-encoded or not) of the one file `path` names."""
+    opened = await _opened(request, services)
+    limit = services.envd.max_file_bytes
+    files: list[tuple[str, bytes]] = []
+    if request.headers.get("content-type", "").startswith("multipart/form-data"):
+        async with request.form(max_files=64, max_fields=16) as form:
+            parts = [part for part in form.getlist("file") if isinstance(part, UploadFile)]
+            for part in parts:
+                name = path if path is not None and len(parts) == 1 else part.filename
+                files.append((name or "", await part.read(limit + 1)))
+    else:
+        if path is None:
+            raise InvalidRequest("path is required", (FieldProblem("path", "where to write the body"),))
+        data = await request.body()
+        if request.headers.get("content-encoding", "").lower() == "gzip":
+            data = filesystem.gunzip(data, limit)
+        files.append((path, data))
+    return JSONResponse(await filesystem.write(services.envd, opened, files))
 
 
 @sandbox.post("/{service}/{method}")
 async def rpc(request: Request, service: str, method: str, services: ServicesDep) -> Response:
-    await _opened(request, services)
-    if service not in ("process.Process", "filesystem.Filesystem"):
-        raise NotOffered(f"no RPC service {service[:64]!r}")
-    raise NotOffered(f"{service}/{method[:64]} is not offered yet (docs/e2b.md)")
+    """Connect RPCs, JSON codec: unary calls answer JSON, Start and Connect stream envelopes."""
+    opened = await _opened(request, services)
+    if service == "process.Process" and method in ("Start", "Connect"):
+        try:
+            body = connectrpc.opened_envelope(await request.body())
+        except ServiceError as exc:
+            return Response(connectrpc.end_stream(connectrpc.connect_code(exc.http_status), exc.message),
+                            media_type=connectrpc.STREAM_TYPE)  # fmt: skip
+        timeout = request.headers.get("Connect-Timeout-Ms")
+        frames = commands.stream(services.envd, opened, method, body, timeout)
+        return StreamingResponse(frames, media_type=connectrpc.STREAM_TYPE)
+    body = connectrpc.message(await request.body())
+    if service == "process.Process":
+        return JSONResponse(await commands.rpc(services.envd, opened, method, body))
+    if service == "filesystem.Filesystem":
+        return JSONResponse(await filesystem.rpc(services.envd, opened, method, body))
+    raise NotOffered(f"no RPC service {service[:64]!r}")

@@ -1,0 +1,196 @@
+"""envd's process.Process RPCs over the sandbox's processes (sandbox-images/common/session_ops.py).
+
+Start and Connect are server streams: the start event with the pid first (the SDKs demand it),
+then output as it comes, the end event, and Connect's end-of-stream. A client that leaves stops
+hearing the process, never stops it, as with E2B's own envd; the timeout the client sent
+(Connect-Timeout-Ms on Start) is the process's lifetime, enforced in the sandbox. Errors of a
+stream travel in its end-of-stream (HTTP 200), where both SDKs read them. A pseudo-terminal and
+streamed input are not offered (a clear 501).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+from typing import Any
+
+from anyio import CancelScope
+
+from execbox.core.errors import FieldProblem, InvalidRequest, ServiceError
+from execbox.e2b.connect import connect_code, end_stream, envelope
+from execbox.e2b.envd import HOME, Envd, e2b_path, sandbox_path
+from execbox.e2b.errors import NotOffered, PathNotFound
+from execbox.e2b.sandboxes import Opened, sandbox_id
+from execbox.executions.schemas import check_env
+
+SIGNALS = {"SIGNAL_SIGKILL": "SIGKILL", "SIGNAL_SIGTERM": "SIGTERM", 9: "SIGKILL", 15: "SIGTERM"}
+KEEPALIVE_QUIETS = 30
+"""Quiet seconds before a keepalive event (E2B's SDK asks for one each 50 s)."""
+SIGNAL_WORDS = {"SIGKILL": "killed", "SIGTERM": "terminated", "SIGINT": "interrupt", "SIGHUP": "hangup"}
+
+
+def _bad(field: str, why: str) -> InvalidRequest:
+    return InvalidRequest(why, (FieldProblem(field, why),))
+
+
+async def _pid(envd: Envd, opened: Opened, body: dict[str, Any]) -> int:
+    """The process a selector ({"pid"} or {"tag"}) names."""
+    selector = body.get("process")
+    if not isinstance(selector, dict):
+        raise _bad("process", 'a process selector: {"pid": n} or {"tag": name}')
+    if "pid" in selector:
+        pid = selector["pid"]
+        if not str(pid).isdigit():
+            raise _bad("process.pid", "a process id (number)")
+        return int(pid)
+    tag = selector.get("tag")
+    if not isinstance(tag, str):
+        raise _bad("process", 'a process selector: {"pid": n} or {"tag": name}')
+    ok, _ = await envd.ask(opened, {"op": "proc.list"})
+    for proc in ok.get("processes") or []:
+        if isinstance(proc, dict) and proc.get("tag") == tag:
+            return int(proc["pid"])
+    raise PathNotFound(f"no running process tagged {tag[:64]!r}")
+
+
+async def rpc(envd: Envd, opened: Opened, method: str, body: dict[str, Any]) -> dict[str, Any]:
+    """One unary process.Process call."""
+    if method == "List":
+        ok, _ = await envd.ask(opened, {"op": "proc.list"})
+        return {"processes": [_listed(p) for p in ok.get("processes") or [] if isinstance(p, dict)]}
+    if method == "SendSignal":
+        sig = SIGNALS.get(body.get("signal"))
+        if sig is None:
+            raise _bad("signal", "SIGNAL_SIGKILL or SIGNAL_SIGTERM")
+        await envd.ask(opened, {"op": "proc.signal", "pid": await _pid(envd, opened, body), "sig": sig})
+        return {}
+    if method == "SendInput":
+        data = (body.get("input") or {}).get("stdin") if isinstance(body.get("input"), dict) else None
+        if not isinstance(data, str):
+            raise NotOffered("only stdin input is offered (no pseudo-terminal)")
+        try:
+            raw = base64.b64decode(
+                data + "=" * (-len(data) % 4), altchars=b"-_" if "-" in data or "_" in data else None
+            )
+        except ValueError:
+            raise _bad("input.stdin", "base64 bytes") from None
+        pid = await _pid(envd, opened, body)
+        await envd.ask(opened, {"op": "proc.input", "pid": pid, "b": base64.b64encode(raw).decode()})
+        return {}
+    if method == "CloseStdin":
+        await envd.ask(opened, {"op": "proc.close", "pid": await _pid(envd, opened, body)})
+        return {}
+    raise NotOffered(f"process.Process/{method[:64]} is not offered (no pseudo-terminal, no streamed input)")
+
+
+def _listed(proc: dict[str, Any]) -> dict[str, Any]:
+    argv = [str(a) for a in proc.get("argv") or []] or [""]
+    listed: dict[str, Any] = {
+        "pid": int(proc.get("pid") or 0),
+        "config": {
+            "cmd": argv[0],
+            "args": argv[1:],
+            "envs": proc.get("env") or {},
+            "cwd": e2b_path(str(proc.get("cwd"))),
+        },
+    }
+    if proc.get("tag"):
+        listed["tag"] = str(proc["tag"])
+    return listed
+
+
+def start_request(body: dict[str, Any], timeout_ms: str | None) -> dict[str, Any]:
+    """A Start message as the sandbox's proc.start (checked: a bad one fails before any stream)."""
+    process = body.get("process")
+    if not isinstance(process, dict) or not isinstance(process.get("cmd"), str) or not process["cmd"]:
+        raise _bad("process.cmd", "the program to run")
+    if body.get("pty"):
+        raise NotOffered("a pseudo-terminal is not offered; run commands without one")
+    args = process.get("args") or []
+    if not isinstance(args, list) or not all(isinstance(a, str) and "\x00" not in a for a in args) or len(args) > 4096:
+        raise _bad("process.args", "a list of strings without NUL")
+    envs = process.get("envs") or {}
+    if not isinstance(envs, dict) or not all(isinstance(v, str) for v in envs.values()) or len(envs) > 64:
+        raise _bad("process.envs", "at most 64 names, each mapped to a string")
+    try:
+        check_env(envs)
+    except ValueError as exc:
+        raise _bad("process.envs", str(exc)) from None
+    tag = body.get("tag")
+    if tag is not None and (not isinstance(tag, str) or len(tag) > 256):
+        raise _bad("tag", "a string of at most 256 characters")
+    timeout_s = None
+    if timeout_ms:
+        if not timeout_ms.isdigit() or len(timeout_ms) > 12:
+            raise _bad("Connect-Timeout-Ms", "milliseconds")
+        timeout_s = int(timeout_ms) / 1000 or None
+    cwd = process.get("cwd")
+    return {
+        "op": "proc.start",
+        "argv": [process["cmd"], *args],
+        "env": envs,
+        "cwd": e2b_path(sandbox_path(cwd, "process.cwd")) if cwd else HOME,  # as the client says it: pwd shows it so
+        "stdin": bool(body.get("stdin")),
+        "tag": tag,
+        "timeout_s": timeout_s,
+    }
+
+
+async def stream(
+    envd: Envd, opened: Opened, method: str, body: dict[str, Any], timeout_ms: str | None
+) -> AsyncIterator[bytes]:
+    """Start or Connect as Connect envelopes, errors included."""
+    op = None
+    ended = False
+    try:
+        if method == "Start":
+            op = await envd.send(opened, start_request(body, timeout_ms))
+        elif method == "Connect":
+            op = await envd.send(opened, {"op": "proc.watch", "pid": await _pid(envd, opened, body)})
+        else:
+            raise NotOffered(f"process.Process/{method[:64]} is not offered")
+        quiet = 0
+        async for answer in envd.follow(opened, op):
+            kind = answer.get("ev")
+            if kind == "reply":
+                pid = envd.reply(answer).get("pid")
+                yield envelope({"event": {"start": {"pid": pid}}})
+            elif kind == "pout":
+                quiet = 0
+                yield envelope(
+                    {"event": {"data": {"stdout" if answer.get("fd") == 1 else "stderr": answer.get("b", "")}}}
+                )
+            elif kind == "pend":
+                ended = True
+                yield envelope({"event": {"end": _end(answer)}})
+                yield end_stream()
+                return
+            elif kind == "quiet":
+                quiet += 1
+                if quiet >= KEEPALIVE_QUIETS:
+                    quiet = 0
+                    yield envelope({"event": {"keepalive": {}}})
+        ended = True
+        yield end_stream("unavailable", f"The sandbox {sandbox_id(opened.session.id)} was not found: it ended")
+    except ServiceError as exc:
+        ended = True
+        yield end_stream(connect_code(exc.http_status), exc.message)
+    finally:
+        if op is not None and not ended:
+            with CancelScope(shield=True):
+                await envd.unwatch(opened, op)
+
+
+def _end(answer: dict[str, Any]) -> dict[str, Any]:
+    """A process's end as envd reports it (Go's ProcessState: -1 and "signal: killed" when killed)."""
+    signal = answer.get("signal")
+    if isinstance(signal, str):
+        status = f"signal: {SIGNAL_WORDS.get(signal, signal)}"
+        return {"exitCode": -1, "exited": False, "status": status, "error": status}
+    code = answer.get("status")
+    code = code if isinstance(code, int) else -1
+    status = f"exit status {code}"
+    return {"exitCode": code, "exited": True, "status": status, **({"error": status} if code else {})}
+
+
+__all__ = ["rpc", "start_request", "stream"]
