@@ -18,6 +18,7 @@ from e2b import (
     FileType,
     InvalidArgumentException,
     NotFoundException,
+    PtySize,
     SandboxException,
     TimeoutException,
 )
@@ -135,8 +136,11 @@ def _wait(handle: CommandHandle, fed: threading.Event) -> object:
 def test_a_command_past_its_timeout_is_killed_in_the_sandbox(sandbox: Sandbox) -> None:
     with pytest.raises(TimeoutException):
         sandbox.commands.run("sleep 120", timeout=2)
-    still = lambda: [p for p in sandbox.commands.list() if "sleep 120" in " ".join(p.args)]  # noqa: E731
-    wait_until(lambda: not still(), 15, "the sandbox killed the command at its lifetime")
+
+    def gone() -> bool:
+        return not [p for p in sandbox.commands.list() if "sleep 120" in " ".join(p.args)]
+
+    wait_until(gone, 15, "the sandbox killed the command at its lifetime")
 
 
 def test_envd_calls_need_the_sandboxs_token(sandbox: Sandbox, stack: Stack) -> None:
@@ -152,7 +156,7 @@ def test_what_is_not_offered_fails_at_once_with_a_clear_error(sandbox: Sandbox) 
     with pytest.raises(SandboxException, match="not offered"):
         sandbox.files.watch_dir("/home/user")
     with pytest.raises(SandboxException, match="not offered"):
-        sandbox.pty.create(size=__import__("e2b").PtySize(rows=24, cols=80))
+        sandbox.pty.create(size=PtySize(rows=24, cols=80))
 
 
 def test_the_async_sdk_writes_reads_and_runs_commands(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:

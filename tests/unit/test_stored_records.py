@@ -357,7 +357,7 @@ def test_bodies_are_capped_per_route(tenant: Tenant, settings: Settings) -> None
     assert control.status_code == 413 and control.json()["code"] == "request.too_large"
     assert "POST /v1/files" in control.json()["detail"]
     assert upload.status_code != 413, "an upload route takes more than a control route"
-    assert settings.api.max_body_bytes < 1 << 30 and UPLOADS == ("/v1/executions", "/v1/files")
+    assert settings.api.max_body_bytes < 1 << 30 and UPLOADS == ("/v1/executions", "/v1/files", "/e2b/sandbox/files")
 
 
 def api_routes(routes: list[Any]) -> Iterator[APIRoute]:

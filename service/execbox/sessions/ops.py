@@ -67,12 +67,14 @@ class Relay:
             while not stop.is_set():
                 try:
                     raw = self.store.next_op(self.session_id, 1.0)
+                    if raw is not None:
+                        self._relay(raw)
                 except ServiceError as exc:
                     log.warning("session %s ops: %s", self.session_id, exc.message)
                     stop.wait(1.0)
-                    continue
-                if raw is not None:
-                    self._relay(raw)
+                except Exception:  # the relay never dies on one request: it goes on with the next
+                    log.exception("session %s: relaying a request failed", self.session_id)
+                    stop.wait(1.0)
         finally:
             with self._lock:
                 waiting = self._open | {op for ops in self._watchers.values() for op in ops}
