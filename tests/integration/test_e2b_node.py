@@ -66,7 +66,7 @@ def run_node(project: Path, script: str, stack: Stack) -> dict[str, Any]:
     return observed
 
 
-def test_the_js_sdk_quickstart_keeps_state_gets_42_a_png_plot_a_zero_division_error_and_kills_once(
+def test_the_js_sdk_quickstart_runs_code_gets_a_png_writes_a_file_runs_commands_and_kills_once(
     node_project: Path, stack: Stack
 ) -> None:
     seen = run_node(node_project, "quickstart.mjs", stack)
@@ -76,5 +76,15 @@ def test_the_js_sdk_quickstart_keeps_state_gets_42_a_png_plot_a_zero_division_er
     assert seen["pngIsPng"] is True, f"the plot's png decodes from base64 to bytes with the PNG signature: {seen}"
     assert seen["errorName"] == "ZeroDivisionError", f"runCode('1/0') has error.name ZeroDivisionError: {seen}"
     assert seen["errorValue"] == "division by zero", f"and error.value 'division by zero': {seen}"
+    assert seen["fileText"] == "hello from node", f"files.read gave back what files.write wrote: {seen}"
+    assert seen["listedHello"] is True, f"files.list('/home/user') has an entry named hello.txt: {seen}"
+    assert seen["commandExitCode"] == 0, f"commands.run('cat ... && echo done') resolved with exitCode 0: {seen}"
+    assert seen["commandStdout"] == "hello from nodedone\n", f"and its stdout is the file, then 'done': {seen}"
+    assert seen["failedCommand"] == "CommandExitError", f"commands.run('exit 3') rejected with CommandExitError: {seen}"
+    assert seen["failedExitCode"] == 3, f"whose exitCode is 3: {seen}"
+    assert seen["backgroundListed"] is True, f"a background 'sleep 30' is in commands.list() by its pid: {seen}"
+    assert seen["backgroundKilled"] is True, f"commands.kill(pid) of the background command resolved true: {seen}"
+    assert seen["backgroundEnd"] == "CommandExitError", f"its handle's wait() then rejected (killed): {seen}"
+    assert seen["backgroundListedAfterKill"] is False, f"and commands.list() no longer has it: {seen}"
     assert seen["killed"] is True, f"sbx.kill() resolved true: {seen}"
     assert seen["killedAgain"] is False, f"Sandbox.kill(id) of the ended sandbox resolved false: {seen}"
