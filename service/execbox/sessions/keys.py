@@ -16,7 +16,7 @@ SCHEMA: tuple[KeySpec, ...] = (
     ),
     KeySpec("ses:{id}:cells", "list of execution ids", "retention_s", ("api", "worker"), (), "a session's queue"),
     KeySpec(
-        "ses:{id}:ops",
+        "ses:{id}:asks",
         "list of JSON requests",
         "retention_s",
         ("api", "worker"),
@@ -24,7 +24,7 @@ SCHEMA: tuple[KeySpec, ...] = (
         "file and process requests for the session's holder (execbox.sessions.ops)",
     ),
     KeySpec(
-        "ses:{id}:op:{op}",
+        "ses:{id}:answers:{op}",
         "list of JSON answers",
         "ANSWER_TTL_S (60 s) after the last",
         ("api", "worker"),
@@ -49,10 +49,10 @@ class SessionKeys(ExecutionKeys):
         return self._k("ses", session_id, "cells")
 
     def session_ops(self, session_id: str) -> str:
-        return self._k("ses", session_id, "ops")
+        return self._k("ses", session_id, "asks")
 
     def session_answers(self, session_id: str, op: str) -> str:
-        return self._k("ses", session_id, "op", op)
+        return self._k("ses", session_id, "answers", op)
 
     def session_lease(self, session_id: str) -> str:
         return self._k("ses", session_id, "lease")

@@ -1,9 +1,9 @@
 """Files and processes in a held session, beside its cells: the API asks, the holder relays.
 
 A request is a JSON object with an op id the asker chose (`new_op`), pushed on the session's
-`ses:{id}:ops`. The worker holding the session relays it to the sandbox's supervisor, which serves
+`ses:{id}:asks`. The worker holding the session relays it to the sandbox's supervisor, which serves
 it between its other work (sandbox-images/common/session_ops.py documents each request and answer),
-and pushes everything said about that id on `ses:{id}:op:{op}`: a read's chunks, then the reply;
+and pushes everything said about that id on `ses:{id}:answers:{op}`: a read's chunks, then the reply;
 for a process it started, also the process's output and its end. Another asker may follow a
 running process (`proc.watch`, with the pid) and stop following it (`proc.unwatch`, with the op id
 it watched under). An asker that stops reading is not waited for: its answers expire
