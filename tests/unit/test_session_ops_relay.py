@@ -332,12 +332,6 @@ def test_a_request_that_is_not_utf8_does_not_stop_the_relay(relaying: Relaying) 
     relaying.finish()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="bug: ops.py Relay.heard tests `op not in self._open` with the sandbox's id unchecked; an "
-    "unhashable one raises TypeError into the thread that reads the sandbox",
-)
 def test_a_reply_whose_id_is_not_a_string_is_dropped_without_raising(relaying: Relaying) -> None:
     relaying.sandbox.say({"ev": "reply", "id": ["not", "an", "op"], "ok": {}})
     relaying.finish()

@@ -11,6 +11,7 @@ streamed input are not offered (a clear 501).
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -24,6 +25,8 @@ from execbox.e2b.sandboxes import Opened, sandbox_id
 from execbox.executions.schemas import check_env
 
 SIGNALS = {"SIGNAL_SIGKILL": "SIGKILL", "SIGNAL_SIGTERM": "SIGTERM", 9: "SIGKILL", 15: "SIGTERM"}
+NUMBER = re.compile(r"[0-9]{1,12}")
+"""A pid or a timeout in milliseconds: ASCII digits only (str.isdigit takes '²', which int() does not)."""
 KEEPALIVE_QUIETS = 30
 """Quiet seconds before a keepalive event (E2B's SDK asks for one each 50 s)."""
 SIGNAL_WORDS = {"SIGKILL": "killed", "SIGTERM": "terminated", "SIGINT": "interrupt", "SIGHUP": "hangup"}
@@ -40,7 +43,7 @@ async def _pid(envd: Envd, opened: Opened, body: dict[str, Any]) -> int:
         raise _bad("process", 'a process selector: {"pid": n} or {"tag": name}')
     if "pid" in selector:
         pid = selector["pid"]
-        if not str(pid).isdigit():
+        if not isinstance(pid, int | str) or not NUMBER.fullmatch(str(pid)):
             raise _bad("process.pid", "a process id (number)")
         return int(pid)
     tag = selector.get("tag")
@@ -59,7 +62,8 @@ async def rpc(envd: Envd, opened: Opened, method: str, body: dict[str, Any]) -> 
         ok, _ = await envd.ask(opened, {"op": "proc.list"})
         return {"processes": [_listed(p) for p in ok.get("processes") or [] if isinstance(p, dict)]}
     if method == "SendSignal":
-        sig = SIGNALS.get(body.get("signal"))
+        named = body.get("signal")
+        sig = SIGNALS.get(named) if isinstance(named, str | int) else None
         if sig is None:
             raise _bad("signal", "SIGNAL_SIGKILL or SIGNAL_SIGTERM")
         await envd.ask(opened, {"op": "proc.signal", "pid": await _pid(envd, opened, body), "sig": sig})
@@ -121,10 +125,12 @@ def start_request(body: dict[str, Any], timeout_ms: str | None) -> dict[str, Any
         raise _bad("tag", "a string of at most 256 characters")
     timeout_s = None
     if timeout_ms:
-        if not timeout_ms.isdigit() or len(timeout_ms) > 12:
+        if not NUMBER.fullmatch(timeout_ms):
             raise _bad("Connect-Timeout-Ms", "milliseconds")
         timeout_s = int(timeout_ms) / 1000 or None
     cwd = process.get("cwd")
+    if cwd is not None and not isinstance(cwd, str):
+        raise _bad("process.cwd", "a directory (string)")
     return {
         "op": "proc.start",
         "argv": [process["cmd"], *args],

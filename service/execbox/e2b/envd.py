@@ -50,7 +50,7 @@ def sandbox_path(path: str | None, field: str = "path") -> str:
         raise InvalidRequest("bad path", (FieldProblem(field, "a path of 1 to 4096 characters, without NUL"),))
     if path == "~" or path.startswith("~/"):
         path = HOME + path[1:]
-    full = posixpath.normpath(posixpath.join(HOME, path))
+    full = "/" + posixpath.normpath(posixpath.join(HOME, path)).lstrip("/")  # normpath keeps a leading //
     if full == HOME or full.startswith(HOME + "/"):
         full = WORKDIR + full[len(HOME) :]
     return full

@@ -54,7 +54,7 @@ async def rpc(envd: Envd, opened: Opened, method: str, body: dict[str, Any]) -> 
         return {"entry": entry_info(ok.get("entry") or {})}
     if method == "ListDir":
         depth = body.get("depth") or 1
-        if not isinstance(depth, int | str) or not str(depth).isdigit() or not 1 <= int(depth) <= 16:
+        if not isinstance(depth, int | str) or str(depth) not in {str(n) for n in range(1, 17)}:
             raise InvalidRequest("bad depth", (FieldProblem("depth", "a depth from 1 to 16"),))
         ok, _ = await envd.ask(opened, {"op": "fs", "call": "list", "path": _field(body, "path"), "depth": int(depth)})
         return {"entries": [entry_info(e) for e in ok.get("entries") or [] if isinstance(e, dict)]}
@@ -93,10 +93,11 @@ async def write(envd: Envd, opened: Opened, files: list[tuple[str, bytes]]) -> l
     paths = [sandbox_path(path, "file") for path, _ in files]
     if len(set(paths)) != len(paths):
         raise InvalidRequest("the same path twice", (FieldProblem("file", "each path once per request"),))
-    written = []
-    for path, (_, data) in zip(paths, files, strict=True):
+    for path, (_, data) in zip(paths, files, strict=True):  # all checked before any is written
         if len(data) > envd.max_file_bytes:
             raise FileTooLarge(f"{e2b_path(path)}: {len(data)} bytes, more than the {envd.max_file_bytes} allowed")
+    written = []
+    for path, (_, data) in zip(paths, files, strict=True):
         ok, _ = await envd.ask(
             opened, {"op": "fs", "call": "write", "path": path, "b": base64.b64encode(data).decode()}
         )
@@ -114,6 +115,9 @@ def gunzip(data: bytes, limit: int) -> bytes:
         raise InvalidRequest("bad gzip", (FieldProblem("body", "not gzip data"),)) from None
     if len(out) > limit or inflater.unconsumed_tail:
         raise FileTooLarge(f"the file unpacks to more than the {limit} bytes allowed")
+    if not inflater.eof or inflater.unused_data:
+        why = "one whole gzip member: this one ends early, or more follows it"
+        raise InvalidRequest("bad gzip", (FieldProblem("body", why),))
     return out
 
 

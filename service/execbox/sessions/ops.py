@@ -95,7 +95,7 @@ class Relay:
         if kind == "proc.watch":
             pid = request.get("pid")
             with self._lock:
-                found = pid in self._watchers
+                found = isinstance(pid, int) and pid in self._watchers  # (a pid of another type: not found)
                 if found:
                     self._watchers[pid].add(op)
             error = None if found else {"kind": "not_found", "message": f"no running process {pid!r}"}
@@ -118,7 +118,7 @@ class Relay:
         if kind in ("reply", "chunk"):
             op = event.get("id")
             with self._lock:
-                if op not in self._open:
+                if not isinstance(op, str) or op not in self._open:
                     return  # not a request of ours (the sandbox's word is not trusted to be)
                 if kind == "reply":
                     self._open.discard(op)

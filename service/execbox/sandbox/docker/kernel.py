@@ -139,7 +139,10 @@ class KernelContainer:
         if event.get("ev") in SIDE_EVENTS:
             listener = self._listener
             if listener is not None:
-                listener(event)
+                try:
+                    listener(event)
+                except Exception:  # what the sandbox says must never stop this thread from reading it
+                    log.exception("session %s: an event beside the cells could not be handled", self.session_id)
             return
         self._events.put(event)
 
