@@ -1,4 +1,4 @@
-"""The holder's relay of file and process requests (execbox.sessions.ops.Relay) against the real
+"""The holder's relay of file and process requests (execbox.sessions.relay.Relay) against the real
 Redis and a recording sandbox: what is unreadable is set aside and the relay goes on, the sandbox
 answers only the requests it was sent, a started process's output reaches whoever follows it,
 followers who stop reading are dropped, and everyone still waiting hears "gone" at the end."""
@@ -16,8 +16,9 @@ import redis
 
 from execbox.keyschema import Keys
 from execbox.sandbox.runtime import SandboxControl, SandboxOutcome, SandboxSpec
-from execbox.sessions import ops
-from execbox.sessions.ops import Relay, new_op
+from execbox.sessions import relay as relay_module
+from execbox.sessions.ops import new_op
+from execbox.sessions.relay import Relay
 from execbox.sessions.service import new_session_id
 from execbox.sessions.store import SessionStore
 from execbox.settings import Settings
@@ -292,7 +293,7 @@ def test_when_the_relay_stops_every_waiting_request_and_watcher_hears_gone(relay
 def test_a_watcher_that_lets_its_answers_pile_up_is_dropped(
     relaying: Relaying, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ops, "ANSWER_CAP", 3)
+    monkeypatch.setattr(relay_module, "ANSWER_CAP", 3)
     slow = relaying.started(42)  # its reply is its first unread answer
     reader = relaying.watched(42)
     for n in range(3):

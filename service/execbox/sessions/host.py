@@ -25,8 +25,8 @@ from execbox.core.errors import ServiceError
 from execbox.core.tracing import TraceContext
 from execbox.executions.lifecycle import Worker, input_archive, run_and_finish, run_limits, take
 from execbox.sandbox.runtime import SandboxControl, SandboxOutcome, SandboxSpec, SessionSandbox
-from execbox.sessions.ops import Relay
 from execbox.sessions.record import SessionRecord
+from execbox.sessions.relay import Relay
 from execbox.sessions.service import ended_error, settle_waiting
 from execbox.sessions.settings import SessionsConfig
 from execbox.sessions.status import SessionEnd, SessionStatus
