@@ -1,7 +1,7 @@
 """execbox session kernel: one IPython interpreter that runs a session's cells in turn.
 
 Started by the session supervisor (session.py), never by the worker directly. Its fd 0 carries
-the supervisor's requests (one JSON object per line: {"id", "code", "env"}), fd 1 and 2 are pipes
+the supervisor's requests (one JSON object per line: {"id", "code", "env", "context"}), fd 1 and 2 are pipes
 to the supervisor (the cell's stdout and stderr), and fd 3 is where it reports each cell's end
 (one JSON line: {"id", "status", "changed", "kernel"}).
 
@@ -17,12 +17,25 @@ Rich results (execbox_rich) are written under out/.execbox/results/, which the w
 with the output directory: the last expression's value, each display() call, and each matplotlib
 figure shown with plt.show(). `changed` lists the files under out/ that the cell created or
 modified (the artifacts of this call).
+
+Contexts. A cell names the context it runs in (`Contexts`): `python` (or none) is the session's own
+namespace; `python:<name>` is another namespace of this same interpreter, made on first use from a
+fresh one, with its own working directory (switching saves one namespace's contents and restores
+the other's, between cells, so no cell ever sees another context's variables; imported modules are
+shared, as they are one interpreter). `bash` and `bash:<name>` run the cell in a fresh bash whose
+variables, functions and working directory are saved when it exits and restored before the next
+cell of that context (a state file under /tmp); what the shell started in the background does not
+carry over (the sweep after the cell ends it, as for any cell).
 """
 
 import json
 import os
+import re
+import select
 import signal
+import subprocess
 import sys
+import time
 import warnings
 
 import execbox_rich
@@ -31,6 +44,207 @@ WORKDIR = "/workspace"
 OUT = os.path.join(WORKDIR, "out")
 RESERVED = os.path.join(OUT, ".execbox")
 RESULT_FILE = os.path.join(RESERVED, "result.json")
+HOME = "/home/user"
+"""Where a new context starts (the image links it to the workspace)."""
+BASH_STATE = "/tmp/.execbox-contexts"
+SCRIPT_CONTEXT = ("node", "/opt/execbox/js_context.js")
+"""A JavaScript context's process; its last argument is the fd it answers on."""
+SCRIPT_GRACE_S = 1.5
+"""How long an interrupted JavaScript cell has to say it stopped (the supervisor waits 2 s)."""
+BASH_KEPT_OUT = (
+    "BASH|BASHOPTS|BASHPID|SHELLOPTS|SHLVL|PPID|UID|EUID|GROUPS|FUNCNAME|PIPESTATUS|LINENO|RANDOM|SRANDOM|"
+    "SECONDS|EPOCHSECONDS|EPOCHREALTIME|HISTCMD|OPTIND|OPTERR|DIRSTACK|COMP_WORDBREAKS|_|__execbox_.*|BASH_.*"
+)
+"""The shell's own variables: never saved from one cell to restore in the next."""
+BASH_SAVE = (
+    r"""__execbox_save() {
+  { for __execbox_name in $(compgen -v); do
+      [[ "$__execbox_name" =~ ^(%s)$ ]] || declare -p "$__execbox_name" 2>/dev/null
+    done
+    declare -f
+    printf 'cd %%q 2>/dev/null\n' "$PWD"
+  } > "$__execbox_state.new" && mv -f "$__execbox_state.new" "$__execbox_state"
+}
+trap __execbox_save EXIT
+[ -f "$__execbox_state" ] && . "$__execbox_state" 2>/dev/null
+"""
+    % BASH_KEPT_OUT
+)
+
+
+class Contexts:
+    """The session's contexts (see the module's doc): which Python namespace the interpreter holds
+    now, the saved contents, history and working directory of the others, and the JavaScript ones."""
+
+    def __init__(self, shell):
+        self.shell = shell
+        self.pristine = dict(shell.user_ns)
+        self.saved = {}
+        self.current = "python"
+        self.scripts = {}
+        """A JavaScript context's name -> its node process."""
+        self.environ = dict(os.environ)
+        """The environment a context's process starts with (a cell's own env is that cell's)."""
+
+    def run(self, name, code, env):
+        """Run a cell in context `name`: its exit status."""
+        if name.startswith("bash"):
+            return _run_bash(name, code, env)
+        if name.startswith("javascript"):
+            return self._run_script(name, code, env)
+        self._enter(name)
+        result = self.shell.run_cell(code, store_history=True)
+        failure = result.error_before_exec or result.error_in_exec
+        if isinstance(failure, SystemExit):
+            code = failure.code
+            return code if isinstance(code, int) else (0 if code is None else 1)
+        return 0 if result.success else 1
+
+    def helpers(self):
+        """The pids of the processes the contexts keep (spared by the supervisor's sweep)."""
+        return sorted(script.pid for script in self.scripts.values())
+
+    def _enter(self, name):
+        if name == self.current:
+            return
+        history = self.shell.history_manager
+        namespace = self.shell.user_ns
+        self.saved[self.current] = (
+            dict(namespace),
+            os.getcwd(),
+            (history.output_hist, history.input_hist_parsed, history.input_hist_raw),
+        )
+        if name in self.saved:
+            contents, cwd, kept = self.saved.pop(name)
+        else:  # a fresh namespace, with a history of its own: `Out` and `_` never show another's values
+            kept = ({}, [""], [""])
+            contents = dict(self.pristine, Out=kept[0], _oh=kept[0], In=kept[1], _ih=kept[1])
+            cwd = HOME
+        history.output_hist, history.input_hist_parsed, history.input_hist_raw = kept
+        namespace.clear()
+        namespace.update(contents)
+        try:
+            os.chdir(cwd)
+        except OSError:
+            os.chdir(WORKDIR)
+        self.current = name
+
+    def _run_script(self, name, code, env):
+        script = self.scripts.get(name)
+        if script is None:
+            try:
+                script = self.scripts[name] = Script(self.environ)
+            except OSError as exc:
+                sys.stderr.write("the JavaScript context could not start: %s\n" % exc)
+                return 1
+        try:
+            status, result = script.run(code, env)
+        except ScriptEnded:
+            del self.scripts[name]
+            script.close()
+            sys.stderr.write("the JavaScript context %s ended; its next cell starts a fresh one\n" % name)
+            return 1
+        if result is not None:
+            execbox_rich.publish("execute_result", {"text/plain": result})
+        return status
+
+
+class ScriptEnded(Exception):
+    """A JavaScript context's process is gone (it exited, or did not stop when interrupted)."""
+
+
+class Script:
+    """A JavaScript context: a node process running js_context.js, which keeps its globals from one
+    cell to the next. Its stdout and stderr are the kernel's (the cell's output); it answers each
+    request with one JSON line on a pipe of its own. In the kernel's process group, it hears the
+    supervisor's interrupt as the kernel does."""
+
+    def __init__(self, environ):
+        requests, self.requests = os.pipe()
+        self.answers, answers = os.pipe()
+        try:
+            process = subprocess.Popen(
+                [*SCRIPT_CONTEXT, str(answers)], stdin=requests, pass_fds=(answers,), cwd=HOME, env=environ
+            )
+        finally:
+            os.close(requests)
+            os.close(answers)
+        self.pid = process.pid
+        self.buffer = b""
+
+    def run(self, code, env):
+        """(exit status, the last value's text or None) of a cell; raises ScriptEnded."""
+        try:
+            _write_all(self.requests, (json.dumps({"code": code, "env": env}) + "\n").encode())
+        except OSError:
+            raise ScriptEnded()
+        try:
+            answer = self._answer(None)
+        except KeyboardInterrupt:  # the process heard it too: its answer says how the cell stopped
+            answer = self._answer(SCRIPT_GRACE_S)
+        status = answer.get("status")
+        result = answer.get("result")
+        return (status if isinstance(status, int) else 1), (result if isinstance(result, str) else None)
+
+    def _answer(self, timeout):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self.buffer:
+            if deadline is not None:
+                ready, _, _ = select.select([self.answers], [], [], max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    self.close()
+                    raise ScriptEnded()
+            chunk = os.read(self.answers, 1 << 16)
+            if not chunk:
+                raise ScriptEnded()
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            answer = None
+        return answer if isinstance(answer, dict) else {}
+
+    def close(self):
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        for fd in (self.requests, self.answers):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _write_all(fd, data):
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _run_bash(context, code, env):
+    """A cell of a shell context: its exit status. The cell's environment wins over the state saved
+    from the cell before."""
+    os.makedirs(BASH_STATE, mode=0o700, exist_ok=True)
+    state = os.path.join(BASH_STATE, context.replace(":", "-") + ".sh")
+    fresh = not os.path.exists(state)
+    script = "__execbox_state=%s\n%s" % (_quote(state), BASH_SAVE)
+    if fresh:
+        script += "cd %s 2>/dev/null\n" % _quote(HOME)
+    for name, value in env.items():
+        if _NAME.match(name):
+            script += "export %s=%s\n" % (name, _quote(value))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    command = ["bash", "-c", script + code + "\n"]
+    return subprocess.run(command, cwd=WORKDIR, stdin=subprocess.DEVNULL).returncode
+
+
+def _quote(text):
+    return "'" + text.replace("'", "'\\''") + "'"
 
 
 def _snapshot():
@@ -107,6 +321,7 @@ def main():
     os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
     shell = _shell()
     os.chdir(WORKDIR)
+    contexts = Contexts(shell)
     report.write(json.dumps({"ready": True}) + "\n")
     report.flush()
     for line in control:
@@ -117,13 +332,7 @@ def main():
         before = _snapshot()
         status = 0
         try:
-            result = shell.run_cell(request["code"], store_history=True)
-            failure = result.error_before_exec or result.error_in_exec
-            if isinstance(failure, SystemExit):
-                code = failure.code
-                status = code if isinstance(code, int) else (0 if code is None else 1)
-            elif not result.success:
-                status = 1
+            status = contexts.run(request.get("context") or "python", request["code"], request.get("env", {}))
         except KeyboardInterrupt:  # arrived outside the cell's own code
             sys.stderr.write("KeyboardInterrupt\n")
             status = 130
@@ -142,7 +351,12 @@ def main():
             copy = os.fork()
         if copy == 0:
             continue
-        report.write(json.dumps({"id": request["id"], "status": status, "changed": changed, "kernel": copy}) + "\n")
+        report.write(
+            json.dumps(
+                {"id": request["id"], "status": status, "changed": changed, "kernel": copy, "helpers": contexts.helpers()}
+            )
+            + "\n"
+        )
         report.flush()
         os._exit(0)
 

@@ -3,7 +3,8 @@
 It keeps one kernel process (kernel.py, an IPython interpreter) and relays between it and the
 worker. The worker writes requests on stdin, one JSON object per line:
 
-    {"op": "run", "id": ..., "code": ..., "env": {...}}   run a cell (one at a time)
+    {"op": "run", "id": ..., "code": ..., "env": {...}, "context": ...}   run a cell (one at a time;
+                                                          the context is the kernel's: kernel.py)
     {"op": "interrupt", "id": ...}                        the worker's clock ran out for that cell
 
 and reads events on stdout, one JSON object per line, and nothing else ever goes there:
@@ -114,6 +115,8 @@ class Kernel:
         self.alive = True
         self.status = 0
         """The wait status of an ended kernel process."""
+        self.helpers = set()
+        """Processes the kernel keeps beside itself (a JavaScript context's node): spared by the sweep."""
         self.closed = set()
         """Pipes the kernel closed (a program may close its own stdout): no longer watched."""
 
@@ -151,7 +154,7 @@ class Kernel:
     def sweep(self):
         """Kill every process in the sandbox but the launcher, this one and the kernel: what a cell
         started and left running. Repeated until none is left (one may fork while it is killed)."""
-        keep = {1, os.getpid(), self.pid}
+        keep = {1, os.getpid(), self.pid, *self.helpers}
         for _ in range(100):
             sids = {pid: _sid(pid) for pid in _pids() if pid not in keep}
             spared = OPS.processes.spared(set(sids.values()))
@@ -344,7 +347,14 @@ def main():
                     request = json.loads(line)
                     if request.get("op") == "run" and cell is None:
                         cell, oom_before = request["id"], _oom_kills()
-                        kernel.send({"id": cell, "code": request.get("code", ""), "env": request.get("env", {})})
+                        kernel.send(
+                            {
+                                "id": cell,
+                                "code": request.get("code", ""),
+                                "env": request.get("env", {}),
+                                "context": request.get("context") or "",
+                            }
+                        )
                     elif request.get("op") == "interrupt":
                         if cell is not None and request.get("id") == cell:
                             kernel.signal(signal.SIGINT)
@@ -368,6 +378,8 @@ def main():
         _drain(kernel, kernel.err)
         changed = [p for p in report.get("changed", []) if isinstance(p, str)] if report else []
         if report is not None and kernel.hand_over(report):
+            helpers = report.get("helpers")
+            kernel.helpers = {p for p in helpers if _int(p, 0) > 1} if isinstance(helpers, list) else set()
             kernel.sweep()
             _emit(
                 {

@@ -111,3 +111,20 @@ def test_a_failed_first_attempt_gives_the_key_back(settings: Settings, client: r
     retry = keys.run("alpha", ROUTE, "k", "h", lambda: "exe_second_try")
 
     assert (retry.resource_id, retry.replayed) == ("exe_second_try", False)
+
+
+def test_a_request_digest_stays_as_stored_before_session_context_existed() -> None:
+    """A retry after an upgrade, with the same Idempotency-Key, is still the same request."""
+    import hashlib
+    import json
+
+    from execbox.executions.schemas import ExecutionCreate
+    from execbox.executions.submit import request_digest
+
+    plain = ExecutionCreate(language="python", code="1", session="ses_" + "a" * 26)
+    before = plain.model_dump(mode="json")
+    del before["session_context"]
+    stored = hashlib.sha256(json.dumps(before, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    assert request_digest(plain) == stored
+    other = ExecutionCreate(language="python", code="1", session="ses_" + "a" * 26, session_context="python:b")
+    assert request_digest(other) != stored, "a context is part of what the request asks"

@@ -112,3 +112,24 @@ def test_a_variant_runs_only_under_a_policy_that_lists_it(tmp_path: Path) -> Non
     (policies / "bad.yaml").write_text(yaml.safe_dump({"variants": ["slim"]}))
     with pytest.raises(PolicyConfigError, match="language@variant"):
         PolicySet.load(policies)
+
+
+def test_a_session_context_reads_errors_as_its_own_language_writes_them(tmp_path: Path) -> None:
+    folder(tmp_path, "py", contexts=["javascript", "bash"], errors={"family": "python"})
+    folder(tmp_path, "javascript", errors={"family": "javascript"})
+    languages = Languages.load(tmp_path)
+    assert languages.get("py").contexts == ("javascript", "bash")
+    assert languages.get("py").public().session_contexts == [], "no session program: no contexts offered"
+    assert languages.error_rules("py", None).family == "python"
+    assert languages.error_rules("py", "py:other").family == "python", "another namespace of the same language"
+    assert languages.error_rules("py", "javascript:b") is languages.get("javascript").errors
+    assert languages.error_rules("py", "bash").family == "bash", "not served alone: the rules every language has"
+    run = failed("TypeError: x is not a function\n    at cell.js:1:1\n")
+    error = classify(run, languages.error_rules("py", "javascript"), LIMITS).error
+    assert error is not None and (error.category, error.details["type"]) == (ErrorCategory.CODE_EXCEPTION, "TypeError")
+
+
+def test_a_context_language_the_kernel_does_not_keep_is_a_config_error(tmp_path: Path) -> None:
+    folder(tmp_path, "py", contexts=["ruby"])
+    with pytest.raises(LanguageConfigError, match="contexts"):
+        Languages.load(tmp_path)

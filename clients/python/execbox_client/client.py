@@ -162,8 +162,8 @@ class Endpoints:
     @endpoint
     def submit(self, /, code: str, language: str = "python", *, wait_s: float | None = None,
                idempotency_key: str | None = None, **fields: Any) -> Call[ExecutionPublic]:  # fmt: skip
-        """Queue code (fields: policy, env, files, inputs, outputs, expect, session, labels,
-        webhook, stdin_b64); with `wait_s`, the server holds the answer until it ends or the time is up."""
+        """Queue code (fields: policy, env, files, inputs, outputs, expect, session, session_context,
+        labels, webhook, stdin_b64); with `wait_s`, the server holds the answer until it ends or the time is up."""
         body = {"language": language, "code": code, **fields}
         return Call("POST", "/v1/executions", _wait(wait_s), body, creates=True,
                                 idempotency_key=idempotency_key)  # fmt: skip

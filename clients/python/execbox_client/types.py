@@ -234,6 +234,7 @@ class ExecutionPublic(TypedDict):
     artifacts_not_kept: NotRequired[list[ArtifactNotKept]]
     results: NotRequired[list[RichResult]]
     session: NotRequired[str | None]
+    session_context: NotRequired[str | None]
     kernel_restarted: NotRequired[bool]
     outputs: NotRequired[dict[str, Any]]
     error: NotRequired[ExecutionError | None]
@@ -350,6 +351,7 @@ class LanguagePublic(TypedDict):
     image: str
     file: str
     sessions: bool
+    session_contexts: NotRequired[list[str]]
     runtime: RuntimePublic | None
     packages: dict[str, str] | None
 

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -78,6 +78,8 @@ class _Metadata(BaseModel):
     """The program a session's sandbox runs (a kernel kept across executions); None: no sessions."""
     errors: _Errors = _Errors()
     preload: _Preload | None = None
+    contexts: list[Literal["python", "javascript", "bash"]] = []
+    """The languages of the session contexts its kernel keeps beside its own (kernel.py)."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,8 @@ class Language:
     versions: Versions | None = None
     preload: tuple[tuple[str, ...], tuple[str, ...]] | None = None
     """(command, modules) of the interpreter warm containers start ahead of their run."""
+    contexts: tuple[str, ...] = ()
+    """The languages a session's `session_context` may name (none: the session's one context)."""
 
     def preload_env(self) -> tuple[tuple[str, str], ...]:
         """A warm container's environment for its preloaded interpreter (none: no preload)."""
@@ -133,6 +137,7 @@ class Language:
             image=self.image,
             file=self.file,
             sessions=self.session is not None,
+            session_contexts=list(self.contexts) if self.session is not None else [],
             runtime=RuntimePublic(name=versions.runtime, version=versions.runtime_version) if versions else None,
             packages=dict(versions.packages) if versions else None,
         )
@@ -180,6 +185,7 @@ def _language(path: Path) -> Language:
         ),
         _versions(path.parent / "versions.json"),
         (tuple(meta.preload.command), tuple(meta.preload.modules)) if meta.preload else None,
+        tuple(meta.contexts),
     )
 
 
@@ -214,3 +220,13 @@ class Languages:
         if lang is None:
             raise UnknownLanguage(name, [lang.name for lang in self._all])
         return lang
+
+    def error_rules(self, name: str, context: str | None = None) -> ErrorRules:
+        """How a run of `name` reports its errors; in a session context of another language, as that
+        language does (its rules if it is served here, else the ones every language has)."""
+        language = self.get(name)
+        other = (context or "").split(":", 1)[0]
+        if not other or other == language.base:
+            return language.errors
+        found = self._by_name.get(other)
+        return found.errors if found is not None else ErrorRules(other)

@@ -127,6 +127,10 @@ class LanguagePublic(BaseModel):
     image: str = Field(description="Sandbox image tag.")
     file: str = Field(description="File name the code is saved as in /workspace.")
     sessions: bool = Field(description="Whether sessions (POST /v1/sessions) can run it.")
+    session_contexts: list[str] = Field(
+        default_factory=list,
+        description="The context languages a session's cell may name in `session_context` (beside its own).",
+    )
     runtime: RuntimePublic | None = Field(
         description="The runtime the built image holds (null until sandbox-images/build.sh has built it)."
     )

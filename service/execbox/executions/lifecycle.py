@@ -157,7 +157,7 @@ def run_and_finish(
     )
     ctx.metrics.network_denials.inc(len(denials or []))
     files = read_files(record.id, collector, ctx.artifacts) if run is not None else None
-    errors = ctx.languages.get(record.language).errors if run is not None else None
+    errors = ctx.languages.error_rules(record.language, record.session_context) if run is not None else None
     outcome = decide(record, run, files, limits, errors, failure, denials, finished_at=time.time())
     if before_store is not None:
         before_store(run)
@@ -275,6 +275,7 @@ def _spec(
         runtime=record.policy.runtime,
         seccomp_deny=tuple(record.policy.seccomp_deny),
         submitted_at=record.created_at,
+        session_context=record.session_context or "",
     )
 
 

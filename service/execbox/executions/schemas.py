@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from execbox.catalog.schemas import AppliedPolicy, PolicyRequest
 from execbox.executions.status import ErrorCategory, ExecutionStatus
@@ -149,6 +149,10 @@ class WebhookDelivery(BaseModel):
     error: str | None = Field(None, description="Why the attempt failed, if it did.")
 
 
+SESSION_CONTEXT_PATTERN = r"^(python|javascript|bash)(:[a-z0-9][a-z0-9-]{0,39})?$"
+"""A session context's name: its language, and after a colon a name of its own (none: the language's default)."""
+
+
 class ExecutionCreate(BaseModel):
     """A request to run code once in a fresh sandbox."""
 
@@ -191,6 +195,22 @@ class ExecutionCreate(BaseModel):
         description="Run in this session (POST /v1/sessions): after the session's earlier executions, with its "
         "workspace and interpreter state. Only `policy.timeout_s` may be set; the other limits are the session's.",
     )
+    session_context: str | None = Field(
+        None,
+        pattern=SESSION_CONTEXT_PATTERN,
+        description="In a session: the context the cell runs in, made on first use; GET /v1/languages lists "
+        "the ones a language's sessions offer. `python` (the default) is the session's own namespace; "
+        "`python:<name>` another namespace of the same interpreter (its own variables and working directory, "
+        "the same files); `javascript[:<name>]` a Node.js context whose top-level declarations carry from "
+        "one cell to the next; `bash[:<name>]` a shell whose variables, functions and working directory do.",
+    )
+
+    @field_validator("session_context")
+    @classmethod
+    def _in_a_session(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("session") is None:
+            raise ValueError("a context is for a cell in a session: give `session` too")
+        return value
 
     @model_validator(mode="after")
     def _one_stdin(self) -> ExecutionCreate:
@@ -350,6 +370,7 @@ class ExecutionPublic(BaseModel):
         "plt.show(), with text/plain and, when the object has them, text/html, image/png, application/json.",
     )
     session: str | None = Field(None, description="The session it ran in, if any.")
+    session_context: str | None = Field(None, description="The session's context it ran in (None: the default).")
     kernel_restarted: bool = Field(
         False, description="In a session: the interpreter was restarted after this execution (its variables are gone)."
     )

@@ -48,10 +48,18 @@ def new_execution_id() -> str:
     return "exe_" + base64.b32encode(secrets.token_bytes(16)).decode().rstrip("=").lower()
 
 
+ADDED_LATER = ("session_context",)
+"""Request fields added after digests were stored (idempotency keys last a day): left out while unset."""
+
+
 def request_digest(body: BaseModel, extra: ExtraFiles = ()) -> str:
     """SHA-256 of a canonical request (any body model): the JSON body, then each multipart file's path
     and bytes."""
-    digest = hashlib.sha256(json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode())
+    canonical = body.model_dump(mode="json")
+    for name in ADDED_LATER:  # unset, a field added later leaves the digests stored before it unchanged
+        if canonical.get(name, 0) is None:
+            del canonical[name]
+    digest = hashlib.sha256(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode())
     for path, data in extra:
         digest.update(b"\0" + path.encode() + b"\0" + hashlib.sha256(data).digest())
     return digest.hexdigest()
@@ -228,6 +236,7 @@ class Submissions:
                 transitions=[Transition(status=ExecutionStatus.QUEUED, at=now, by=self.by)],
                 context=context,
                 session=body.session,
+                session_context=body.session_context,
             )
             self.store.create(record)
             with self.spans.span("execbox.enqueue", trace, {"execution.id": record.id}):

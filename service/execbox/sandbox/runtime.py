@@ -103,6 +103,8 @@ class SandboxSpec:
     container_env: tuple[tuple[str, str], ...] = ()
     """The container's own environment on top of the base one (the launcher's, and a preloaded
     interpreter's: warm-pool templates only); a run's environment travels in its frame."""
+    session_context: str = ""
+    """In a session: the context the cell runs in ("": the default; see the kernel)."""
     submitted_at: float = 0.0
     """When the execution was accepted (Unix time): the warm pool sizes itself by arrivals, which
     a busy worker's takes would spread out."""

@@ -211,8 +211,15 @@ class Sessions:
         if record.status is SessionStatus.ENDED:
             raise SessionEnded(f"session {record.id} ended ({record.end_reason}); open a new one")
         problems = []
-        if self.languages.get(body.language).name != record.language:
+        language = self.languages.get(body.language)
+        if language.name != record.language:
             problems.append(FieldProblem("language", f"session {record.id} runs {record.language}"))
+        context = (body.session_context or language.base).split(":", 1)[0]
+        if context != language.base and context not in language.contexts:
+            offered = sorted({language.base, *language.contexts})
+            problems.append(
+                FieldProblem("session_context", f"{language.name} sessions offer {offered}, not {context!r}")
+            )
         set_limits = body.policy.model_dump(exclude_none=True, exclude={"timeout_s"})
         if set_limits:
             problems.append(FieldProblem("policy", f"in a session only timeout_s may be set, not {sorted(set_limits)}"))

@@ -196,7 +196,8 @@ class KernelContainer:
                 self._request({"op": "interrupt", "id": cell})
 
         started = time.monotonic()
-        self._request({"op": "run", "id": cell, "code": code, "env": dict(spec.env)})
+        request = {"op": "run", "id": cell, "code": code, "env": dict(spec.env), "context": spec.session_context}
+        self._request(request)
         control.set_killer(lambda: interrupt("cancelled"))
         deadline = started + spec.limits.timeout_s
         end: dict[str, Any] | None = None
