@@ -25,7 +25,10 @@ the other's, between cells, so no cell ever sees another context's variables; im
 shared, as they are one interpreter). `bash` and `bash:<name>` run the cell in a fresh bash whose
 variables, functions and working directory are saved when it exits and restored before the next
 cell of that context (a state file under /tmp); what the shell started in the background does not
-carry over (the sweep after the cell ends it, as for any cell).
+carry over (the sweep after the cell ends it, as for any cell). `javascript` and
+`javascript:<name>` each keep a node process (`Script`, js_context.js), which the supervisor's
+sweep spares (each report names them: "helpers"). A cell that is exactly `%reset -f` empties the
+context it names.
 """
 
 import json
@@ -44,6 +47,8 @@ WORKDIR = "/workspace"
 OUT = os.path.join(WORKDIR, "out")
 RESERVED = os.path.join(OUT, ".execbox")
 RESULT_FILE = os.path.join(RESERVED, "result.json")
+RESET = "%reset -f"
+"""The cell that empties the context it runs in."""
 HOME = "/home/user"
 """Where a new context starts (the image links it to the workspace)."""
 BASH_STATE = "/tmp/.execbox-contexts"
@@ -87,13 +92,25 @@ class Contexts:
         """The environment a context's process starts with (a cell's own env is that cell's)."""
 
     def run(self, name, code, env):
-        """Run a cell in context `name`: its exit status."""
+        """Run a cell in context `name`: its exit status. `%reset -f` empties any context (IPython's
+        magic in a Python one; a fresh node process, a shell with no saved state), back in HOME."""
+        reset = code.strip() == RESET
         if name.startswith("bash"):
+            if reset:
+                _forget_bash(name)
+                return 0
             return _run_bash(name, code, env)
         if name.startswith("javascript"):
+            if reset:
+                script = self.scripts.pop(name, None)
+                if script is not None:
+                    script.close()
+                return 0
             return self._run_script(name, code, env)
         self._enter(name)
         result = self.shell.run_cell(code, store_history=True)
+        if reset:
+            os.chdir(HOME)
         failure = result.error_before_exec or result.error_in_exec
         if isinstance(failure, SystemExit):
             code = failure.code
@@ -225,11 +242,22 @@ def _write_all(fd, data):
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
+def _bash_state(context):
+    return os.path.join(BASH_STATE, context.replace(":", "-") + ".sh")
+
+
+def _forget_bash(context):
+    try:
+        os.unlink(_bash_state(context))
+    except OSError:
+        pass
+
+
 def _run_bash(context, code, env):
     """A cell of a shell context: its exit status. The cell's environment wins over the state saved
     from the cell before."""
     os.makedirs(BASH_STATE, mode=0o700, exist_ok=True)
-    state = os.path.join(BASH_STATE, context.replace(":", "-") + ".sh")
+    state = _bash_state(context)
     fresh = not os.path.exists(state)
     script = "__execbox_state=%s\n%s" % (_quote(state), BASH_SAVE)
     if fresh:

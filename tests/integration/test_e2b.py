@@ -158,10 +158,53 @@ def _accepted(client: httpx.Client) -> float:
 
 
 def test_what_is_not_offered_fails_at_once_with_a_clear_error(sandbox: Sandbox) -> None:
-    with pytest.raises(SandboxException, match="not offered"):
-        sandbox.create_code_context(language="python")
+    with pytest.raises(SandboxException, match="'r' is not offered here; offered: python, javascript, bash"):
+        sandbox.create_code_context(language="r")
+    with pytest.raises(SandboxException, match="language"):
+        sandbox.run_code("1", language="typescript")
     with pytest.raises(SandboxException, match="templateID"):
         Sandbox.create(template="no-such-template")
+
+
+def test_two_python_contexts_do_not_see_each_other_and_restart_or_remove_empties_one(sandbox: Sandbox) -> None:
+    sandbox.run_code("secret = 'default'")
+    other = sandbox.create_code_context()
+    assert (other.language, other.cwd) == ("python", "/home/user") and other.id.startswith("python-"), other
+    assert sandbox.run_code("'secret' in globals()", context=other).text == "False"
+    sandbox.run_code("mine = 2", context=other)
+    assert sandbox.run_code("'mine' in globals(), secret").text == "(False, 'default')"
+    assert sandbox.run_code("mine", context=other).text == "2"
+    listed = {c.id: c.language for c in sandbox.list_code_contexts()}
+    assert listed == {"python": "python", "javascript": "javascript", "bash": "bash", other.id: "python"}, listed
+
+    sandbox.restart_code_context(other)
+    assert sandbox.run_code("'mine' in globals()", context=other).text == "False", "restarted: empty"
+    assert sandbox.run_code("secret").text == "'default'", "the other context is untouched"
+    sandbox.remove_code_context(other.id)
+    assert other.id not in {c.id for c in sandbox.list_code_contexts()}
+    with pytest.raises(SandboxException, match="code context"):
+        sandbox.run_code("1", context=other)
+
+
+def test_javascript_and_bash_contexts_keep_their_state(sandbox: Sandbox) -> None:
+    assert sandbox.run_code("const seen = [1, 2]; seen.length", language="js").text == "2"
+    pushed = sandbox.run_code("seen.push(3); console.log('now', seen.length); seen", language="javascript")
+    assert pushed.text == "[ 1, 2, 3 ]" and pushed.logs.stdout == ["now 3\n"], pushed
+    failed = sandbox.run_code("notDefined.field", language="js")
+    assert failed.error is not None and failed.error.name == "ReferenceError", failed
+    assert "notDefined is not defined" in failed.error.value, failed.error
+
+    there = sandbox.create_code_context(language="js", cwd="/tmp")
+    assert (there.language, there.cwd) == ("javascript", "/tmp"), there
+    assert sandbox.run_code("[typeof seen, process.cwd()]", context=there).text == "[ 'undefined', '/tmp' ]"
+    sandbox.restart_code_context(there)
+    assert sandbox.run_code("process.cwd()", context=there).text == "'/tmp'", "restarted where it was made"
+
+    sandbox.run_code("count=5\ncd /tmp", language="bash")
+    shell = sandbox.run_code("echo $count $(pwd)", language="bash")
+    assert shell.logs.stdout == ["5 /tmp\n"] and shell.error is None, shell
+    with pytest.raises(SandboxException, match="cwd"):
+        sandbox.create_code_context(language="bash", cwd="/no/such/directory")
 
 
 def test_a_cell_the_client_gives_up_on_is_interrupted_and_the_sandbox_takes_the_next(sandbox: Sandbox) -> None:

@@ -12,7 +12,8 @@ import pytest
 import redis
 
 from execbox.core import logs
-from execbox.e2b.interpreter import CWD
+from execbox.e2b.contexts import HOME, cwd_of
+from execbox.e2b.envd import sandbox_path
 from execbox.e2b.results import error_line, finished_lines, result_line
 from execbox.e2b.sandboxes import metadata_filter
 from execbox.executions.schemas import ExecutionError, ResultData, RichResult
@@ -72,8 +73,11 @@ def test_the_sdks_metadata_filter_is_decoded_to_what_the_user_wrote() -> None:
     assert metadata_filter(None) == {} and metadata_filter("") == {}
 
 
-def test_cells_run_where_the_sandbox_says_they_do() -> None:
-    assert CWD == WORKDIR
+def test_a_context_starts_where_the_sandbox_keeps_its_files() -> None:
+    assert sandbox_path(HOME) == WORKDIR
+    assert cwd_of(None) == cwd_of("") == HOME
+    assert cwd_of("data") == cwd_of("/workspace/data") == "/home/user/data", "relative: under the home, as files are"
+    assert cwd_of("/tmp/../etc") == "/etc", "a context may start anywhere it can read; its cell then fails or not"
 
 
 def keys_now(client: redis.Redis, settings: Settings) -> set[bytes]:

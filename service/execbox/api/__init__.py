@@ -30,6 +30,7 @@ from execbox.core.metrics import DeadLetterCollector
 from execbox.core.poison import LOOPS, Loops
 from execbox.core.redis import connect
 from execbox.core.tracing import setup as setup_tracing
+from execbox.e2b.contexts import ContextBook
 from execbox.e2b.envd import Envd
 from execbox.e2b.interpreter import Interpreter
 from execbox.e2b.sandboxes import Sandboxes
@@ -153,7 +154,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         sessions=sessions,
         sandboxes=Sandboxes(settings.e2b, sessions, client, keys, settings.retention_s),
         interpreter=Interpreter(
-            submissions, sessions, artifacts, waiters.streams, keys, int(settings.api.sse_keepalive_s * 1000)
+            submissions,
+            sessions,
+            artifacts,
+            waiters.streams,
+            keys,
+            int(settings.api.sse_keepalive_s * 1000),
+            waiters,
+            ContextBook(client, keys, settings.sessions.max_lifetime_s + settings.retention_s),
+            settings.e2b.call_timeout_s,
         ),  # fmt: skip
         envd=Envd(sessions.store, waiters.streams, keys, settings.e2b.max_file_bytes, settings.e2b.call_timeout_s),
     )

@@ -26,6 +26,23 @@ class ContextNotFound(NotFound):
     hint = "; GET /contexts lists this sandbox's"
 
 
+class TooManyContexts(ConflictError):
+    code = "e2b.too_many_contexts"
+
+    def __init__(self, cap: int) -> None:
+        super().__init__(
+            f"this sandbox has {cap} code contexts of its own already: remove one (DELETE /contexts/{{id}})"
+        )
+
+
+class ContextCellFailed(InfrastructureError):
+    """The cell that moves a context to its directory or resets it did not succeed."""
+
+    code = "e2b.context_cell_failed"
+    http_status = 500
+    retryable = False
+
+
 class NotOffered(ServiceError):
     """A part of E2B's API this server does not offer (yet): refused at once, never left to hang."""
 
@@ -86,6 +103,7 @@ class EnvdTimeout(InfrastructureError):
 
 __all__ = [
     "BadAccessToken",
+    "ContextCellFailed",
     "ContextNotFound",
     "EnvdFailed",
     "EnvdTimeout",
@@ -96,4 +114,5 @@ __all__ = [
     "PathRefused",
     "SandboxGone",
     "SandboxNotFound",
+    "TooManyContexts",
 ]

@@ -6,11 +6,13 @@ trace id), labelled with the sandbox id. Its stdout and stderr go out as NDJSON 
 goes away before the end (its own timeout, a closed connection) cancels the cell: the kernel is
 interrupted and the session lives on, as a notebook's does.
 
-One context per sandbox for now: the session's own interpreter, named after its language. Asking
-for another is refused with a clear error rather than answered with a shared one."""
+A cell runs in one of the session's contexts (execbox.e2b.contexts): the default of the language
+it names, or the context it names; making, restarting and moving a context to its directory are
+cells too, waited for here."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -23,7 +25,8 @@ from pydantic import ValidationError
 
 from execbox.core.errors import FieldProblem, InvalidRequest, ServiceError
 from execbox.core.logs import CutConnection
-from execbox.e2b.errors import ContextNotFound, NotOffered
+from execbox.e2b.contexts import HOME, RESET, ContextBook, Target, chdir_code, cwd_of, language_of
+from execbox.e2b.errors import ContextCellFailed
 from execbox.e2b.results import finished_lines
 from execbox.e2b.sandboxes import Opened, sandbox_id
 from execbox.e2b.schemas import Context, Execute, NewContext, line, problems
@@ -33,13 +36,12 @@ from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionCreate, ResultData
 from execbox.executions.status import ExecutionStatus
 from execbox.executions.submit import Submissions
+from execbox.executions.waits import Waiters
 from execbox.files.blobs import ArtifactStore
 from execbox.files.collect import RICH_DIR
 from execbox.sessions.service import Sessions
 from execbox.sessions.status import SessionStatus
 
-CWD = "/workspace"
-"""Where a cell runs: the sandbox's working directory (execbox.sandbox.runtime.WORKDIR)."""
 LABEL = "e2b.sandbox"
 """The label every cell run through the facade carries: its sandbox id."""
 
@@ -52,38 +54,78 @@ class Interpreter:
     streams: aioredis.Redis
     keys: ExecutionKeys
     keepalive_ms: int
+    waiters: Waiters
+    book: ContextBook
+    context_cell_s: float
+    """How long making, moving or restarting a context waits for its cell (then 500, the cell goes on)."""
+
+    def offered(self, opened: Opened) -> tuple[str, ...]:
+        """The context languages of the sandbox's session, its own first."""
+        language = self.submissions.languages.get(opened.session.language)
+        return (language.base, *(c for c in language.contexts if c != language.base))
 
     def contexts(self, opened: Opened) -> list[Context]:
-        return [Context(id=opened.session.language, language=opened.session.language, cwd=CWD)]
+        return self.book.all(opened.session.id, self.offered(opened))
 
-    def new_context(self, opened: Opened, body: NewContext) -> Context:
-        language = opened.session.language
-        if body.language not in (None, language) or body.cwd not in (None, CWD):
-            raise NotOffered(f"a context other than the sandbox's own ({language!r}, cwd {CWD}) is not offered yet")
-        raise NotOffered(f"separate code contexts are not offered yet: run code in the default context {language!r}")
+    def target(self, opened: Opened, context_id: str) -> Target:
+        return self.book.find(opened.session.id, context_id, self.offered(opened))
 
-    def context(self, opened: Opened, context_id: str) -> Context:
-        found = next((c for c in self.contexts(opened) if c.id == context_id), None)
-        if found is None:
-            raise ContextNotFound(context_id[:64])
-        return found
+    async def new_context(self, opened: Opened, body: NewContext) -> Context:
+        language = language_of(body.language, self.offered(opened), "language")
+        cwd = cwd_of(body.cwd)
+        target = await to_thread.run_sync(self.book.add, opened.session.id, language, cwd)
+        if cwd == HOME:
+            return target.context
+        try:
+            await self._cell(opened, target, chdir_code(language, cwd), "cwd")
+        except BaseException:
+            await to_thread.run_sync(self.book.forget, opened.session.id, target.context.id)
+            raise
+        return target.context
+
+    async def restart(self, opened: Opened, context_id: str) -> None:
+        target = await to_thread.run_sync(self.target, opened, context_id)
+        await self._cell(opened, target, RESET, None)
+        if target.context.cwd != HOME:
+            await self._cell(opened, target, chdir_code(target.context.language, target.context.cwd), None)
+
+    async def remove(self, opened: Opened, context_id: str) -> None:
+        """Forget a context it made and empty it (a default one is emptied and stays)."""
+        target = await to_thread.run_sync(self.target, opened, context_id)
+        if target.context.id != target.context.language:
+            await to_thread.run_sync(self.book.forget, opened.session.id, target.context.id)
+        await self._cell(opened, target, RESET, None)
 
     def start(self, opened: Opened, body: Execute, traceparent: str | None) -> ExecutionRecord:
         """Submit the cell (in a thread: a few Redis round trips)."""
-        session = opened.session
         if body.context_id is not None:
-            self.context(opened, body.context_id)
-        if body.language not in (None, session.language):
-            raise InvalidRequest(
-                f"this sandbox runs {session.language}",
-                (FieldProblem("language", f"only {session.language!r} here; other languages are not offered yet"),),
-            )
+            target = self.target(opened, body.context_id)
+        else:
+            language = language_of(body.language, self.offered(opened), "language")
+            target = self.target(opened, language)
+        return self._submit(opened, target, body.code, body.env_vars or {})
+
+    def _submit(self, opened: Opened, target: Target, code: str, env: dict[str, str]) -> ExecutionRecord:
+        session = opened.session
         try:
-            request = ExecutionCreate(language=session.language, code=body.code, session=session.id,
-                                      env=body.env_vars or {}, labels={LABEL: sandbox_id(session.id)})  # fmt: skip
+            request = ExecutionCreate(language=session.language, code=code, session=session.id, env=env,
+                                      session_context=target.native,
+                                      labels={LABEL: sandbox_id(session.id)})  # fmt: skip
         except ValidationError as exc:
             raise InvalidRequest("this cell cannot run", problems(exc, {"env": "env_vars"})) from exc
         return self.submissions.submit(opened.entry.tenant, request).record
+
+    async def _cell(self, opened: Opened, target: Target, code: str, field: str | None) -> None:
+        """Run a cell of the facade's own and wait for it; a failure is the caller's 400 on `field`,
+        or a 500."""
+        record = await to_thread.run_sync(self._submit, opened, target, code, {})
+        final = await self.waiters.wait(record.id, self.context_cell_s, _stays)
+        if final is not None and final.status is ExecutionStatus.SUCCEEDED:
+            return
+        why = final.error.message if final is not None and final.error is not None else "it did not finish in time"
+        if field is not None and final is not None and final.status.terminal:
+            raise InvalidRequest("the context cannot start there", (FieldProblem(field, why),))
+        raise ContextCellFailed(f"context {target.context.id}: cell {record.id} did not succeed: {why}")
 
     async def lines(self, tenant: str, record: ExecutionRecord) -> AsyncIterator[bytes]:
         """The cell's NDJSON: output as it comes, then what it ended with. Cancelled if the reader
@@ -133,4 +175,9 @@ class Interpreter:
             pass  # it ended meanwhile, or Redis is away: the cell's own timeout still ends it
 
 
-__all__ = ["CWD", "LABEL", "Interpreter"]
+async def _stays() -> None:
+    """A caller that never goes away (the facade's own cells are waited for to their end or time)."""
+    await asyncio.Event().wait()
+
+
+__all__ = ["LABEL", "Interpreter"]

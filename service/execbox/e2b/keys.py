@@ -1,4 +1,4 @@
-"""The E2B room's Redis key: what a sandbox adds to its session (template, access token digest)."""
+"""The E2B room's Redis keys: what a sandbox adds to its session (template, access token digest, code contexts)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,23 @@ SCHEMA: tuple[KeySpec, ...] = (
         (),
         "an E2B sandbox's template, tenant and access-token digest, by its session id",
     ),
+    KeySpec(
+        "e2b:{id}:contexts",
+        "hash: context id -> JSON {language, cwd}",
+        "sessions.max_lifetime_s + retention_s",
+        ("api",),
+        (),
+        "the code contexts an E2B sandbox made beside its defaults (execbox.e2b.contexts)",
+    ),
 )
 
 
 class E2bKeys(SessionKeys):
     def sandbox(self, session_id: str) -> str:
         return self._k("e2b", session_id)
+
+    def sandbox_contexts(self, session_id: str) -> str:
+        return self._k("e2b", session_id, "contexts")
 
 
 __all__ = ["SCHEMA", "E2bKeys"]

@@ -148,24 +148,24 @@ async def execute(
 
 @sandbox.get("/contexts", response_model=list[Context])
 async def list_contexts(request: Request, services: ServicesDep) -> list[Context]:
-    return services.interpreter.contexts(await _opened(request, services))
+    return await to_thread.run_sync(services.interpreter.contexts, await _opened(request, services))
 
 
 @sandbox.post("/contexts", response_model=Context)
 async def create_context(request: Request, body: NewContext, services: ServicesDep) -> Context:
-    return services.interpreter.new_context(await _opened(request, services), body)
+    return await services.interpreter.new_context(await _opened(request, services), body)
 
 
-@sandbox.delete("/contexts/{context_id}")
+@sandbox.delete("/contexts/{context_id}", status_code=204)
 async def remove_context(request: Request, context_id: str, services: ServicesDep) -> Response:
-    services.interpreter.context(await _opened(request, services), context_id)
-    raise NotOffered("the default context cannot be removed; kill the sandbox to end it")
+    await services.interpreter.remove(await _opened(request, services), context_id)
+    return Response(status_code=204)
 
 
-@sandbox.post("/contexts/{context_id}/restart")
+@sandbox.post("/contexts/{context_id}/restart", status_code=204)
 async def restart_context(request: Request, context_id: str, services: ServicesDep) -> Response:
-    services.interpreter.context(await _opened(request, services), context_id)
-    raise NotOffered("restarting a context is not offered yet; kill the sandbox and create another")
+    await services.interpreter.restart(await _opened(request, services), context_id)
+    return Response(status_code=204)
 
 
 @sandbox.get("/files")
