@@ -8,6 +8,9 @@
 // whose last expression is a promise waits for it. A cell using `await` outside a function runs as
 // the body of an async function instead: it may await, and its declarations stay inside it.
 //
+// Nothing of a cell runs on after it, as for every execbox call: the timers it set (setTimeout,
+// setInterval, setImmediate) are cleared when it ends.
+//
 // console output is the cell's stdout and stderr (the kernel's, inherited). When the cell is over
 // this process writes one JSON line on the fd named by its argument: {"status": 0 or 1, "result":
 // the last value as util.inspect shows it, or null}. An uncaught error is written to stderr as
@@ -32,6 +35,23 @@ process.on('uncaughtException', (err) => report(err));
 process.on('unhandledRejection', (err) => report(err));
 
 const OWN_FRAMES = /\(?(node:vm|node:internal|node:events|.*js_context\.js)|sigintHandlersWrap/;
+
+const timers = new Set(); // [clear, handle] of every timer set since the last cell ended
+for (const [make, clear] of [['setTimeout', 'clearTimeout'], ['setInterval', 'clearInterval'],
+  ['setImmediate', 'clearImmediate']]) {
+  const original = globalThis[make];
+  const cancel = globalThis[clear];
+  globalThis[make] = function (...args) {
+    const handle = original.apply(this, args);
+    timers.add([cancel, handle]);
+    return handle;
+  };
+}
+
+function clearTimers() {
+  for (const [cancel, handle] of timers) cancel(handle);
+  timers.clear();
+}
 
 function report(err) {
   const text = err instanceof Error && err.stack ? err.stack : 'Uncaught ' + util.inspect(err);
@@ -80,6 +100,7 @@ async function main() {
       answer = { status: 1, result: null };
     } finally {
       interrupted = null;
+      clearTimers();
       for (const [name, value] of Object.entries(saved)) {
         if (value === undefined) delete process.env[name];
         else process.env[name] = value;

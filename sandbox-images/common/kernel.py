@@ -52,8 +52,9 @@ RESET = "%reset -f"
 HOME = "/home/user"
 """Where a new context starts (the image links it to the workspace)."""
 BASH_STATE = "/tmp/.execbox-contexts"
-SCRIPT_CONTEXT = ("node", "/opt/execbox/js_context.js")
-"""A JavaScript context's process; its last argument is the fd it answers on."""
+SCRIPT_CONTEXT = ("node", "--v8-pool-size=1", "/opt/execbox/js_context.js")
+"""A JavaScript context's process (4 threads, not 11: the sandbox's pids limit counts them); its
+last argument is the fd it answers on."""
 SCRIPT_GRACE_S = 1.5
 """How long an interrupted JavaScript cell has to say it stopped (the supervisor waits 2 s)."""
 BASH_KEPT_OUT = (

@@ -83,6 +83,14 @@ def test_an_interrupted_javascript_cell_stops_and_its_context_lives_on(api: http
     assert value(cell(api, session, "kept", "javascript")) == "'still here'"
 
 
+def test_nothing_a_javascript_cell_set_going_runs_on_after_it(api: httpx.Client, session: str) -> None:
+    started = cell(api, session, "globalThis.ticks = 0; setInterval(() => { ticks++; console.log('tick') }, 5); "
+                                 "setTimeout(() => console.log('late'), 20); ticks", "javascript")  # fmt: skip
+    assert value(started) == "0"
+    later = cell(api, session, "await new Promise((done) => setTimeout(done, 200)); console.log(ticks)", "javascript")
+    assert later["status"] == "succeeded" and later["stdout"] == "0\n", later
+
+
 def test_a_bash_context_keeps_variables_functions_and_directory(api: httpx.Client, session: str) -> None:
     first = cell(api, session, 'count=1\ngreet() { echo "hi $1"; }\nmkdir -p sub && cd sub', "bash")
     assert first["status"] == "succeeded", first
