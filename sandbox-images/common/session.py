@@ -333,7 +333,7 @@ def main():
     oom_before = 0
     kill_at = None  # set when the running cell was interrupted: its kernel is restarted by then at the latest
     while True:
-        ready, _, _ = select.select([0, *kernel.watched(), *procs.watched()], [], [], 0.1)
+        ready, _, _ = select.select([0, *kernel.watched(), *procs.watched(), *OPS.watchers.watched()], [], [], 0.1)
         report = None
         for fd in ready:
             if fd == 0:
@@ -363,7 +363,7 @@ def main():
                         OPS.handle(request)
             elif fd == kernel.rep:
                 report = _mine(_read_reports(kernel), cell) or report
-            elif not procs.readable(fd):
+            elif not procs.readable(fd) and not OPS.watchers.readable(fd):
                 _drain(kernel, fd)
         if procs.live:
             procs.expire()

@@ -15,6 +15,7 @@ import pytest
 from e2b import (
     CommandExitException,
     CommandHandle,
+    FilesystemEvent,
     FileType,
     InvalidArgumentException,
     NotFoundException,
@@ -154,9 +155,71 @@ def test_envd_calls_need_the_sandboxs_token(sandbox: Sandbox, stack: Stack) -> N
 
 def test_what_is_not_offered_fails_at_once_with_a_clear_error(sandbox: Sandbox) -> None:
     with pytest.raises(SandboxException, match="not offered"):
-        sandbox.files.watch_dir("/home/user")
-    with pytest.raises(SandboxException, match="not offered"):
         sandbox.pty.create(size=PtySize(rows=24, cols=80))
+
+
+def test_a_directory_watcher_reports_what_cells_commands_and_file_calls_change(sandbox: Sandbox) -> None:
+    sandbox.files.make_dir("watched/deep")
+    handle = sandbox.files.watch_dir("watched", recursive=True)
+    sandbox.files.write("watched/a.txt", "from a file call")
+    sandbox.run_code("open('/workspace/watched/deep/b.txt', 'w').write('from a cell')")
+    sandbox.commands.run("mkdir /home/user/watched/new && echo x > /home/user/watched/new/c.txt && rm watched/a.txt")
+    seen: set[tuple[str, str]] = set()
+
+    def reported() -> bool:
+        seen.update((e.name, e.type.value) for e in handle.get_new_events())
+        return {("a.txt", "create"), ("deep/b.txt", "write"), ("new", "create"), ("new/c.txt", "create"),
+                ("a.txt", "remove")} <= seen  # fmt: skip
+
+    wait_until(reported, 15, "the watcher to report the changes")
+    handle.stop()
+    with pytest.raises(SandboxException, match="watcher"):
+        handle.get_new_events()
+    with pytest.raises(SandboxException):
+        sandbox.files.watch_dir("no-such-directory")
+
+
+def test_a_watcher_id_of_another_sandbox_or_made_up_is_not_found(sandbox: Sandbox, stack: Stack) -> None:
+    handle = sandbox.files.watch_dir("/home/user")
+    try:
+        with Sandbox.create(timeout=60) as other:
+            headers = {"E2b-Sandbox-Id": other.sandbox_id, "X-Access-Token": other._envd_access_token or "",
+                       "Content-Type": "application/json"}  # fmt: skip
+            with httpx.Client(base_url=f"{stack.base_url}/e2b/sandbox", headers=headers) as raw:
+                for watcher in (handle._watcher_id, "0" * 24, "../x"):
+                    answer = raw.post("/filesystem.Filesystem/GetWatcherEvents", json={"watcherId": watcher})
+                    assert answer.status_code in (400, 404), (watcher, answer.text)
+    finally:
+        handle.stop()
+
+
+def test_the_async_sdk_streams_a_directorys_changes(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("E2B_API_KEY", stack.keys["alpha"])
+    monkeypatch.setenv("E2B_API_URL", f"{stack.base_url}/e2b")
+    monkeypatch.setenv("E2B_SANDBOX_URL", f"{stack.base_url}/e2b/sandbox")
+
+    async def main() -> list[tuple[str, str]]:
+        sbx = await AsyncSandbox.create(timeout=120)
+        events: list[tuple[str, str]] = []
+        arrived = asyncio.Event()
+
+        def heard(event: FilesystemEvent) -> None:
+            events.append((event.name, event.type.value))
+            if ("streamed.txt", "remove") in events:
+                arrived.set()
+
+        try:
+            handle = await sbx.files.watch_dir("/home/user", on_event=heard)
+            await sbx.files.write("streamed.txt", "x")
+            await sbx.files.remove("streamed.txt")
+            await asyncio.wait_for(arrived.wait(), 15)
+            await handle.stop()
+            return events
+        finally:
+            await sbx.kill()
+
+    events = asyncio.run(main())
+    assert events[0] == ("streamed.txt", "create") and ("streamed.txt", "remove") in events, events
 
 
 def test_the_async_sdk_writes_reads_and_runs_commands(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -336,3 +336,33 @@ def test_a_request_that_is_not_utf8_does_not_stop_the_relay(relaying: Relaying) 
 def test_a_reply_whose_id_is_not_a_string_is_dropped_without_raising(relaying: Relaying) -> None:
     relaying.sandbox.say({"ev": "reply", "id": ["not", "an", "op"], "ok": {}})
     relaying.finish()
+
+
+def test_a_directory_watchers_events_reach_its_asker_only_once_the_sandbox_confirmed_it(relaying: Relaying) -> None:
+    refused = relaying.request("watch.start", path="/nowhere")
+    assert relaying.relayed()["id"] == refused
+    relaying.sandbox.say({"ev": "reply", "id": refused, "error": {"kind": "not_found", "message": "no"}})
+    watcher = relaying.request("watch.start", path="/workspace", recursive=True)
+    assert relaying.relayed()["id"] == watcher
+    early = {"ev": "wev", "id": watcher, "events": [{"name": "early", "type": "create"}]}
+    relaying.sandbox.say(early)  # before its reply: not yet a watcher the relay knows
+    relaying.sandbox.say({"ev": "reply", "id": watcher, "ok": {}})
+    change = {"ev": "wev", "id": watcher, "events": [{"name": "a.txt", "type": "write"}]}
+    relaying.sandbox.say(change)
+    relaying.sandbox.say({"ev": "wev", "id": refused, "events": [{"name": "x", "type": "create"}]})
+    relaying.sandbox.say({"ev": "wev", "id": ["not", "an", "id"], "events": []})
+    assert relaying.take(watcher) == [{"ev": "reply", "id": watcher, "ok": {}}, change]
+    assert relaying.take(refused) == [{"ev": "reply", "id": refused, "error": {"kind": "not_found", "message": "no"}}]
+
+    stop = relaying.request("watch.stop", watch=watcher)
+    assert relaying.relayed() == {"op": "watch.stop", "id": stop, "watch": watcher}
+    relaying.sandbox.say(change)
+    assert relaying.answers(watcher) == [], "a stopped watcher's events go nowhere"
+
+
+def test_a_directory_watcher_hears_gone_when_the_relay_stops(relaying: Relaying) -> None:
+    watcher = relaying.request("watch.start", path="/workspace")
+    assert relaying.relayed()["id"] == watcher
+    relaying.sandbox.say({"ev": "reply", "id": watcher, "ok": {}})
+    relaying.finish()
+    assert relaying.take(watcher)[-1] == {"ev": "gone"}

@@ -34,6 +34,7 @@ from execbox.e2b.contexts import ContextBook
 from execbox.e2b.envd import Envd
 from execbox.e2b.interpreter import Interpreter
 from execbox.e2b.sandboxes import Sandboxes
+from execbox.e2b.watchers import WatcherBook
 from execbox.executions import events
 from execbox.executions.idempotency import IdempotencyKeys
 from execbox.executions.queue import depth, make_queue
@@ -165,6 +166,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.e2b.call_timeout_s,
         ),  # fmt: skip
         envd=Envd(sessions.store, waiters.streams, keys, settings.e2b.max_file_bytes, settings.e2b.call_timeout_s),
+        watchers=WatcherBook(client, keys, settings.sessions.max_lifetime_s + settings.retention_s),
     )
     foreign = {"/e2b/": e2b.error_response} if settings.e2b.enabled else {}
     problems.install(app, settings.api.max_json_body_bytes, settings.api.max_body_bytes, foreign)

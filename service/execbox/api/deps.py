@@ -17,6 +17,7 @@ from execbox.core.tracing import Spans
 from execbox.e2b.envd import Envd
 from execbox.e2b.interpreter import Interpreter
 from execbox.e2b.sandboxes import Sandboxes
+from execbox.e2b.watchers import WatcherBook
 from execbox.executions.idempotency import IdempotencyKeys
 from execbox.executions.store import ExecutionStore
 from execbox.executions.submit import Submissions
@@ -60,6 +61,7 @@ class Services:
     sandboxes: Sandboxes
     interpreter: Interpreter
     envd: Envd
+    watchers: WatcherBook
 
 
 def _services(request: Request) -> Services:

@@ -1,7 +1,7 @@
 """envd's filesystem.Filesystem RPCs and its /files read and write, over the sandbox's file calls.
 
 Entries come back in E2B's EntryInfo (proto3 JSON: enum names, int64 sizes as strings, RFC 3339
-times, paths as the client calls them). Watching a directory is not offered (a clear 501)."""
+times, paths as the client calls them). Watchers are execbox.e2b.watchers'."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from execbox.e2b.errors import FileExists, FileTooLarge, NotOffered
 from execbox.e2b.sandboxes import Opened
 
 TYPES = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY", "symlink": "FILE_TYPE_SYMLINK"}
-WATCHING = frozenset({"WatchDir", "CreateWatcher", "GetWatcherEvents", "RemoveWatcher"})
 
 
 def entry_info(entry: dict[str, Any]) -> dict[str, Any]:
@@ -72,8 +71,6 @@ async def rpc(envd: Envd, opened: Opened, method: str, body: dict[str, Any]) -> 
     if method == "Remove":
         await envd.ask(opened, {"op": "fs", "call": "remove", "path": _field(body, "path")})
         return {}
-    if method in WATCHING:
-        raise NotOffered("watching a directory is not offered; list it again to see changes (docs/e2b.md)")
     raise NotOffered(f"no filesystem call {method[:64]!r}")
 
 
@@ -121,4 +118,4 @@ def gunzip(data: bytes, limit: int) -> bytes:
     return out
 
 
-__all__ = ["WATCHING", "entry_info", "gunzip", "read", "rpc", "write"]
+__all__ = ["entry_info", "gunzip", "read", "rpc", "write"]

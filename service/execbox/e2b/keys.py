@@ -1,4 +1,5 @@
-"""The E2B room's Redis keys: what a sandbox adds to its session (template, access token digest, code contexts)."""
+"""The E2B room's Redis keys: what a sandbox adds to its session (template, access token digest,
+code contexts, watchers)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,14 @@ SCHEMA: tuple[KeySpec, ...] = (
         (),
         "the code contexts an E2B sandbox made beside its defaults (execbox.e2b.contexts)",
     ),
+    KeySpec(
+        "e2b:{id}:watchers",
+        "set of watcher ids",
+        "sessions.max_lifetime_s + retention_s",
+        ("api",),
+        (),
+        "the directory watchers an E2B sandbox made with CreateWatcher (execbox.e2b.watchers)",
+    ),
 )
 
 
@@ -31,6 +40,9 @@ class E2bKeys(SessionKeys):
 
     def sandbox_contexts(self, session_id: str) -> str:
         return self._k("e2b", session_id, "contexts")
+
+    def sandbox_watchers(self, session_id: str) -> str:
+        return self._k("e2b", session_id, "watchers")
 
 
 __all__ = ["SCHEMA", "E2bKeys"]

@@ -3,15 +3,17 @@
 A request is a JSON object with an op id the asker chose (`new_op`), pushed on the session's
 `ses:{id}:asks`. The worker holding the session relays it to the sandbox's supervisor, which serves
 it between its other work (sandbox-images/common/session_ops.py documents each request and answer),
-and pushes everything said about that id on `ses:{id}:answers:{op}`: a read's chunks, then the reply;
-for a process it started, also the process's output and its end. Another asker may follow a
+and pushes everything said about that id on `ses:{id}:answers:{op}`: a read's chunks, then the
+reply; for a process it started, also the process's output and its end. Another asker may follow a
 running process (`proc.watch`, with the pid) and stop following it (`proc.unwatch`, with the op id
-it watched under). An asker that stops reading is not waited for: its answers expire
-(ANSWER_TTL_S), and one that lets ANSWER_CAP of them pile up is dropped (a last "dropped" answer).
-When the session ends, every open request and every watcher gets a last "gone".
+it watched under). A directory watcher (`watch.start`) is named by its request's op id: what the
+sandbox reports of it comes on that op's answers until `watch.stop` names it. An asker that stops
+reading is not waited for: its answers expire (ANSWER_TTL_S), and one that lets ANSWER_CAP of them
+pile up is dropped (a last "dropped" answer). When the session ends, every open request and every
+watcher gets a last "gone".
 
-The holder (execbox.sessions.relay) trusts nothing it relays to have come from a well-behaved API:
-a request that is not one of OPS with a well-formed id is set aside (logged, counted) and the relay
+The holder (execbox.sessions.relay) trusts nothing it relays to have come from a well-behaved API: a
+request that is not one of OPS with a well-formed id is set aside (logged, counted) and the relay
 goes on. This module is the asker's half and imports nothing of the sandbox's.
 """
 
@@ -30,8 +32,9 @@ from execbox.sessions.keys import SessionKeys
 ANSWER_TTL_S = 60
 ANSWER_CAP = 4096
 OPS = frozenset(
-    {"fs", "proc.start", "proc.input", "proc.close", "proc.signal", "proc.list", "proc.watch", "proc.unwatch"}
-)
+    {"fs", "proc.start", "proc.input", "proc.close", "proc.signal", "proc.list", "proc.watch", "proc.unwatch",
+     "watch.start", "watch.stop"}
+)  # fmt: skip
 OP_ID = re.compile(r"[0-9a-f]{24}")
 
 

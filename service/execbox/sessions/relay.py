@@ -32,6 +32,9 @@ class Relay:
         self._starts: set[str] = set()
         self._watchers: dict[int, set[str]] = {}
         """A running process's pid -> the op ids its output and end go to."""
+        self._dir_starts: set[str] = set()
+        self._dirs: set[str] = set()
+        """Directory watchers the sandbox confirmed (their op ids), whose events go to their askers."""
         sandbox.listen(self.heard)
 
     def run(self, stop: threading.Event) -> None:
@@ -50,8 +53,8 @@ class Relay:
                     stop.wait(1.0)
         finally:
             with self._lock:
-                waiting = self._open | {op for ops in self._watchers.values() for op in ops}
-                self._open, self._watchers = set(), {}
+                waiting = self._open | self._dirs | {op for ops in self._watchers.values() for op in ops}
+                self._open, self._watchers, self._dirs = set(), {}, set()
             for op in waiting:
                 self._push(op, {"ev": "gone"})
 
@@ -83,6 +86,10 @@ class Relay:
             self._open.add(op)
             if kind == "proc.start":
                 self._starts.add(op)
+            elif kind == "watch.start":
+                self._dir_starts.add(op)
+            if kind == "watch.stop":
+                self._dirs.discard(str(request.get("watch")))
         self.sandbox.op(request)
 
     def heard(self, event: dict[str, Any]) -> None:
@@ -95,11 +102,24 @@ class Relay:
                     return  # not a request of ours (the sandbox's word is not trusted to be)
                 if kind == "reply":
                     self._open.discard(op)
-                    pid = (event.get("ok") or {}).get("pid") if isinstance(event.get("ok"), dict) else None
+                    ok = event.get("ok")
+                    pid = ok.get("pid") if isinstance(ok, dict) else None
                     if op in self._starts and isinstance(pid, int):
                         self._watchers[pid] = {op}
+                    elif op in self._dir_starts and isinstance(ok, dict):
+                        self._dirs.add(op)  # a watch.start that worked
                     self._starts.discard(op)
+                    self._dir_starts.discard(op)
             self._push(str(op), event)
+        elif kind == "wev":
+            op = event.get("id")
+            with self._lock:
+                if not isinstance(op, str) or op not in self._dirs:
+                    return
+            if self._push(op, event) > ANSWER_CAP:
+                with self._lock:
+                    self._dirs.discard(op)
+                self._push(op, {"ev": "dropped"})
         elif kind in ("pout", "pend"):
             pid = event.get("pid")
             if not isinstance(pid, int):

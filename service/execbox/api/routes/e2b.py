@@ -19,7 +19,7 @@ from execbox.api.deps import Services, ServicesDep
 from execbox.api.params import TraceHeader
 from execbox.core.errors import FieldProblem, InvalidRequest, ServiceError
 from execbox.core.redis import redis_errors
-from execbox.e2b import commands, filesystem
+from execbox.e2b import commands, filesystem, watchers
 from execbox.e2b import connect as connectrpc
 from execbox.e2b.errors import NotOffered, SandboxGone
 from execbox.e2b.sandboxes import Opened, metadata_filter
@@ -214,7 +214,16 @@ async def rpc(request: Request, service: str, method: str, services: ServicesDep
         timeout = request.headers.get("Connect-Timeout-Ms")
         frames = commands.stream(services.envd, opened, method, body, timeout)
         return StreamingResponse(frames, media_type=connectrpc.STREAM_TYPE)
+    if service == "filesystem.Filesystem" and method == "WatchDir":
+        try:
+            body = connectrpc.opened_envelope(await request.body())
+        except ServiceError as exc:
+            return Response(connectrpc.end_stream(connectrpc.connect_code(exc.http_status), exc.message),
+                            media_type=connectrpc.STREAM_TYPE)  # fmt: skip
+        return StreamingResponse(watchers.stream(services.envd, opened, body), media_type=connectrpc.STREAM_TYPE)
     body = connectrpc.message(await request.body())
+    if service == "filesystem.Filesystem" and method in watchers.UNARY:
+        return JSONResponse(await watchers.rpc(services.envd, services.watchers, opened, method, body))
     if service == "process.Process":
         return JSONResponse(await commands.rpc(services.envd, opened, method, body))
     if service == "filesystem.Filesystem":

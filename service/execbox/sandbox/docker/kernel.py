@@ -38,7 +38,7 @@ INTERRUPT_GRACE_S = 20.0
 LINE_CAP = 1 << 20
 """The longest event line read from the supervisor (its output chunks are 64 KiB before base64,
 a file's 512 KiB)."""
-SIDE_EVENTS = frozenset({"reply", "chunk", "pout", "pend"})
+SIDE_EVENTS = frozenset({"reply", "chunk", "pout", "pend", "wev"})
 """What the supervisor says outside a cell (session_ops.py): for the listener, not the call."""
 
 
