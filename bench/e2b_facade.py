@@ -1,6 +1,8 @@
 """The E2B facade against the native session API, in one run: what an agent on E2B's SDK waits for
 (create -> first run_code("1+1") -> kill) and back-to-back cells, beside the same through
-/v1/sessions and /v1/executions. A benchmark: it prints figures and asserts nothing.
+/v1/sessions and /v1/executions; then, in the facade alone, what its other calls cost against its
+own plain cell: cells alternating between two Python contexts, a JavaScript context's cell, a
+file's write and read, a command. A benchmark: it prints figures and asserts nothing.
 
 The rounds interleave the two paths so that drift hits both alike. Starts its own Redis, API and
 workers like bench/compare.py; the SDK is the unmodified `e2b-code-interpreter`, pointed at the
@@ -53,7 +55,10 @@ def main() -> int:
 
         series: dict[str, list[float]] = {k: [] for k in ("facade: create -> first cell", "native: open -> first cell",
                                                           "facade: kill", "native: delete", "facade: cell",
-                                                          "native: cell")}  # fmt: skip
+                                                          "native: cell", "facade: two Python contexts, alternating",
+                                                          "facade: JavaScript context cell",
+                                                          "facade: file write + read (1 KiB)",
+                                                          "facade: command")}  # fmt: skip
         try:
             for _ in range(args.rounds):
                 start = time.perf_counter()
@@ -69,6 +74,23 @@ def main() -> int:
                     start = time.perf_counter()
                     native_cell(service, session, "1+1")
                     series["native: cell"].append(ms(start))
+                if len(series["facade: command"]) == 0:
+                    other = sbx.create_code_context()
+                    payload = b"x" * 1024
+                    for n in range(args.cells):
+                        start = time.perf_counter()
+                        sbx.run_code("1+1", context=other if n % 2 else None)
+                        series["facade: two Python contexts, alternating"].append(ms(start))
+                        start = time.perf_counter()
+                        sbx.run_code("1+1", language="javascript")
+                        series["facade: JavaScript context cell"].append(ms(start))
+                        start = time.perf_counter()
+                        sbx.files.write("bench.bin", payload)
+                        assert sbx.files.read("bench.bin", format="bytes") == payload
+                        series["facade: file write + read (1 KiB)"].append(ms(start))
+                        start = time.perf_counter()
+                        sbx.commands.run("true")
+                        series["facade: command"].append(ms(start))
                 start = time.perf_counter()
                 sbx.kill()
                 series["facade: kill"].append(ms(start))
@@ -86,6 +108,9 @@ def main() -> int:
         ("end", "facade: kill", "native: delete"),
     ):
         print(f"{what}: facade / native p50 {rows[facade]['p50_ms'] / rows[native]['p50_ms']:.2f}")
+    for name in ("facade: two Python contexts, alternating", "facade: JavaScript context cell",
+                 "facade: file write + read (1 KiB)", "facade: command"):  # fmt: skip
+        print(f"{name} / facade: cell, p50 {rows[name]['p50_ms'] / rows['facade: cell']['p50_ms']:.2f}")
     return 0
 
 

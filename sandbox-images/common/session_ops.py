@@ -5,7 +5,9 @@ The worker asks on the supervisor's stdin, one JSON object per line, each with a
     {"op": "fs", "id", "call": "stat"|"list"|"read"|"write"|"mkdir"|"remove"|"move",
      "path", "to" (move), "depth" (list), "b" (write, base64), "limit" (read, bytes)}
     {"op": "proc.start", "id", "argv": [...], "env": {...}, "cwd", "stdin": bool, "tag",
-     "timeout_s" (its lifetime: killed then; null for none)}
+     "timeout_s" (its lifetime: killed then; null for none), "pty": {"rows", "cols"} (optional: on
+     a pseudo-terminal, whose output is fd 3 and to which proc.input types)}
+    {"op": "proc.resize", "id", "pid", "rows", "cols"}   (a pseudo-terminal's size)
     {"op": "proc.input", "id", "pid", "b"}     {"op": "proc.close", "id", "pid"}   (stdin)
     {"op": "proc.signal", "id", "pid", "sig"}  {"op": "proc.list", "id"}
     {"op": "watch.start", "id", "path", "recursive": bool}   {"op": "watch.stop", "id", "watch"}
@@ -38,6 +40,7 @@ them with everything else, and each reports its end.
 import base64
 import ctypes
 import errno
+import fcntl
 import grp
 import os
 import pwd
@@ -45,6 +48,7 @@ import shutil
 import signal
 import stat
 import struct
+import termios
 import time
 
 WORKDIR = "/workspace"
@@ -327,12 +331,21 @@ class Files:
 
 
 class Process:
-    def __init__(self, pid, request, stdin, out, err):
-        self.pid, self.stdin, self.pipes = pid, stdin, {out: 1, err: 2}
+    def __init__(self, pid, request, stdin, pipes):
+        self.pid, self.stdin, self.pipes = pid, stdin, pipes
+        self.pty = 3 in pipes.values()
         self.info = {"pid": pid, "tag": request.get("tag"), "argv": request["argv"], "env": request.get("env") or {},
                      "cwd": request.get("cwd") or WORKDIR}  # fmt: skip
         timeout = request.get("timeout_s")
         self.deadline = time.monotonic() + timeout if isinstance(timeout, (int, float)) and timeout > 0 else None
+
+
+def _size(request):
+    """A terminal's (rows, cols) from {"rows", "cols"}."""
+    rows, cols = (request or {}).get("rows"), (request or {}).get("cols")
+    if not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 4096 for n in (rows, cols)):
+        raise OpError("invalid", "a terminal's size is rows and cols from 1 to 4096")
+    return rows, cols
 
 
 class Processes:
@@ -388,7 +401,15 @@ class Processes:
             if data and written != len(data):
                 raise OpError("failed", "process %d is not reading its stdin (%d of %d bytes taken)" % (proc.pid, written or 0, len(data)))
             return {}
+        if op == "proc.resize":
+            if not proc.pty:
+                raise OpError("invalid", "process %d has no pseudo-terminal" % proc.pid)
+            rows, cols = _size(request)
+            fcntl.ioctl(proc.stdin, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+            return {}
         if op == "proc.close":
+            if proc.pty:  # its input and output are one fd: closing it would hang the terminal up
+                return {}
             if proc.stdin is not None:
                 os.close(proc.stdin)
                 proc.stdin = None
@@ -407,6 +428,8 @@ class Processes:
         with _Opened(cwd, os.O_PATH | os.O_DIRECTORY, False):
             pass  # it exists, is a directory, and is not hidden
         environ = {**os.environ, **env, "PWD": cwd}  # the shell's pwd says the directory as it was asked
+        if request.get("pty") is not None:
+            return self._start_pty(request, argv, environ, cwd)
         stdin_r, stdin_w = os.pipe() if request.get("stdin") else (os.open(os.devnull, os.O_RDONLY), None)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -429,7 +452,34 @@ class Processes:
         for fd in (out_r, err_r) + ((stdin_w,) if stdin_w is not None else ()):
             os.set_inheritable(fd, False)
             os.set_blocking(fd, False)
-        self.live[pid] = Process(pid, request, stdin_w, out_r, err_r)
+        self.live[pid] = Process(pid, request, stdin_w, {out_r: 1, err_r: 2})
+        return {"pid": pid}
+
+    def _start_pty(self, request, argv, environ, cwd):
+        """A process on a pseudo-terminal of its own (its controlling terminal): what it writes comes
+        back as fd 3, what is sent to it is typed."""
+        rows, cols = _size(request.get("pty"))
+        master, slave = os.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setsid()
+                fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+                for target in (0, 1, 2):
+                    os.dup2(slave, target)
+                os.closerange(3, 1024)
+                signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+                os.chdir(cwd)
+                os.execvpe(argv[0], argv, environ)
+            except OSError as exc:
+                os.write(2, ("%s: %s\n" % (argv[0], exc.strerror)).encode())
+            finally:
+                os._exit(127)
+        os.close(slave)
+        os.set_inheritable(master, False)
+        os.set_blocking(master, False)
+        self.live[pid] = Process(pid, request, master, {master: 3})
         return {"pid": pid}
 
     def expire(self):
@@ -454,10 +504,17 @@ class Processes:
     def _forward(self, proc, fd):
         try:
             while True:
-                data = os.read(fd, 1 << 16)
+                try:
+                    data = os.read(fd, 1 << 16)
+                except OSError as exc:  # a terminal whose process is gone says EIO, not end of file
+                    if exc.errno != errno.EIO:
+                        raise
+                    data = b""
                 if not data:
                     del proc.pipes[fd]
                     os.close(fd)
+                    if proc.stdin == fd:
+                        proc.stdin = None
                     return
                 self.emit({"ev": "pout", "pid": proc.pid, "fd": proc.pipes[fd], "b": base64.b64encode(data).decode()})
         except BlockingIOError:
@@ -472,6 +529,8 @@ class Processes:
             self._forward(proc, fd)
             if fd in proc.pipes:
                 os.close(fd)
+                if proc.stdin == fd:  # a terminal: one fd both ways
+                    proc.stdin = None
         if proc.stdin is not None:
             os.close(proc.stdin)
         self.ended[pid] = True

@@ -153,9 +153,17 @@ def test_envd_calls_need_the_sandboxs_token(sandbox: Sandbox, stack: Stack) -> N
     assert listed.json()["code"] == "unauthenticated"
 
 
-def test_what_is_not_offered_fails_at_once_with_a_clear_error(sandbox: Sandbox) -> None:
-    with pytest.raises(SandboxException, match="not offered"):
-        sandbox.pty.create(size=PtySize(rows=24, cols=80))
+def test_a_terminal_runs_an_interactive_shell_that_is_typed_to_and_resized(sandbox: Sandbox) -> None:
+    terminal = sandbox.pty.create(size=PtySize(rows=24, cols=80))
+    sandbox.pty.resize(terminal.pid, PtySize(rows=30, cols=100))
+    sandbox.pty.send_stdin(terminal.pid, b"stty size; echo term=$TERM; tty; exit\n")
+    shown = bytearray()
+    ended = terminal.wait(on_pty=shown.extend)
+    text = shown.decode(errors="replace")
+    assert ended.exit_code == 0 and "30 100" in text and "term=xterm-256color" in text, text
+    assert "/dev/pts/" in text, "the shell's terminal is a real one"
+    with pytest.raises(SandboxException):
+        sandbox.pty.resize(terminal.pid, PtySize(rows=30, cols=100))  # it ended: not found
 
 
 def test_a_directory_watcher_reports_what_cells_commands_and_file_calls_change(sandbox: Sandbox) -> None:

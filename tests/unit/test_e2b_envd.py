@@ -288,9 +288,13 @@ def test_a_start_without_a_program_is_refused(process: Any) -> None:
     assert field_of(exc) == "process.cmd"
 
 
-def test_a_start_asking_for_a_terminal_is_not_offered() -> None:
-    with pytest.raises(NotOffered, match="pseudo-terminal"):
-        start(pty={"size": {"cols": 80, "rows": 24}})
+def test_a_start_on_a_terminal_asks_for_its_size_and_a_bad_size_is_refused() -> None:
+    assert start(pty={"size": {"cols": 80, "rows": "24"}})["pty"] == {"rows": 24, "cols": 80}
+    bad: object
+    for bad in ({}, {"size": {"cols": 0, "rows": 24}}, {"size": {"cols": "²", "rows": 1}}, {"size": []}, "x"):
+        with pytest.raises(InvalidRequest) as exc:
+            start(pty=bad)
+        assert field_of(exc) == "pty.size"
 
 
 @pytest.mark.parametrize("args", [["a\x00b"], [1], "ls -l", ["x"] * 4097])
@@ -640,12 +644,25 @@ def test_a_signal_other_than_kill_or_term_is_refused(signal: Any) -> None:
     assert envd.asked == []
 
 
-def test_process_calls_without_a_terminal_or_stdin_are_not_offered() -> None:
+def test_streamed_input_is_not_offered_and_a_resize_needs_a_size() -> None:
     envd = recorded()
-    for method, body in (("Update", {}), ("StreamInput", {}), ("SendInput", {"input": {"pty": "aGk="}})):
-        with pytest.raises(NotOffered):
-            run(commands.rpc(envd, OPENED, method, {"process": {"pid": 1}, **body}))
+    with pytest.raises(NotOffered):
+        run(commands.rpc(envd, OPENED, "StreamInput", {"process": {"pid": 1}}))
+    with pytest.raises(InvalidRequest) as exc:
+        run(commands.rpc(envd, OPENED, "Update", {"process": {"pid": 1}}))
+    assert field_of(exc) == "pty.size"
+    with pytest.raises(InvalidRequest) as exc:
+        run(commands.rpc(envd, OPENED, "SendInput", {"process": {"pid": 1}, "input": {"neither": "aGk="}}))
+    assert field_of(exc) == "input"
     assert envd.asked == []
+
+
+def test_terminal_input_and_a_resize_go_to_the_sandbox_as_its_requests() -> None:
+    envd = recorded()
+    run(commands.rpc(envd, OPENED, "SendInput", {"process": {"pid": 7}, "input": {"pty": "aGk="}}))
+    run(commands.rpc(envd, OPENED, "Update", {"process": {"pid": 7}, "pty": {"size": {"rows": 30, "cols": 100}}}))
+    assert envd.asked == [{"op": "proc.input", "pid": 7, "b": "aGk="},
+                          {"op": "proc.resize", "pid": 7, "rows": 30, "cols": 100}]  # fmt: skip
 
 
 def test_stdin_input_is_decoded_from_either_base64_alphabet_and_sent_as_standard_base64() -> None:

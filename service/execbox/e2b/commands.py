@@ -4,8 +4,9 @@ Start and Connect are server streams: the start event with the pid first (the SD
 then output as it comes, the end event, and Connect's end-of-stream. A client that leaves stops
 hearing the process, never stops it, as with E2B's own envd; the timeout the client sent
 (Connect-Timeout-Ms on Start) is the process's lifetime, enforced in the sandbox. Errors of a
-stream travel in its end-of-stream (HTTP 200), where both SDKs read them. A pseudo-terminal and
-streamed input are not offered (a clear 501).
+stream travel in its end-of-stream (HTTP 200), where both SDKs read them. A pseudo-terminal (Start
+with `pty`, SendInput's `pty` bytes, Update's size) is the sandbox's own; streamed input
+(StreamInput) is not offered (a clear 501).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ NUMBER = re.compile(r"[0-9]{1,12}")
 """A pid or a timeout in milliseconds: ASCII digits only (str.isdigit takes '²', which int() does not)."""
 KEEPALIVE_QUIETS = 30
 """Quiet seconds before a keepalive event (E2B's SDK asks for one each 50 s)."""
+STREAMS: dict[object, str] = {1: "stdout", 2: "stderr", 3: "pty"}
+"""The sandbox's fd of a process's output -> the data field it goes out in."""
 SIGNAL_WORDS = {"SIGKILL": "killed", "SIGTERM": "terminated", "SIGINT": "interrupt", "SIGHUP": "hangup"}
 
 
@@ -69,22 +72,38 @@ async def rpc(envd: Envd, opened: Opened, method: str, body: dict[str, Any]) -> 
         await envd.ask(opened, {"op": "proc.signal", "pid": await _pid(envd, opened, body), "sig": sig})
         return {}
     if method == "SendInput":
-        data = (body.get("input") or {}).get("stdin") if isinstance(body.get("input"), dict) else None
+        given: dict[str, Any] = body["input"] if isinstance(body.get("input"), dict) else {}
+        kind = "pty" if "pty" in given else "stdin"
+        data = given.get(kind)
         if not isinstance(data, str):
-            raise NotOffered("only stdin input is offered (no pseudo-terminal)")
+            raise _bad("input", 'the bytes to send: {"stdin": base64} or {"pty": base64}')
         try:
             raw = base64.b64decode(
                 data + "=" * (-len(data) % 4), altchars=b"-_" if "-" in data or "_" in data else None
             )
         except ValueError:
-            raise _bad("input.stdin", "base64 bytes") from None
+            raise _bad(f"input.{kind}", "base64 bytes") from None
         pid = await _pid(envd, opened, body)
         await envd.ask(opened, {"op": "proc.input", "pid": pid, "b": base64.b64encode(raw).decode()})
         return {}
     if method == "CloseStdin":
         await envd.ask(opened, {"op": "proc.close", "pid": await _pid(envd, opened, body)})
         return {}
-    raise NotOffered(f"process.Process/{method[:64]} is not offered (no pseudo-terminal, no streamed input)")
+    if method == "Update":
+        rows, cols = _size(body.get("pty"), "pty.size")
+        await envd.ask(opened, {"op": "proc.resize", "pid": await _pid(envd, opened, body), "rows": rows, "cols": cols})
+        return {}
+    raise NotOffered(f"process.Process/{method[:64]} is not offered (streamed input: send it with SendInput)")
+
+
+def _size(pty: object, field: str) -> tuple[int, int]:
+    """A PTY message's size (proto3 JSON may send numbers as strings)."""
+    size = pty.get("size") if isinstance(pty, dict) else None
+    size = size if isinstance(size, dict) else {}
+    rows, cols = size.get("rows"), size.get("cols")
+    if not all(isinstance(n, int | str) and NUMBER.fullmatch(str(n)) and 1 <= int(n) <= 4096 for n in (rows, cols)):
+        raise _bad(field, "rows and cols from 1 to 4096")
+    return int(str(rows)), int(str(cols))
 
 
 def _listed(proc: dict[str, Any]) -> dict[str, Any]:
@@ -108,8 +127,6 @@ def start_request(body: dict[str, Any], timeout_ms: str | None) -> dict[str, Any
     process = body.get("process")
     if not isinstance(process, dict) or not isinstance(process.get("cmd"), str) or not process["cmd"]:
         raise _bad("process.cmd", "the program to run")
-    if body.get("pty"):
-        raise NotOffered("a pseudo-terminal is not offered; run commands without one")
     args = process.get("args") or []
     if not isinstance(args, list) or not all(isinstance(a, str) and "\x00" not in a for a in args) or len(args) > 4096:
         raise _bad("process.args", "a list of strings without NUL")
@@ -131,7 +148,12 @@ def start_request(body: dict[str, Any], timeout_ms: str | None) -> dict[str, Any
     cwd = process.get("cwd")
     if cwd is not None and not isinstance(cwd, str):
         raise _bad("process.cwd", "a directory (string)")
+    pty = {}
+    if body.get("pty") is not None:
+        rows, cols = _size(body.get("pty"), "pty.size")
+        pty = {"pty": {"rows": rows, "cols": cols}}
     return {
+        **pty,
         "op": "proc.start",
         "argv": [process["cmd"], *args],
         "env": envs,
@@ -163,9 +185,8 @@ async def stream(
                 yield envelope({"event": {"start": {"pid": pid}}})
             elif kind == "pout":
                 quiet = 0
-                yield envelope(
-                    {"event": {"data": {"stdout" if answer.get("fd") == 1 else "stderr": answer.get("b", "")}}}
-                )
+                stream_name = STREAMS.get(answer.get("fd"), "stderr")
+                yield envelope({"event": {"data": {stream_name: answer.get("b", "")}}})
             elif kind == "pend":
                 ended = True
                 yield envelope({"event": {"end": _end(answer)}})

@@ -33,7 +33,7 @@ ANSWER_TTL_S = 60
 ANSWER_CAP = 4096
 OPS = frozenset(
     {"fs", "proc.start", "proc.input", "proc.close", "proc.signal", "proc.list", "proc.watch", "proc.unwatch",
-     "watch.start", "watch.stop"}
+     "proc.resize", "watch.start", "watch.stop"}
 )  # fmt: skip
 OP_ID = re.compile(r"[0-9a-f]{24}")
 
