@@ -8,8 +8,10 @@
 // whose last expression is a promise waits for it. A cell using `await` outside a function runs as
 // the body of an async function instead: it may await, and its declarations stay inside it.
 //
-// Nothing of a cell runs on after it, as for every execbox call: the timers it set (setTimeout,
-// setInterval, setImmediate) are cleared when it ends.
+// Nothing of a cell runs on after it, as for every execbox call: the kernel stops this process
+// (SIGSTOP) once the cell is answered, and the timers it set (setTimeout, setInterval,
+// setImmediate, through the globals or node:timers) are cleared when it ends, so that they do not
+// fire in the next cell. The answer carries the request's nonce ("n").
 //
 // console output is the cell's stdout and stderr (the kernel's, inherited). When the cell is over
 // this process writes one JSON line on the fd named by its argument: {"status": 0 or 1, "result":
@@ -26,6 +28,7 @@ const { createRequire } = require('node:module');
 const answers = Number(process.argv[2]);
 const TOP_LEVEL_AWAIT = /await is only valid in async functions and the top level bodies of modules/;
 
+process.on('SIGHUP', () => {}); // never this process's end: the kernel's SIGKILL is
 let interrupted = null; // rejects the promise a cell waits for when SIGINT arrives
 process.on('SIGINT', () => {
   if (interrupted !== null) interrupted(new Error('Script execution was interrupted by `SIGINT`'));
@@ -37,15 +40,18 @@ process.on('unhandledRejection', (err) => report(err));
 const OWN_FRAMES = /\(?(node:vm|node:internal|node:events|.*js_context\.js)|sigintHandlersWrap/;
 
 const timers = new Set(); // [clear, handle] of every timer set since the last cell ended
+const timersModule = require('node:timers');
 for (const [make, clear] of [['setTimeout', 'clearTimeout'], ['setInterval', 'clearInterval'],
   ['setImmediate', 'clearImmediate']]) {
-  const original = globalThis[make];
-  const cancel = globalThis[clear];
-  globalThis[make] = function (...args) {
+  const original = timersModule[make];
+  const cancel = timersModule[clear];
+  const tracked = function (...args) {
     const handle = original.apply(this, args);
     timers.add([cancel, handle]);
     return handle;
   };
+  globalThis[make] = tracked;
+  timersModule[make] = tracked; // require('node:timers') and require('timers') are this object
 }
 
 function clearTimers() {
@@ -106,6 +112,7 @@ async function main() {
         else process.env[name] = value;
       }
     }
+    answer.n = request.n;
     fs.writeSync(answers, JSON.stringify(answer) + '\n');
   }
   process.exit(0);

@@ -55,27 +55,46 @@ BASH_STATE = "/tmp/.execbox-contexts"
 SCRIPT_CONTEXT = ("node", "--v8-pool-size=1", "/opt/execbox/js_context.js")
 """A JavaScript context's process (4 threads, not 11: the sandbox's pids limit counts them); its
 last argument is the fd it answers on."""
+SCRIPT_ANSWER_CAP = 1 << 20
+"""The longest line read on a JavaScript context's answer pipe (longer: the context is ended)."""
 SCRIPT_GRACE_S = 1.5
 """How long an interrupted JavaScript cell has to say it stopped (the supervisor waits 2 s)."""
 BASH_KEPT_OUT = (
     "BASH|BASHOPTS|BASHPID|SHELLOPTS|SHLVL|PPID|UID|EUID|GROUPS|FUNCNAME|PIPESTATUS|LINENO|RANDOM|SRANDOM|"
     "SECONDS|EPOCHSECONDS|EPOCHREALTIME|HISTCMD|OPTIND|OPTERR|DIRSTACK|COMP_WORDBREAKS|_|__execbox_.*|BASH_.*"
 )
-"""The shell's own variables: never saved from one cell to restore in the next."""
+"""The shell's own variables: never saved from one cell to restore in the next. Nor are the names
+the call's env sets (they are that call's), and a saved variable comes back without its readonly
+mark (so that a later call's env can set it). The state is written to a fresh file (mktemp), then
+renamed over the old: a FIFO or link a cell left at its path is replaced, never written through."""
 BASH_SAVE = (
     r"""__execbox_save() {
-  { for __execbox_name in $(compgen -v); do
-      [[ "$__execbox_name" =~ ^(%s)$ ]] || declare -p "$__execbox_name" 2>/dev/null
+  local IFS=$' \t\n' __execbox_name __execbox_decl __execbox_flags __execbox_tmp
+  __execbox_tmp=$(command mktemp "$__execbox_state.XXXXXX") || return
+  { for __execbox_name in $(builtin compgen -v); do
+      [[ "$__execbox_name" =~ ^(%s)$ ]] && continue
+      [[ " $__execbox_env " == *" $__execbox_name "* ]] && continue
+      __execbox_decl=$(builtin declare -p "$__execbox_name" 2>/dev/null) || continue
+      if [[ "$__execbox_decl" =~ ^declare\ -([-a-zA-Z]*)\ (.*)$ ]]; then
+        __execbox_flags=${BASH_REMATCH[1]//r/}
+        builtin printf 'declare -%%s %%s\n' "${__execbox_flags:--}" "${BASH_REMATCH[2]}"
+      fi
     done
-    declare -f
-    printf 'cd %%q 2>/dev/null\n' "$PWD"
-  } > "$__execbox_state.new" && mv -f "$__execbox_state.new" "$__execbox_state"
+    builtin declare -f
+    builtin printf 'cd %%q 2>/dev/null\n' "$PWD"
+  } > "$__execbox_tmp" && command mv -f "$__execbox_tmp" "$__execbox_state"
 }
 trap __execbox_save EXIT
 [ -f "$__execbox_state" ] && . "$__execbox_state" 2>/dev/null
 """
     % BASH_KEPT_OUT
 )
+
+
+INPUTS = ("_i00", "_i", "_ii", "_iii")
+"""The history's last inputs (IPython's `_i`, `_ii`, `_iii`), one set per Python context."""
+VALUES = ("_", "__", "___")
+"""The display hook's last values, one set per Python context."""
 
 
 class Contexts:
@@ -119,26 +138,37 @@ class Contexts:
         return 0 if result.success else 1
 
     def helpers(self):
-        """The pids of the processes the contexts keep (spared by the supervisor's sweep)."""
+        """The pids of the processes the contexts keep (spared by the supervisor's sweep); one that
+        ended is forgotten here, so that its pid, once reused, is not spared."""
+        for name, script in list(self.scripts.items()):
+            if not script.alive():
+                script.close()
+                del self.scripts[name]
         return sorted(script.pid for script in self.scripts.values())
 
     def _enter(self, name):
         if name == self.current:
             return
         history = self.shell.history_manager
+        hook = self.shell.displayhook
         namespace = self.shell.user_ns
         self.saved[self.current] = (
             dict(namespace),
             os.getcwd(),
             (history.output_hist, history.input_hist_parsed, history.input_hist_raw),
+            {attr: getattr(owner, attr) for owner, attrs in ((history, INPUTS), (hook, VALUES)) for attr in attrs},
         )
         if name in self.saved:
-            contents, cwd, kept = self.saved.pop(name)
-        else:  # a fresh namespace, with a history of its own: `Out` and `_` never show another's values
+            contents, cwd, kept, last = self.saved.pop(name)
+        else:  # a fresh namespace with a history of its own: `Out`, `_`, `_i` never show another's
             kept = ({}, [""], [""])
             contents = dict(self.pristine, Out=kept[0], _oh=kept[0], In=kept[1], _ih=kept[1])
             cwd = HOME
+            last = dict.fromkeys(INPUTS + VALUES, "")
         history.output_hist, history.input_hist_parsed, history.input_hist_raw = kept
+        for owner, attrs in ((history, INPUTS), (hook, VALUES)):
+            for attr in attrs:
+                setattr(owner, attr, last[attr])
         namespace.clear()
         namespace.update(contents)
         try:
@@ -174,65 +204,117 @@ class ScriptEnded(Exception):
 class Script:
     """A JavaScript context: a node process running js_context.js, which keeps its globals from one
     cell to the next. Its stdout and stderr are the kernel's (the cell's output); it answers each
-    request with one JSON line on a pipe of its own. In the kernel's process group, it hears the
-    supervisor's interrupt as the kernel does."""
+    request with one JSON line on a pipe of its own, carrying the request's nonce (a line without it
+    is not the answer: a cell may write on that pipe too). It runs only during its own cells: the
+    kernel stops it (SIGSTOP) as soon as a cell is answered and continues it for the next, so no
+    timer, callback or runaway cell of it runs between them or beside another context's cell. In a
+    process group of its own, it is interrupted by the kernel, which the supervisor interrupted."""
 
     def __init__(self, environ):
         requests, self.requests = os.pipe()
         self.answers, answers = os.pipe()
+        told, tell = os.pipe()
         try:
-            process = subprocess.Popen(
-                [*SCRIPT_CONTEXT, str(answers)], stdin=requests, pass_fds=(answers,), cwd=HOME, env=environ
-            )
+            middle = os.fork()
+            if middle == 0:  # started through a short-lived middle process: see _spawn
+                _spawn(requests, answers, tell, environ)
+            os.waitpid(middle, 0)
+            os.close(tell)
+            said = os.read(told, 32)
         finally:
-            os.close(requests)
-            os.close(answers)
-        self.pid = process.pid
+            for fd in (requests, answers, told):
+                os.close(fd)
+        if not said.isdigit():
+            raise OSError("node did not start")
+        self.pid = int(said)
         self.buffer = b""
 
     def run(self, code, env):
         """(exit status, the last value's text or None) of a cell; raises ScriptEnded."""
+        nonce = os.urandom(12).hex()
+        self._signal(signal.SIGCONT)
         try:
-            _write_all(self.requests, (json.dumps({"code": code, "env": env}) + "\n").encode())
-        except OSError:
-            raise ScriptEnded()
-        try:
-            answer = self._answer(None)
-        except KeyboardInterrupt:  # the process heard it too: its answer says how the cell stopped
-            answer = self._answer(SCRIPT_GRACE_S)
+            try:
+                _write_all(self.requests, (json.dumps({"code": code, "env": env, "n": nonce}) + "\n").encode())
+            except OSError:
+                raise ScriptEnded()
+            try:
+                answer = self._answer(nonce, None)
+            except KeyboardInterrupt:  # the supervisor's interrupt: passed on, and its answer awaited
+                self._signal(signal.SIGINT)
+                answer = self._answer(nonce, SCRIPT_GRACE_S)
+        finally:
+            self._signal(signal.SIGSTOP)
         status = answer.get("status")
         result = answer.get("result")
         return (status if isinstance(status, int) else 1), (result if isinstance(result, str) else None)
 
-    def _answer(self, timeout):
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while b"\n" not in self.buffer:
-            if deadline is not None:
-                ready, _, _ = select.select([self.answers], [], [], max(0.0, deadline - time.monotonic()))
-                if not ready:
-                    self.close()
-                    raise ScriptEnded()
-            chunk = os.read(self.answers, 1 << 16)
-            if not chunk:
-                raise ScriptEnded()
-            self.buffer += chunk
-        line, self.buffer = self.buffer.split(b"\n", 1)
+    def alive(self):
+        """Whether the process is still there (stopped counts; a zombie does not)."""
         try:
-            answer = json.loads(line)
-        except ValueError:
-            answer = None
-        return answer if isinstance(answer, dict) else {}
+            with open("/proc/%d/stat" % self.pid) as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except (OSError, IndexError):
+            return False
 
-    def close(self):
+    def _signal(self, sig):
         try:
-            os.kill(self.pid, signal.SIGKILL)
+            os.kill(self.pid, sig)
         except OSError:
             pass
+
+    def _answer(self, nonce, timeout):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            while b"\n" not in self.buffer:
+                if len(self.buffer) > SCRIPT_ANSWER_CAP:
+                    self.close()
+                    raise ScriptEnded()
+                if deadline is not None:
+                    ready, _, _ = select.select([self.answers], [], [], max(0.0, deadline - time.monotonic()))
+                    if not ready:
+                        self.close()
+                        raise ScriptEnded()
+                chunk = os.read(self.answers, 1 << 16)
+                if not chunk:
+                    raise ScriptEnded()
+                self.buffer += chunk
+            line, self.buffer = self.buffer.split(b"\n", 1)
+            try:
+                answer = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(answer, dict) and answer.get("n") == nonce:
+                return answer
+
+    def close(self):
+        self._signal(signal.SIGKILL)
         for fd in (self.requests, self.answers):
             try:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def _spawn(requests, answers, tell, environ):
+    """In the middle process: a process group of its own, then node as its child, whose pid it
+    tells, and it exits. node's parent is then the supervisor (the subreaper) from its start, so the
+    kernel's copies coming and going never leave node's process group orphaned while it is stopped
+    (which would send it SIGHUP and SIGCONT); being in its own group, the supervisor's interrupts of
+    the kernel do not reach it either, and one sent during another context's cell does not wait,
+    pending, to interrupt its next one."""
+    try:
+        os.setpgid(0, 0)
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(requests, 0)
+            os.dup2(answers, 3)
+            os.closerange(4, 1024)
+            os.chdir(HOME)
+            os.execvpe(SCRIPT_CONTEXT[0], [*SCRIPT_CONTEXT, "3"], environ)
+        os.write(tell, str(pid).encode())
+    finally:
+        os._exit(0)
 
 
 def _write_all(fd, data):
@@ -260,7 +342,8 @@ def _run_bash(context, code, env):
     os.makedirs(BASH_STATE, mode=0o700, exist_ok=True)
     state = _bash_state(context)
     fresh = not os.path.exists(state)
-    script = "__execbox_state=%s\n%s" % (_quote(state), BASH_SAVE)
+    named = " ".join(name for name in env if _NAME.match(name))
+    script = "__execbox_state=%s\n__execbox_env=%s\n%s" % (_quote(state), _quote(named), BASH_SAVE)
     if fresh:
         script += "cd %s 2>/dev/null\n" % _quote(HOME)
     for name, value in env.items():

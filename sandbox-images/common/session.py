@@ -53,6 +53,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the 
 import session_ops  # noqa: E402
 
 KERNEL = ("python3", "/opt/execbox/kernel.py")
+CONTEXT_SCRIPT = b"/opt/execbox/js_context.js"
+"""The program of the only processes the kernel keeps beside itself (kernel.py's Script)."""
 GRACE_S = 2.0
 HANDOVER_S = 5.0
 """How long the kernel's old process may take to exit once it reported a cell's end."""
@@ -219,6 +221,15 @@ def _sid(pid):
         return 0
 
 
+def _is_context(pid):
+    """Whether pid runs a JavaScript context (what the kernel may ask the sweep to spare)."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return CONTEXT_SCRIPT in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
 def _status(pid):
     """A process's /proc status fields (Name: value), {} when it is gone."""
     try:
@@ -244,8 +255,9 @@ def _reap(kernel):
             OPS.processes.reaped(pid, status)
 
 
-def _drain(kernel, fd):
-    """Forward everything the kernel has written so far on its stdout or stderr pipe."""
+def _drain(kernel, fd, forward=True):
+    """Forward everything the kernel has written so far on its stdout or stderr pipe (read and
+    dropped without `forward`: between cells nothing is any call's output)."""
     if fd in kernel.closed:
         return
     os.set_blocking(fd, False)
@@ -255,7 +267,8 @@ def _drain(kernel, fd):
             if not chunk:
                 kernel.closed.add(fd)
                 return
-            _emit({"ev": "out", "fd": 1 if fd == kernel.out else 2, "b": base64.b64encode(chunk).decode()})
+            if forward:
+                _emit({"ev": "out", "fd": 1 if fd == kernel.out else 2, "b": base64.b64encode(chunk).decode()})
     except BlockingIOError:
         return
     finally:
@@ -364,7 +377,7 @@ def main():
             elif fd == kernel.rep:
                 report = _mine(_read_reports(kernel), cell) or report
             elif not procs.readable(fd) and not OPS.watchers.readable(fd):
-                _drain(kernel, fd)
+                _drain(kernel, fd, forward=cell is not None)
         if procs.live:
             procs.expire()
             _reap(kernel)  # a process of OPS that ended reports it now, not at the next cell
@@ -379,7 +392,8 @@ def main():
         changed = [p for p in report.get("changed", []) if isinstance(p, str)] if report else []
         if report is not None and kernel.hand_over(report):
             helpers = report.get("helpers")
-            kernel.helpers = {p for p in helpers if _int(p, 0) > 1} if isinstance(helpers, list) else set()
+            helpers = helpers if isinstance(helpers, list) else []
+            kernel.helpers = {p for p in helpers if _int(p, 0) > 1 and _is_context(p)}
             kernel.sweep()
             _emit(
                 {

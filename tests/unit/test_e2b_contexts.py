@@ -103,6 +103,8 @@ def test_a_stored_entry_that_no_longer_reads_is_skipped(book: ContextBook, clien
 
 def test_a_directory_is_quoted_for_the_language_that_moves_there() -> None:
     odd = '/tmp/it\'s "here"'
-    assert chdir_code("python", odd) == "__import__('os').chdir(" + json.dumps(odd) + ")"
+    assert chdir_code("python", odd) == "__import__('os').chdir(" + repr(odd) + ")"
+    beyond = "/home/user/café-\U0001f600"
+    assert eval(chdir_code("python", beyond).removeprefix("__import__('os').chdir(")[:-1]) == beyond
     assert chdir_code("javascript", odd) == "process.chdir(" + json.dumps(odd) + ")"
     assert chdir_code("bash", odd) == "cd '/tmp/it'\\''s \"here\"'"

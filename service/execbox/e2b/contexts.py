@@ -69,11 +69,10 @@ def cwd_of(asked: str | None) -> str:
 
 def chdir_code(language: str, cwd: str) -> str:
     """A cell that moves a context to cwd, failing when it is not a directory."""
-    quoted = json.dumps(cwd)
     if language == "python":
-        return f"__import__('os').chdir({quoted})"
+        return f"__import__('os').chdir({cwd!r})"
     if language == "javascript":
-        return f"process.chdir({quoted})"
+        return f"process.chdir({json.dumps(cwd)})"
     return "cd '" + cwd.replace("'", "'\\''") + "'"
 
 

@@ -43,6 +43,15 @@ class ContextCellFailed(InfrastructureError):
     retryable = False
 
 
+class SandboxBusy(InfrastructureError):
+    """A cell of the facade's own (a context's reset or move) still waits behind the sandbox's
+    other cells: it will run; the call may be repeated."""
+
+    code = "e2b.sandbox_busy"
+    http_status = 503
+    retryable = True
+
+
 class NotOffered(ServiceError):
     """A part of E2B's API this server does not offer (yet): refused at once, never left to hang."""
 
@@ -112,6 +121,7 @@ __all__ = [
     "NotOffered",
     "PathNotFound",
     "PathRefused",
+    "SandboxBusy",
     "SandboxGone",
     "SandboxNotFound",
     "TooManyContexts",

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from execbox.core.errors import FieldProblem, InvalidRequest, ServiceError
 from execbox.core.logs import CutConnection
 from execbox.e2b.contexts import HOME, RESET, ContextBook, Target, chdir_code, cwd_of, language_of
-from execbox.e2b.errors import ContextCellFailed
+from execbox.e2b.errors import ContextCellFailed, SandboxBusy
 from execbox.e2b.results import finished_lines
 from execbox.e2b.sandboxes import Opened, sandbox_id
 from execbox.e2b.schemas import Context, Execute, NewContext, line, problems
@@ -90,16 +90,21 @@ class Interpreter:
             await self._cell(opened, target, chdir_code(target.context.language, target.context.cwd), None)
 
     async def remove(self, opened: Opened, context_id: str) -> None:
-        """Forget a context it made and empty it (a default one is emptied and stays)."""
+        """Empty a context and forget it if it made it (a default one is emptied and stays)."""
         target = await to_thread.run_sync(self.target, opened, context_id)
+        await self._cell(opened, target, RESET, None)
         if target.context.id != target.context.language:
             await to_thread.run_sync(self.book.forget, opened.session.id, target.context.id)
-        await self._cell(opened, target, RESET, None)
 
     def start(self, opened: Opened, body: Execute, traceparent: str | None) -> ExecutionRecord:
         """Submit the cell (in a thread: a few Redis round trips)."""
         if body.context_id is not None:
             target = self.target(opened, body.context_id)
+            if body.language is not None and language_of(body.language, self.offered(opened), "language") != (
+                target.context.language
+            ):
+                why = f"context {target.context.id} runs {target.context.language}: give one or the other"
+                raise InvalidRequest("the language and the context disagree", (FieldProblem("language", why),))
         else:
             language = language_of(body.language, self.offered(opened), "language")
             target = self.target(opened, language)
@@ -122,8 +127,10 @@ class Interpreter:
         final = await self.waiters.wait(record.id, self.context_cell_s, _stays)
         if final is not None and final.status is ExecutionStatus.SUCCEEDED:
             return
-        why = final.error.message if final is not None and final.error is not None else "it did not finish in time"
-        if field is not None and final is not None and final.status.terminal:
+        if final is None or not final.status.terminal:
+            raise SandboxBusy(f"cell {record.id} for context {target.context.id} is still waiting its turn: try again")
+        why = final.error.message if final.error is not None else final.status.value
+        if field is not None:
             raise InvalidRequest("the context cannot start there", (FieldProblem(field, why),))
         raise ContextCellFailed(f"context {target.context.id}: cell {record.id} did not succeed: {why}")
 

@@ -67,6 +67,8 @@ class KernelContainer:
         self.container_id: str | None = None
         self.gone: str | None = None
         self._events: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._cell: str | None = None
+        """The cell running now: output said when none runs is no call's, and is not kept."""
         self._sock: Any = None
         self._raw: socket.socket | None = None
         self._send_lock = threading.Lock()
@@ -136,6 +138,8 @@ class KernelContainer:
             return
         if not isinstance(event, dict):
             return
+        if event.get("ev") == "out" and self._cell is None:
+            return  # between cells: not queued, so that a sandbox that floods then cannot grow this process
         if event.get("ev") in SIDE_EVENTS:
             listener = self._listener
             if listener is not None:
@@ -185,6 +189,17 @@ class KernelContainer:
                 self._runtime.api.put_archive(self.container_id, WORKDIR, spec.input_archive)
         while not self._events.empty():  # anything left from before this call is not this call's
             self._events.get_nowait()
+        started = time.monotonic()
+        request = {"op": "run", "id": cell, "code": code, "env": dict(spec.env), "context": spec.session_context}
+        self._cell = cell
+        try:
+            return self._run(spec, cell, control, request, t0, started)
+        finally:
+            self._cell = None
+
+    def _run(
+        self, spec: SandboxSpec, cell: str, control: SandboxControl, request: dict[str, Any], t0: float, started: float
+    ) -> SandboxOutcome:
         kept = {STDOUT: bytearray(), STDERR: bytearray()}
         totals = {STDOUT: 0, STDERR: 0}
         cap = spec.limits.output_bytes
@@ -195,8 +210,6 @@ class KernelContainer:
                 interrupted.append(why)
                 self._request({"op": "interrupt", "id": cell})
 
-        started = time.monotonic()
-        request = {"op": "run", "id": cell, "code": code, "env": dict(spec.env), "context": spec.session_context}
         self._request(request)
         control.set_killer(lambda: interrupt("cancelled"))
         deadline = started + spec.limits.timeout_s
