@@ -381,7 +381,8 @@ def test_set_timeout_refused_is_400_and_leaves_the_sessions_lifetime_unchanged(
 @pytest.mark.parametrize(
     ("body", "status", "field"),
     [
-        ({"code": "1", "language": "javascript"}, 400, "language"),
+        ({"code": "1", "language": "r"}, 400, "language"),
+        ({"code": "1", "language": "bash", "context_id": "python"}, 400, "language"),
         ({"code": "1", "language": "python\x00"}, 400, "language"),
         ({"code": "1", "context_id": "another"}, 404, "another"),
         ({"code": "1", "context_id": "x" * 100_000}, 404, None),
@@ -419,16 +420,20 @@ def test_an_execute_body_that_is_not_json_is_400(api: Api, host: Worker, raw: by
     e2b_error(send(api[0], "POST", "/e2b/sandbox/execute", content=raw, headers=headers), 400)
 
 
-def test_contexts_other_than_the_default_are_refused_at_once(api: Api, host: Worker) -> None:
+def test_contexts_a_sandbox_cannot_have_are_refused_at_once(api: Api, host: Worker) -> None:
     http = api[0]
     sbx = make(api)
     own = plane(sbx["sandboxID"], sbx["envdAccessToken"])
-    for method, url, body in (("POST", "/e2b/sandbox/contexts", {"language": "javascript"}),
-                              ("POST", "/e2b/sandbox/contexts", {"cwd": "/etc"}),
-                              ("DELETE", "/e2b/sandbox/contexts/python", None),
-                              ("POST", "/e2b/sandbox/contexts/python/restart", None)):  # fmt: skip
-        e2b_error(send(http, method, url, json=body, headers=own), 501)
-    e2b_error(send(http, "DELETE", "/e2b/sandbox/contexts/" + "z" * 5000, headers=own), 404)
+    for body in ({"language": "r"}, {"language": "typescript"}, {"language": "x" * 5000}, {"cwd": "rel\x00"}):
+        e2b_error(send(http, "POST", "/e2b/sandbox/contexts", json=body, headers=own), 400)
+    for context_id in ("z" * 5000, "python-0000000000", "ruby", "python-..%2F..%2Fx"):
+        e2b_error(send(http, "DELETE", f"/e2b/sandbox/contexts/{context_id}", headers=own), 404)
+        e2b_error(send(http, "POST", f"/e2b/sandbox/contexts/{context_id}/restart", headers=own), 404)
+    made = [send(http, "POST", "/e2b/sandbox/contexts", json={"language": "js"}, headers=own) for _ in range(8)]
+    assert [m.status_code for m in made] == [200] * 8, [m.text for m in made]
+    e2b_error(send(http, "POST", "/e2b/sandbox/contexts", json={}, headers=own), 409)
+    listed = send(http, "GET", "/e2b/sandbox/contexts", headers=own).json()
+    assert len(listed) == 3 + 8 and {m.json()["id"] for m in made} <= {c["id"] for c in listed}
 
 
 # an ended sandbox

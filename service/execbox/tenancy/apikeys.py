@@ -26,12 +26,12 @@ from execbox.tenancy.keys import TenancyKeys
 TENANT_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 DEFAULT_TENANT = "default"
 KEY_WORDS = frozenset(
-    {"active", "answers", "apikey", "apikeys", "approval", "approvals", "asks", "cancel", "cells", "dead",
-     "deadlines", "denied", "done", "drained", "due", "e2b", "egress", "events", "exe", "file", "finished",
-     "firings", "idem", "lease", "live", "members", "nodes", "open", "pending", "poison", "q", "rate",
-     "replay", "ring", "rule", "run", "runlock", "running", "runs", "schedule", "schedules", "script",
-     "scripts", "scriptuse", "secret", "ses", "slot", "starts", "surprise", "surprises", "tenant", "uid",
-     "worker"}
+    {"active", "answers", "apikey", "apikeys", "approval", "approvals", "asks", "cancel", "cells", "contexts",
+     "dead", "deadlines", "denied", "done", "drained", "due", "e2b", "egress", "events", "exe", "file",
+     "finished", "firings", "idem", "lease", "live", "members", "nodes", "open", "pending", "poison", "q",
+     "rate", "replay", "ring", "rule", "run", "runlock", "running", "runs", "schedule", "schedules",
+     "script", "scripts", "scriptuse", "secret", "ses", "slot", "starts", "surprise", "surprises",
+     "tenant", "uid", "watchers", "worker"}
 )  # fmt: skip
 """Every fixed word of the key schema. The rooms own their keys and sit above tenancy, so the list is
 written here; tests/unit/test_key_schema.py fails, naming the word, when a room's new key adds one."""
