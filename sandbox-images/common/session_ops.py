@@ -340,6 +340,25 @@ class Process:
         self.deadline = time.monotonic() + timeout if isinstance(timeout, (int, float)) and timeout > 0 else None
 
 
+def _child(argv, environ, cwd, stdio, terminal=None):
+    """In a forked child: a session of its own (with `terminal` as its controlling one), stdio on the
+    three fds given, nothing else open, then the program; never returns."""
+    try:
+        os.setsid()
+        if terminal is not None:
+            fcntl.ioctl(terminal, termios.TIOCSCTTY, 0)
+        for fd, target in zip(stdio, (0, 1, 2)):
+            os.dup2(fd, target)
+        os.closerange(3, 1024)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.chdir(cwd)
+        os.execvpe(argv[0], argv, environ)
+    except OSError as exc:
+        os.write(2, ("%s: %s\n" % (argv[0], exc.strerror)).encode())
+    finally:
+        os._exit(127)
+
+
 def _size(request):
     """A terminal's (rows, cols) from {"rows", "cols"}."""
     rows, cols = (request or {}).get("rows"), (request or {}).get("cols")
@@ -435,18 +454,7 @@ class Processes:
         err_r, err_w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            try:
-                os.setsid()
-                for fd, target in ((stdin_r, 0), (out_w, 1), (err_w, 2)):
-                    os.dup2(fd, target)
-                os.closerange(3, 1024)
-                signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-                os.chdir(cwd)
-                os.execvpe(argv[0], argv, environ)
-            except OSError as exc:
-                os.write(2, ("%s: %s\n" % (argv[0], exc.strerror)).encode())
-            finally:
-                os._exit(127)
+            _child(argv, environ, cwd, (stdin_r, out_w, err_w))
         for fd in (stdin_r, out_w, err_w):
             os.close(fd)
         for fd in (out_r, err_r) + ((stdin_w,) if stdin_w is not None else ()):
@@ -463,19 +471,7 @@ class Processes:
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
         pid = os.fork()
         if pid == 0:
-            try:
-                os.setsid()
-                fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
-                for target in (0, 1, 2):
-                    os.dup2(slave, target)
-                os.closerange(3, 1024)
-                signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-                os.chdir(cwd)
-                os.execvpe(argv[0], argv, environ)
-            except OSError as exc:
-                os.write(2, ("%s: %s\n" % (argv[0], exc.strerror)).encode())
-            finally:
-                os._exit(127)
+            _child(argv, environ, cwd, (slave, slave, slave), terminal=slave)
         os.close(slave)
         os.set_inheritable(master, False)
         os.set_blocking(master, False)

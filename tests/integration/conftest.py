@@ -18,6 +18,7 @@ import docker
 import pytest
 import redis
 import yaml
+from e2b_code_interpreter import Sandbox
 
 from execbox.core.redis_roles import role_url
 from execbox.egress import sealing
@@ -315,3 +316,19 @@ def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield cluster
     finally:
         stop_cluster(cluster)
+
+
+@pytest.fixture
+def e2b_env(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
+    """The three variables an operator hands its agents, for tenant alpha (the E2B SDK's tests)."""
+    monkeypatch.setenv("E2B_API_KEY", stack.keys["alpha"])
+    monkeypatch.setenv("E2B_API_URL", f"{stack.base_url}/e2b")
+    monkeypatch.setenv("E2B_SANDBOX_URL", f"{stack.base_url}/e2b/sandbox")
+    yield stack
+
+
+@pytest.fixture
+def sandbox(e2b_env: Stack) -> Iterator[Sandbox]:
+    """An E2B sandbox made by the unmodified SDK, killed after the test."""
+    with Sandbox.create(timeout=120, metadata={"suite": "e2b"}, envs={"WHERE": "sandbox"}) as sbx:
+        yield sbx

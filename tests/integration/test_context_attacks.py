@@ -159,20 +159,6 @@ def test_odd_session_context_names_are_a_422_on_the_field(api: httpx.Client, ses
     assert value(longest) == "2"
 
 
-@pytest.fixture
-def e2b_env(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
-    monkeypatch.setenv("E2B_API_KEY", stack.keys["alpha"])
-    monkeypatch.setenv("E2B_API_URL", f"{stack.base_url}/e2b")
-    monkeypatch.setenv("E2B_SANDBOX_URL", f"{stack.base_url}/e2b/sandbox")
-    yield stack
-
-
-@pytest.fixture
-def sandbox(e2b_env: Stack) -> Iterator[Sandbox]:
-    with Sandbox.create(timeout=120) as sbx:
-        yield sbx
-
-
 def _raw(sandbox: Sandbox, method: str, path: str, **kwargs: Any) -> httpx.Response:
     client: httpx.Client = sandbox._client  # the SDK's own client
     headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "X-Access-Token": sandbox._envd_access_token or ""}

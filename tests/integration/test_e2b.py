@@ -8,7 +8,6 @@ import asyncio
 import base64
 import threading
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -19,21 +18,6 @@ from tests.conftest import Stack, auth, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 PNG = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture
-def e2b_env(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
-    """The three variables an operator hands its agents, for tenant alpha."""
-    monkeypatch.setenv("E2B_API_KEY", stack.keys["alpha"])
-    monkeypatch.setenv("E2B_API_URL", f"{stack.base_url}/e2b")
-    monkeypatch.setenv("E2B_SANDBOX_URL", f"{stack.base_url}/e2b/sandbox")
-    yield stack
-
-
-@pytest.fixture
-def sandbox(e2b_env: Stack) -> Iterator[Sandbox]:
-    with Sandbox.create(timeout=120, metadata={"suite": "e2b"}, envs={"WHERE": "sandbox"}) as sbx:  # killed after
-        yield sbx
 
 
 def test_run_code_keeps_state_between_cells_and_counts_them(sandbox: Sandbox) -> None:
