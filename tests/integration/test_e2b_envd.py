@@ -126,6 +126,16 @@ def test_a_background_command_outlives_cells_and_is_listed_fed_and_killed(sandbo
     assert sandbox.commands.kill(handle.pid) is False
 
 
+def test_streamed_input_reaches_a_command_in_order_and_ends_with_its_stdin(sandbox: Sandbox) -> None:
+    handle = sandbox.commands.run("cat", background=True, stdin=True, timeout=60)
+    sandbox.commands.stream_input(handle.pid, [f"line {n}\n" for n in range(50)])
+    sandbox.commands.close_stdin(handle.pid)
+    ended = handle.wait()
+    assert ended.stdout == "".join(f"line {n}\n" for n in range(50)), ended
+    with pytest.raises(SandboxException):
+        sandbox.commands.stream_input(handle.pid, ["too late"])  # it ended: not found
+
+
 def _wait(handle: CommandHandle, fed: threading.Event) -> object:
     """The sync SDK hands a background command's output to the callbacks of wait()."""
     try:

@@ -10,7 +10,7 @@ import gzip
 import struct
 import tracemalloc
 import zlib
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -644,10 +644,10 @@ def test_a_signal_other_than_kill_or_term_is_refused(signal: Any) -> None:
     assert envd.asked == []
 
 
-def test_streamed_input_is_not_offered_and_a_resize_needs_a_size() -> None:
+def test_an_unknown_process_call_is_not_offered_and_a_resize_needs_a_size() -> None:
     envd = recorded()
     with pytest.raises(NotOffered):
-        run(commands.rpc(envd, OPENED, "StreamInput", {"process": {"pid": 1}}))
+        run(commands.rpc(envd, OPENED, "Nope", {"process": {"pid": 1}}))
     with pytest.raises(InvalidRequest) as exc:
         run(commands.rpc(envd, OPENED, "Update", {"process": {"pid": 1}}))
     assert field_of(exc) == "pty.size"
@@ -687,3 +687,49 @@ def test_a_number_of_superscript_digits_is_refused(method: Any, body: dict[str, 
 def test_a_signal_that_is_not_a_name_or_number_is_refused() -> None:
     with pytest.raises(InvalidRequest):
         run(commands.rpc(recorded(), OPENED, "SendSignal", {"process": {"pid": 1}, "signal": ["SIGNAL_SIGKILL"]}))
+
+
+def test_a_client_streams_envelopes_are_read_across_chunk_boundaries() -> None:
+    from execbox.e2b import connect as connectrpc
+
+    stream = connectrpc.envelope({"start": {"process": {"pid": 3}}}) + connectrpc.envelope({"data": {}})
+    stream += connectrpc.end_stream()
+
+    async def chunks(size: int) -> AsyncIterator[bytes]:
+        for at in range(0, len(stream), size):
+            yield stream[at : at + size]
+
+    async def read(size: int, cap: int = 1 << 20) -> list[dict[str, Any]]:
+        return [m async for m in connectrpc.envelopes(chunks(size), cap)]
+
+    for size in (1, 3, 7, len(stream)):
+        assert run(read(size)) == [{"start": {"process": {"pid": 3}}}, {"data": {}}], size
+    with pytest.raises(InvalidRequest, match="at most 10"):
+        run(read(4, cap=10))
+
+    async def cut() -> list[dict[str, Any]]:
+        async def partial() -> AsyncIterator[bytes]:
+            yield stream[:8]
+
+        return [m async for m in connectrpc.envelopes(partial(), 1 << 20)]
+
+    with pytest.raises(InvalidRequest, match="inside an envelope"):
+        run(cut())
+
+
+def test_streamed_input_sends_each_chunk_to_the_process_it_named_first() -> None:
+    from execbox.e2b import connect as connectrpc
+
+    envd = recorded()
+    events = ({"start": {"process": {"pid": 9}}}, {"data": {"input": {"stdin": "YQ=="}}}, {"keepalive": {}},
+              {"data": {"input": {"stdin": "Yg=="}}})  # fmt: skip
+    body = b"".join(connectrpc.envelope(e) for e in events)
+
+    async def once(data: bytes) -> AsyncIterator[bytes]:
+        yield data
+
+    answer = run(commands.stream_input(envd, OPENED, once(body)))
+    assert answer == connectrpc.envelope({}) + connectrpc.end_stream()
+    assert envd.asked == [{"op": "proc.input", "pid": 9, "b": "YQ=="}, {"op": "proc.input", "pid": 9, "b": "Yg=="}]
+    refused = run(commands.stream_input(recorded(), OPENED, once(connectrpc.envelope({"data": {"input": {}}}))))
+    assert b'"invalid_argument"' in refused and b"start event" in refused

@@ -5,8 +5,8 @@ then output as it comes, the end event, and Connect's end-of-stream. A client th
 hearing the process, never stops it, as with E2B's own envd; the timeout the client sent
 (Connect-Timeout-Ms on Start) is the process's lifetime, enforced in the sandbox. Errors of a
 stream travel in its end-of-stream (HTTP 200), where both SDKs read them. A pseudo-terminal (Start
-with `pty`, SendInput's `pty` bytes, Update's size) is the sandbox's own; streamed input
-(StreamInput) is not offered (a clear 501).
+with `pty`, SendInput's `pty` bytes, Update's size) is the sandbox's own. StreamInput, a client
+stream, is read as it arrives, each chunk sent on as SendInput sends one.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from anyio import CancelScope
 
 from execbox.core.errors import FieldProblem, InvalidRequest, ServiceError
-from execbox.e2b.connect import connect_code, end_stream, envelope
+from execbox.e2b.connect import connect_code, end_stream, envelope, envelopes
 from execbox.e2b.envd import HOME, Envd, e2b_path, sandbox_path
 from execbox.e2b.errors import NotOffered, PathNotFound
 from execbox.e2b.sandboxes import Opened, sandbox_id
@@ -30,6 +30,8 @@ NUMBER = re.compile(r"[0-9]{1,12}")
 """A pid or a timeout in milliseconds: ASCII digits only (str.isdigit takes '²', which int() does not)."""
 KEEPALIVE_QUIETS = 30
 """Quiet seconds before a keepalive event (E2B's SDK asks for one each 50 s)."""
+STREAM_INPUT_MAX = 2 << 20
+"""The largest message of a StreamInput (its base64 data: the sandbox takes 1 MiB at a time)."""
 STREAMS: dict[object, str] = {1: "stdout", 2: "stderr", 3: "pty"}
 """The sandbox's fd of a process's output -> the data field it goes out in."""
 SIGNAL_WORDS = {"SIGKILL": "killed", "SIGTERM": "terminated", "SIGINT": "interrupt", "SIGHUP": "hangup"}
@@ -93,7 +95,7 @@ async def rpc(envd: Envd, opened: Opened, method: str, body: dict[str, Any]) -> 
         rows, cols = _size(body.get("pty"), "pty.size")
         await envd.ask(opened, {"op": "proc.resize", "pid": await _pid(envd, opened, body), "rows": rows, "cols": cols})
         return {}
-    raise NotOffered(f"process.Process/{method[:64]} is not offered (streamed input: send it with SendInput)")
+    raise NotOffered(f"process.Process/{method[:64]} is not offered")
 
 
 def _size(pty: object, field: str) -> tuple[int, int]:
@@ -104,6 +106,28 @@ def _size(pty: object, field: str) -> tuple[int, int]:
     if not all(isinstance(n, int | str) and NUMBER.fullmatch(str(n)) and 1 <= int(n) <= 4096 for n in (rows, cols)):
         raise _bad(field, "rows and cols from 1 to 4096")
     return int(str(rows)), int(str(cols))
+
+
+async def stream_input(envd: Envd, opened: Opened, chunks: AsyncIterator[bytes]) -> bytes:
+    """StreamInput (a client stream): the start event names the process, each data event is sent to
+    it as SendInput's would be, in order; the answer is one empty message and the end of stream."""
+    try:
+        pid = None
+        async for event in envelopes(chunks, STREAM_INPUT_MAX):
+            given: dict[str, Any] = event  # proto3 JSON: the oneof's field is the message's own
+            if "start" in given:
+                start = given["start"] if isinstance(given["start"], dict) else {}
+                pid = await _pid(envd, opened, start)
+            elif "data" in given:
+                if pid is None:
+                    raise _bad("event", "the start event (naming the process) comes first")
+                data = given["data"] if isinstance(given["data"], dict) else {}
+                await rpc(envd, opened, "SendInput", {"process": {"pid": pid}, "input": data.get("input")})
+            elif "keepalive" not in given:
+                raise _bad("event", "start, data or keepalive")
+        return envelope({}) + end_stream()
+    except ServiceError as exc:
+        return end_stream(connect_code(exc.http_status), exc.message)
 
 
 def _listed(proc: dict[str, Any]) -> dict[str, Any]:
@@ -220,4 +244,4 @@ def _end(answer: dict[str, Any]) -> dict[str, Any]:
     return {"exitCode": code, "exited": True, "status": status, **({"error": status} if code else {})}
 
 
-__all__ = ["rpc", "start_request", "stream"]
+__all__ = ["rpc", "start_request", "stream", "stream_input"]

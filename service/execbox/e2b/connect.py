@@ -1,7 +1,7 @@
 """The Connect protocol's framing, JSON codec only (what E2B's SDKs speak to envd over HTTP/1.1).
 
-A unary call is a plain JSON body each way. A server-streaming call's request and each response
-message are envelopes: one flags byte, a big-endian 32-bit length, the JSON message; the stream
+A unary call is a plain JSON body each way. A streaming call's messages (the server's, and a
+client stream's) are envelopes: one flags byte, a big-endian 32-bit length, the JSON message; the stream
 ends with an envelope flagged END_STREAM holding `{}` or `{"error": {"code", "message"}}`.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import AsyncIterator
 from typing import Any
 
 from execbox.core.errors import FieldProblem, InvalidRequest
@@ -52,6 +53,26 @@ def opened_envelope(body: bytes) -> dict[str, Any]:
     return message(body[_HEADER.size :])
 
 
+async def envelopes(chunks: AsyncIterator[bytes], max_size: int) -> AsyncIterator[dict[str, Any]]:
+    """A client stream's messages as they arrive (a message over max_size bytes is refused)."""
+    pending = b""
+    async for chunk in chunks:
+        pending += chunk
+        while len(pending) >= _HEADER.size:
+            flags, size = _HEADER.unpack_from(pending)
+            if flags & COMPRESSED:
+                raise _bad("compressed messages are not accepted; send identity")
+            if size > max_size:
+                raise _bad(f"a message of {size} bytes; at most {max_size}")
+            if len(pending) < _HEADER.size + size:
+                break
+            data, pending = pending[_HEADER.size : _HEADER.size + size], pending[_HEADER.size + size :]
+            if not flags & END_STREAM:
+                yield message(data)
+    if pending:
+        raise _bad("the stream ends inside an envelope")
+
+
 def message(data: bytes) -> dict[str, Any]:
     try:
         parsed = json.loads(data or b"{}")
@@ -66,4 +87,13 @@ def _bad(why: str) -> InvalidRequest:
     return InvalidRequest(why, (FieldProblem("body", why),))
 
 
-__all__ = ["END_STREAM", "STREAM_TYPE", "connect_code", "end_stream", "envelope", "message", "opened_envelope"]
+__all__ = [
+    "END_STREAM",
+    "STREAM_TYPE",
+    "connect_code",
+    "end_stream",
+    "envelope",
+    "envelopes",
+    "message",
+    "opened_envelope",
+]

@@ -214,6 +214,9 @@ async def rpc(request: Request, service: str, method: str, services: ServicesDep
         timeout = request.headers.get("Connect-Timeout-Ms")
         frames = commands.stream(services.envd, opened, method, body, timeout)
         return StreamingResponse(frames, media_type=connectrpc.STREAM_TYPE)
+    if service == "process.Process" and method == "StreamInput":
+        answer = await commands.stream_input(services.envd, opened, request.stream())
+        return Response(answer, media_type=connectrpc.STREAM_TYPE)
     if service == "filesystem.Filesystem" and method == "WatchDir":
         try:
             body = connectrpc.opened_envelope(await request.body())
