@@ -721,8 +721,12 @@ def test_streamed_input_sends_each_chunk_to_the_process_it_named_first() -> None
     from execbox.e2b import connect as connectrpc
 
     envd = recorded()
-    events: tuple[dict[str, Any], ...] = ({"start": {"process": {"pid": 9}}}, {"data": {"input": {"stdin": "YQ=="}}}, {"keepalive": {}},
-              {"data": {"input": {"stdin": "Yg=="}}})  # fmt: skip
+    events: list[dict[str, Any]] = [
+        {"start": {"process": {"pid": 9}}},
+        {"data": {"input": {"stdin": "YQ=="}}},
+        {"keepalive": {}},
+        {"data": {"input": {"stdin": "Yg=="}}},
+    ]
     body = b"".join(connectrpc.envelope(e) for e in events)
 
     async def once(data: bytes) -> AsyncIterator[bytes]:
