@@ -579,8 +579,10 @@ class Watchers:
             raise
         return {}
 
-    def _add(self, watcher, path, relative, recursive):
-        """Watch the directory at path (resolved as any read is) for watcher; its subdirectories too."""
+    def _add(self, watcher, path, relative, recursive, found=None):
+        """Watch the directory at path (resolved as any read is) for watcher; its subdirectories too.
+        With `found` (a directory made under a recursive watch), what is in it already is reported
+        as made: it may have been filled before its own watch was added."""
         with _Opened(path, os.O_RDONLY | os.O_DIRECTORY, False) as opened:
             if len(self.dirs) >= MAX_WATCHED_DIRS:
                 raise OpError("too_large", "%s: more than %d directories watched" % (path, MAX_WATCHED_DIRS))
@@ -591,9 +593,11 @@ class Watchers:
             self.dirs.setdefault(wd, (real, {}))[1][watcher] = relative
             if recursive:
                 for entry in os.scandir(opened.fd):
+                    if found is not None:
+                        found.setdefault(watcher, []).append({"name": relative + entry.name, "type": "create"})
                     if entry.is_dir(follow_symlinks=False):
                         prefix = relative + entry.name + "/"
-                        self._add(watcher, real.rstrip("/") + "/" + entry.name, prefix, True)
+                        self._add(watcher, real.rstrip("/") + "/" + entry.name, prefix, True, found)
 
     def _stop(self, watcher):
         self.tops.pop(watcher, None)
@@ -639,7 +643,7 @@ class Watchers:
             found.setdefault(watcher, []).append({"name": relative + name, "type": kind})
             if mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO) and self.tops.get(watcher):
                 try:
-                    self._add(watcher, real.rstrip("/") + "/" + name, relative + name + "/", True)
+                    self._add(watcher, real.rstrip("/") + "/" + name, relative + name + "/", True, found)
                 except Exception:  # gone already, past the cap, too deep: its own events are not followed
                     pass
 
