@@ -10,7 +10,7 @@ is the native default (no name), so a plain run_code reads as a plain cell in th
 
 Restarting a context runs the kernel's `%reset -f` in it (IPython's own for Python; the kernel
 does the same for the others: a new node process, a shell with no saved state), then returns to
-its working directory. Removing one forgets it and resets it, so it holds no memory."""
+its working directory. Removing one resets it, so it holds no memory, then forgets it."""
 
 from __future__ import annotations
 

@@ -73,7 +73,11 @@ class Envd:
 
     async def ask(self, opened: Opened, request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
         """Send one request and wait for its reply: (what it answered, the bytes a read sent)."""
-        op = await self.send(opened, request)
+        return await self.answered(opened, await self.send(opened, request))
+
+    async def answered(self, opened: Opened, op: str) -> tuple[dict[str, Any], bytes]:
+        """The reply to a request already sent (op), with the bytes a read sent before it; raises
+        the sandbox's error, EnvdTimeout, or SandboxGone."""
         data = bytearray()
         deadline = time.monotonic() + self.call_timeout_s
         async for answer in self.follow(opened, op):

@@ -72,12 +72,9 @@ class Interpreter:
 
     async def new_context(self, opened: Opened, body: NewContext) -> Context:
         language = language_of(body.language, self.offered(opened), "language")
-        cwd = cwd_of(body.cwd)
-        target = await to_thread.run_sync(self.book.add, opened.session.id, language, cwd)
-        if cwd == HOME:
-            return target.context
+        target = await to_thread.run_sync(self.book.add, opened.session.id, language, cwd_of(body.cwd))
         try:
-            await self._cell(opened, target, chdir_code(language, cwd), "cwd")
+            await self._move(opened, target, "cwd")
         except BaseException:
             await to_thread.run_sync(self.book.forget, opened.session.id, target.context.id)
             raise
@@ -86,8 +83,12 @@ class Interpreter:
     async def restart(self, opened: Opened, context_id: str) -> None:
         target = await to_thread.run_sync(self.target, opened, context_id)
         await self._cell(opened, target, RESET, None)
+        await self._move(opened, target, None)
+
+    async def _move(self, opened: Opened, target: Target, field: str | None) -> None:
+        """Put a context in its directory (a new one starts in HOME: nothing to do there)."""
         if target.context.cwd != HOME:
-            await self._cell(opened, target, chdir_code(target.context.language, target.context.cwd), None)
+            await self._cell(opened, target, chdir_code(target.context.language, target.context.cwd), field)
 
     async def remove(self, opened: Opened, context_id: str) -> None:
         """Empty a context and forget it if it made it (a default one is emptied and stays)."""

@@ -12,7 +12,6 @@ reader lets thousands pile up is dropped), and the ids a sandbox made are listed
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,7 +22,7 @@ from execbox.core.errors import FieldProblem, InvalidRequest, ServiceError
 from execbox.core.redis import redis_errors
 from execbox.e2b.connect import connect_code, end_stream, envelope
 from execbox.e2b.envd import Envd, sandbox_path
-from execbox.e2b.errors import EnvdTimeout, PathNotFound, SandboxGone
+from execbox.e2b.errors import PathNotFound
 from execbox.e2b.keys import E2bKeys
 from execbox.e2b.sandboxes import Opened, sandbox_id
 from execbox.sessions.ops import OP_ID
@@ -84,18 +83,6 @@ def _events(answer: dict[str, Any]) -> list[dict[str, str]]:
             for e in events if isinstance(e, dict) and str(e.get("type")) in TYPES]  # fmt: skip
 
 
-async def _started(envd: Envd, opened: Opened, op: str) -> None:
-    """Wait for the sandbox's word on a watch.start (raises its error, or a timeout)."""
-    deadline = time.monotonic() + envd.call_timeout_s
-    async for answer in envd.follow(opened, op):
-        if answer.get("ev") == "reply":
-            envd.reply(answer)
-            return
-        if answer.get("ev") == "quiet" and time.monotonic() > deadline:
-            raise EnvdTimeout(f"the sandbox did not answer within {envd.call_timeout_s:.0f} s")
-    raise SandboxGone(sandbox_id(opened.session.id))
-
-
 def _watcher(body: dict[str, Any]) -> str:
     watcher = body.get("watcherId")
     if not isinstance(watcher, str) or not OP_ID.fullmatch(watcher):
@@ -108,7 +95,7 @@ async def rpc(envd: Envd, book: WatcherBook, opened: Opened, method: str, body: 
     session = opened.session.id
     if method == "CreateWatcher":
         op = await envd.send(opened, _start_request(body))
-        await _started(envd, opened, op)
+        await envd.answered(opened, op)  # the watcher's id is this request's: kept, not just asked
         await to_thread.run_sync(book.add, session, op)
         return {"watcherId": op}
     watcher = _watcher(body)

@@ -201,29 +201,30 @@ async def write_files(
     return JSONResponse(await filesystem.write(services.envd, opened, files))
 
 
+SERVER_STREAMS = frozenset(
+    {("process.Process", "Start"), ("process.Process", "Connect"), ("filesystem.Filesystem", "WatchDir")}
+)
+"""The server-streaming RPCs: one enveloped request, a stream of envelopes back."""
+
+
 @sandbox.post("/{service}/{method}")
 async def rpc(request: Request, service: str, method: str, services: ServicesDep) -> Response:
     """Connect RPCs, JSON codec: unary calls answer JSON, Start and Connect stream envelopes."""
     opened = await _opened(request, services)
-    if service == "process.Process" and method in ("Start", "Connect"):
+    if (service, method) in SERVER_STREAMS:
         try:
             body = connectrpc.opened_envelope(await request.body())
         except ServiceError as exc:
             return Response(connectrpc.end_stream(connectrpc.connect_code(exc.http_status), exc.message),
                             media_type=connectrpc.STREAM_TYPE)  # fmt: skip
-        timeout = request.headers.get("Connect-Timeout-Ms")
-        frames = commands.stream(services.envd, opened, method, body, timeout)
+        if method == "WatchDir":
+            frames = watchers.stream(services.envd, opened, body)
+        else:
+            frames = commands.stream(services.envd, opened, method, body, request.headers.get("Connect-Timeout-Ms"))
         return StreamingResponse(frames, media_type=connectrpc.STREAM_TYPE)
     if service == "process.Process" and method == "StreamInput":
         answer = await commands.stream_input(services.envd, opened, request.stream())
         return Response(answer, media_type=connectrpc.STREAM_TYPE)
-    if service == "filesystem.Filesystem" and method == "WatchDir":
-        try:
-            body = connectrpc.opened_envelope(await request.body())
-        except ServiceError as exc:
-            return Response(connectrpc.end_stream(connectrpc.connect_code(exc.http_status), exc.message),
-                            media_type=connectrpc.STREAM_TYPE)  # fmt: skip
-        return StreamingResponse(watchers.stream(services.envd, opened, body), media_type=connectrpc.STREAM_TYPE)
     body = connectrpc.message(await request.body())
     if service == "filesystem.Filesystem" and method in watchers.UNARY:
         return JSONResponse(await watchers.rpc(services.envd, services.watchers, opened, method, body))
