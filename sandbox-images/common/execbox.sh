@@ -3,7 +3,8 @@
 #   execbox_fail MESSAGE [JSON]       stop with check.failed, MESSAGE and details (a JSON object)
 #   "$EXECBOX_OUTPUT_DIR"             files written here come back as artifacts
 #   jq . "$EXECBOX_INPUTS_FILE"       the request's JSON `inputs` (absent when it had none)
-#   "$EXECBOX_IDEMPOTENCY_KEY"        in a plan's step: the key to forward (same on every attempt)
+#   execbox_outcome_unknown REASON    stop: whether the effect happened is unknown (outcome.unknown)
+#   "$EXECBOX_IDEMPOTENCY_KEY"        the key to forward (same on every attempt), when the call has one
 # Values travel in the result file the service reads after the run, never through stdout.
 
 _execbox_update() {  # jq filter and its arguments, applied to the result file
@@ -21,5 +22,10 @@ execbox_emit() {
 execbox_fail() {
   local details="${2:-{\}}"
   _execbox_update --arg message "$1" --argjson details "$details" '.check = {message: $message, details: $details}'
+  exit 1
+}
+
+execbox_outcome_unknown() {
+  _execbox_update --arg message "$1" '.check = {message: $message, details: {}, outcome_unknown: true}'
   exit 1
 }

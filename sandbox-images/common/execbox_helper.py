@@ -5,8 +5,11 @@
     execbox.output_dir             # files written here come back as artifacts
     execbox.emit("top", value)     # a JSON value, returned under `outputs`
     execbox.check(cond, "message", **details)   # stop with check.failed when cond is false
-    execbox.idempotency_key()      # in a plan's write step: the key to forward, the same on every attempt
-    execbox.context                # in a plan's step: {"run_id", "step_id", "attempt", "idempotency_key"}
+    execbox.idempotency_key()      # the key to forward to the service written to, the same on every attempt
+                                   # (a plan step's, the execution's declared key, or its Idempotency-Key)
+    execbox.outcome_unknown("the provider timed out after the request left")
+                                   # stop: it is unknown whether the effect happened (or raise OutcomeUnknown)
+    execbox.context                # {"run_id", "step_id", "attempt", "idempotency_key"}, the ones that apply
     execbox.display(value)         # show a value as a rich result (text/plain, text/html, image/png, ...)
 
 Values travel in a result file that the service reads after the run, never through stdout.
@@ -29,12 +32,16 @@ def _load_inputs():
         return None
 
 
+def _context():
+    return {
+        name: os.environ[f"EXECBOX_{name.upper()}"]
+        for name in ("run_id", "step_id", "attempt", "idempotency_key")
+        if f"EXECBOX_{name.upper()}" in os.environ
+    }
+
+
 inputs = _load_inputs()
-context = {
-    name: os.environ[f"EXECBOX_{name.upper()}"]
-    for name in ("run_id", "step_id", "attempt", "idempotency_key")
-    if f"EXECBOX_{name.upper()}" in os.environ
-}
+context = _context()
 
 
 def _reset():
@@ -44,10 +51,13 @@ def _reset():
     _state["outputs"] = {}
     _state["check"] = None
     inputs = _load_inputs()
+    context.clear()
+    context.update(_context())
 
 
 def idempotency_key():
-    """The step's idempotency key (stable across its attempts); None outside a plan's step."""
+    """The key this call forwards to the service it writes to, the same on every attempt: a plan
+    step's, the execution's declared one, or the request's Idempotency-Key; None when it has none."""
     return context.get("idempotency_key")
 
 
@@ -79,6 +89,22 @@ def check(condition, message, **details):
     _state["check"] = {"message": str(message), "details": details}
     _save()
     raise CheckFailed(1)
+
+
+class OutcomeUnknown(SystemExit):
+    """Raise it (or call outcome_unknown) when the code cannot tell whether its effect happened, e.g.
+    a provider's timeout after the request left: the execution ends with outcome.unknown, and a
+    declared write's status check runs (or it waits for reconcile) instead of a blind retry."""
+
+    def __init__(self, reason="the outcome of the effect is unknown"):
+        _state["check"] = {"message": str(reason), "details": {}, "outcome_unknown": True}
+        _save()
+        super().__init__(1)
+
+
+def outcome_unknown(reason):
+    """Stop the program: whether its effect happened is unknown (see OutcomeUnknown)."""
+    raise OutcomeUnknown(reason)
 
 
 def display(value):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import threading
 import time
@@ -95,11 +96,17 @@ def resolve(name):
 
 
 # The ledger: a downstream service that applies each write once per Idempotency-Key, and logs
-# every request as {"key", "applied"} (applied: the first time that key was seen).
+# every write as {"key", "applied"} (applied: the first time that key was seen). GET /seen?key=K
+# answers {"seen": bool} (a status read; not logged).
 LEDGER = """
-import http.server, json
+import http.server, json, urllib.parse
 seen = set()
 class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        key = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get("key", [""])[0]
+        body = json.dumps({"seen": key in seen}).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         key = self.headers.get("Idempotency-Key") or ""
@@ -274,6 +281,17 @@ def netside(targets: Targets, stack: Stack, processes: Any, tmp_path_factory: py
     side.worker("net-1")
     side.worker("net-2")
     return side
+
+
+@pytest.fixture
+def ledger_side(netside: Side, processes: Processes) -> Side:
+    """An API on a queue of its own with the network test's policies (the ledger allowed); workers are
+    the test's."""
+    env = {**netside.env, "EXECBOX_QUEUE__NAME": f"{netside.env['EXECBOX_QUEUE__NAME']}-{secrets.token_hex(3)}"}
+    port = free_port()
+    processes.spawn(f"api-{env['EXECBOX_QUEUE__NAME']}", [EXECBOX, "api", "--port", str(port)], env)
+    wait_until(lambda: answers_200(f"http://127.0.0.1:{port}/healthz"), 20, "the ledger side API")
+    return Side(env, f"http://127.0.0.1:{port}", processes, netside.key)
 
 
 @dataclass

@@ -7,7 +7,6 @@ import hashlib
 import hmac
 import json
 import os
-import secrets
 import signal
 import sqlite3
 import subprocess
@@ -205,16 +204,6 @@ execbox.emit("applied", answer["applied"])
 """
 
 
-@pytest.fixture
-def plan_side(netside: Side, processes: Processes) -> Side:
-    """An API on a queue of its own with the network test's policies; workers are the test's."""
-    env = {**netside.env, "EXECBOX_QUEUE__NAME": f"{netside.env['EXECBOX_QUEUE__NAME']}-{secrets.token_hex(3)}"}
-    port = free_port()
-    processes.spawn(f"api-{env['EXECBOX_QUEUE__NAME']}", [EXECBOX, "api", "--port", str(port)], env)
-    wait_until(lambda: answers_200(f"http://127.0.0.1:{port}/healthz"), 20, "the plan side API")
-    return Side(env, f"http://127.0.0.1:{port}", processes, netside.key)
-
-
 def write_plan(strategy: str) -> dict[str, Any]:
     policy = {"name": "net", "timeout_s": 30, "network": {"mode": "allowlist", "allow": ["target-ledger:8080"]}}
     step = {
@@ -242,10 +231,10 @@ def kill_mid_write(side: Side, client: httpx.Client, targets: Targets, strategy:
 
 
 def test_a_keyed_write_whose_worker_dies_is_retried_with_its_key_and_applied_once(
-    plan_side: Side, targets: Targets
+    ledger_side: Side, targets: Targets
 ) -> None:
-    with plan_side.client() as client:
-        run, key = kill_mid_write(plan_side, client, targets, "key")
+    with ledger_side.client() as client:
+        run, key = kill_mid_write(ledger_side, client, targets, "key")
         assert run["status"] == "succeeded", run
         first, second = [client.get(f"/v1/executions/{e}").json() for e in run["steps"]["write"]["attempts"]]
         assert first["error"]["category"] == "sandbox.error" and first["error"]["details"]["reason"] == "worker_lost"
@@ -254,10 +243,10 @@ def test_a_keyed_write_whose_worker_dies_is_retried_with_its_key_and_applied_onc
 
 
 def test_an_unkeyed_write_whose_worker_dies_waits_for_reconcile_and_is_never_retried(
-    plan_side: Side, targets: Targets
+    ledger_side: Side, targets: Targets
 ) -> None:
-    with plan_side.client() as client:
-        run, key = kill_mid_write(plan_side, client, targets, "none")
+    with ledger_side.client() as client:
+        run, key = kill_mid_write(ledger_side, client, targets, "none")
         assert run["status"] == "needs_replan", run
         step = run["steps"]["write"]
         assert step["status"] == "unknown_outcome" and step["side_effects"] == "unknown" and len(step["attempts"]) == 1

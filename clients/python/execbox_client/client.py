@@ -56,7 +56,8 @@ P = ParamSpec("P")
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
-TERMINAL = frozenset({"succeeded", "failed", "cancelled", "expired"})
+TERMINAL = frozenset({"succeeded", "failed", "cancelled", "expired", "unknown_outcome"})
+"""An execution in one of these has stopped: `unknown_outcome` waits for reconcile_execution, not for a worker."""
 RETRIED_STATUSES = frozenset({429, 503})
 SERVER_WAIT_S = 60.0
 """The longest `?wait=` the service accepts; longer waits are several of them."""
@@ -180,6 +181,11 @@ class Endpoints:
     @endpoint
     def cancel_execution(self, execution_id: str) -> Call[ExecutionPublic]:
         return Call("POST", f"/v1/executions/{execution_id}/cancel")
+
+    @endpoint
+    def reconcile_execution(self, execution_id: str, body: dict[str, Any]) -> Call[ExecutionPublic]:
+        """Settle an `unknown_outcome`: {"outcome": "applied" | "not_applied", "reason", "outputs"}."""
+        return Call("POST", f"/v1/executions/{execution_id}/reconcile", json=body)
 
     @endpoint
     def artifact(self, execution_id: str, name: str) -> Call[bytes]:

@@ -13,14 +13,14 @@ is made, which it cannot from strings (Python 3.11), so each class comes after t
 from typing import Any, Literal, NotRequired, TypedDict
 
 __all__ = [
-    "AppliedPolicy", "ApprovalPublic", "ApprovalStatus", "Artifact", "ArtifactNotKept", "Budgets", "ErrorCategory",
-    "ExecutionError", "ExecutionPublic", "ExecutionStatus", "FilePublic", "Firing", "Handoff", "HandoffStep",
-    "InputFile", "InputFileRef", "LanguagePublic", "LanguagesPublic", "NetworkAllowlist", "NetworkDenial",
-    "NetworkReport", "Origin", "PolicyRequest", "Resources", "ResultData", "RichResult", "RunEvent", "RunPublic",
-    "RunRecord", "RunStatus", "RuntimePublic", "Schedule", "ScriptDetail", "ScriptSummary", "ScriptVersion",
-    "SessionEnd", "SessionList", "SessionPublic", "SessionStatus", "StepError", "StepState", "StepStatus",
-    "StoredWebhook", "Surprise", "Timing", "Transition", "Usage", "Validation", "VersionStatus", "VersionView",
-    "WebhookDelivery",
+    "AppliedPolicy", "ApprovalPublic", "ApprovalStatus", "Artifact", "ArtifactNotKept", "Budgets",
+    "EffectIdempotency", "ErrorCategory", "ExecutionError", "ExecutionPublic", "ExecutionStatus", "FilePublic",
+    "Firing", "Handoff", "HandoffStep", "InputFile", "InputFileRef", "LanguagePublic", "LanguagesPublic",
+    "NetworkAllowlist", "NetworkDenial", "NetworkReport", "Origin", "PolicyRequest", "Resources", "ResultData",
+    "RichResult", "RunEvent", "RunPublic", "RunRecord", "RunStatus", "RuntimePublic", "Schedule", "ScriptDetail",
+    "ScriptSummary", "ScriptVersion", "SessionEnd", "SessionList", "SessionPublic", "SessionStatus", "StatusCheck",
+    "StepError", "StepState", "StepStatus", "StoredWebhook", "Surprise", "Timing", "Transition", "Usage",
+    "Validation", "VersionStatus", "VersionView", "WebhookDelivery",
 ]  # fmt: skip
 
 ApprovalStatus = Literal["pending", "approved", "rejected", "expired"]
@@ -42,9 +42,14 @@ ErrorCategory = Literal[
     "sandbox.error",
     "cancelled",
     "expired",
+    "outcome.unknown",
+    "approval.rejected",
+    "approval.expired",
 ]
 
-ExecutionStatus = Literal["queued", "running", "succeeded", "failed", "cancelled", "expired"]
+ExecutionStatus = Literal[
+    "queued", "running", "succeeded", "failed", "cancelled", "expired", "awaiting_approval", "unknown_outcome"
+]
 
 RunStatus = Literal["running", "awaiting_approval", "needs_replan", "goal_failed", "succeeded", "failed", "cancelled"]
 
@@ -101,8 +106,9 @@ class AppliedPolicy(TypedDict):
 
 class ApprovalPublic(TypedDict):
     id: str
-    run_id: str
-    step_id: str
+    run_id: NotRequired[str | None]
+    step_id: NotRequired[str | None]
+    execution_id: NotRequired[str | None]
     status: ApprovalStatus
     summary: NotRequired[str]
     args: NotRequired[dict[str, Any]]
@@ -208,6 +214,24 @@ class WebhookDelivery(TypedDict):
     error: NotRequired[str | None]
 
 
+class StatusCheck(TypedDict):
+    """Read-only code that tells whether an execution's effect happened: its declared outputs
+    satisfy `expect` when it did. It gets the execution's inputs, files and idempotency key."""
+
+    name: NotRequired[str]
+    code: str
+    language: NotRequired[str]
+    expect: dict[str, Any]
+
+
+class EffectIdempotency(TypedDict):
+    """How a write execution may be repeated after an attempt whose outcome is unknown."""
+
+    strategy: Literal["key", "status_read", "none"]
+    key: NotRequired[str | None]
+    status_check: NotRequired[StatusCheck | None]
+
+
 class ExecutionPublic(TypedDict):
     """An execution as clients see it."""
 
@@ -247,6 +271,13 @@ class ExecutionPublic(TypedDict):
     node: NotRequired[str | None]
     webhook_deliveries: NotRequired[list[WebhookDelivery]]
     attempt: NotRequired[int]
+    effect: NotRequired[Literal["read", "write"] | None]
+    idempotency: NotRequired[EffectIdempotency | None]
+    approval_id: NotRequired[str | None]
+    code_runs: NotRequired[int]
+    phase: NotRequired[Literal["status_read"] | None]
+    side_effects: NotRequired[Literal["none", "possible", "unknown"] | None]
+    reconciled: NotRequired[str | None]
 
 
 class FilePublic(TypedDict):

@@ -48,6 +48,7 @@ from execbox.fleet.registry import WorkerRegistry
 from execbox.keyschema import Keys
 from execbox.library.service import Library
 from execbox.library.store import ScriptStore
+from execbox.plans.approvals import ExecutionGate
 from execbox.plans.consumer import PlanConsumer
 from execbox.plans.executor import Executor
 from execbox.plans.runs import Runs
@@ -121,14 +122,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     quotas = Quotas.load(settings.policies_dir / "tenants.yaml", Slots(client, keys), settings.queue.max_depth)
     sessions = Sessions(settings, SessionStore(client, keys, settings.retention_s), store, file_store, language_set,
                         policies, quotas, fleet)  # fmt: skip
+    run_store = RunStore(client, keys, settings.retention_s)
     submissions = Submissions(
         settings=settings, store=store, files=file_store, queue=queue, policies=policies, languages=language_set,
         quotas=quotas, fleet=fleet, idempotency=idempotency, spans=spans,
         on_accept=lambda language: metrics.accepted.labels(language).inc(), sessions=sessions,
+        gates=ExecutionGate(run_store),
     )  # fmt: skip
     library = Library(ScriptStore(client, keys), submissions, language_set, policies)
     schedule_store = ScheduleStore(client, keys)
-    executor = Executor(RunStore(client, keys, settings.retention_s), submissions, artifacts, metrics.plans, library)
+    executor = Executor(run_store, submissions, artifacts, metrics.plans, library)
     allowed = lambda tenant: quotas.quota(tenant).policies  # noqa: E731
     plan_runs = Runs(executor, language_set, policies, allowed, settings.webhooks.allow_hosts)
     app.state.services = Services(

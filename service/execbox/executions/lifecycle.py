@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import io
 import json
 import logging
-import tarfile
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Protocol
 
 from execbox.catalog.languages import Languages
@@ -38,19 +37,22 @@ from execbox.core.redis import through_outage
 from execbox.core.tracing import Spans, TraceContext
 from execbox.egress.rules import EgressRule
 from execbox.egress.store import EgressStore, RunEgress
+from execbox.executions.effects import StatusCheck
 from execbox.executions.inputs import INPUTS_FILE
 from execbox.executions.live import LiveOutput
 from execbox.executions.metrics import WorkerMetrics
 from execbox.executions.outcome import Outcome, decide
 from execbox.executions.outputs import read_files
+from execbox.executions.queue import requeue
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError
 from execbox.executions.settings import ExecutionsConfig
+from execbox.executions.settle import after_run, checking, mark_expired_if_due
 from execbox.executions.status import ErrorCategory, ExecutionStatus
-from execbox.executions.store import ExecutionStore, mark_expired_if_due
+from execbox.executions.store import ExecutionStore
+from execbox.files.archive import input_archive
 from execbox.files.blobs import ArtifactStore
 from execbox.files.collect import RESULT_FILE, ArtifactCaps, Collector
-from execbox.files.schemas import InputFileRef
 from execbox.files.store import FileStore
 from execbox.sandbox.pool import WarmPool
 from execbox.sandbox.runtime import (
@@ -95,6 +97,8 @@ class Worker(Protocol):
     def metrics(self) -> WorkerMetrics: ...
     @property
     def spans(self) -> Spans: ...
+    @property
+    def backstop_s(self) -> int: ...
 
 
 # -- taken ------------------------------------------------------------------------------------
@@ -112,6 +116,8 @@ def take(ctx: Worker, execution_id: str) -> ExecutionRecord | None:
         record.node = ctx.node
         record.policy.runtime = record.policy.runtime or ctx.settings.docker.runtime or "runc"
         record.attempt += 1
+        if record.phase is None:  # a status check's run is not the code's
+            record.code_runs += 1
         record.timing.queue_wait_ms = round((record.started_at - record.created_at) * 1000, 1)
         return ExecutionStatus.RUNNING
 
@@ -138,6 +144,9 @@ def run_and_finish(
     """Run a taken execution (in a fresh sandbox, or as a call in `session`) and store its outcome;
     `before_store` is told the sandbox's outcome first."""
     control = control or SandboxControl()
+    check = record.idempotency.status_check if record.phase == "status_read" and record.idempotency else None
+    if check is not None:  # this take runs the status check, not the code (execbox.executions.effects)
+        record = checking(record, check)
     limits = run_limits(record.policy)
     collector = Collector(
         record.id,
@@ -161,7 +170,7 @@ def run_and_finish(
     outcome = decide(record, run, files, limits, errors, failure, denials, finished_at=time.time())
     if before_store is not None:
         before_store(run)
-    through_outage("storing the outcome", lambda: _store(ctx, record.id, outcome), patience_s)
+    through_outage("storing the outcome", lambda: _store(ctx, record.id, outcome, check, parent), patience_s)
     if ctx.pool is not None and session is None:
         ctx.pool.refill()  # only now: creating the successor would compete with the run and its result
 
@@ -221,11 +230,15 @@ def _run(
     return run, failure
 
 
-def _store(ctx: Worker, execution_id: str, outcome: Outcome) -> None:
-    """The terminal transition: the record takes the outcome; the same transaction announces it."""
-    done = ctx.store.transition(execution_id, _ACTIVE, ctx.name, outcome.apply)
+def _store(ctx: Worker, execution_id: str, outcome: Outcome, check: StatusCheck | None, parent: TraceContext) -> None:
+    """The terminal transition: the record takes the outcome; the same transaction announces it. A
+    declared effect may instead send it round again (queued: its entry is queued once stored)."""
+    done = ctx.store.transition(execution_id, _ACTIVE, ctx.name, partial(after_run, outcome.apply, check))
     if done is None:
         log.warning("execution was settled elsewhere (lease lost?) before its result was stored")
+    elif done.status is ExecutionStatus.QUEUED:
+        log.info("execution runs again in place", extra={"phase": done.phase, "code_runs": done.code_runs})
+        requeue(ctx.store.redis, done, parent.child().traceparent, ctx.settings, ctx.backstop_s)
     else:
         category = done.error.category.value if done.error else None
         log.info("execution finished", extra={"status": done.status.value, "category": category})
@@ -301,40 +314,6 @@ def _egress_lease(ctx: Worker, record: ExecutionRecord, limits: Limits) -> RunEg
 def _egress(ctx: Worker, lease: RunEgress) -> EgressSpec:
     settings = ctx.settings.egress
     return EgressSpec(settings.container, settings.port, settings.subnet_pool, lease, settings.slot_cooldown_s + 2.0)
-
-
-def input_archive(files: FileStore, refs: list[InputFileRef]) -> bytes:
-    """A tar of the input files for the engine's archive API.
-
-    Files belong to root (mode 0644): the program reads them but, with the kernel's
-    protected_hardlinks, cannot hard-link them into its output directory; directories are
-    writable by anyone (the sandbox's own uid is chosen later, and it is alone in there) so it can
-    still add files next to its inputs.
-    """
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        made: set[str] = set()
-        for ref in refs:
-            # Streamed from its store, checked against the size and sha256 it was accepted with
-            # (InputUnavailable when it is gone or differs).
-            data = files.open(ref)
-            parts = ref.path.split("/")
-            for depth in range(1, len(parts)):
-                directory = "/".join(parts[:depth])
-                if directory not in made:
-                    made.add(directory)
-                    tar.addfile(_tar_entry(directory, tarfile.DIRTYPE, 0o777))
-            tar.addfile(_tar_entry(ref.path, tarfile.REGTYPE, 0o644, ref.size), data)
-            data.finish()
-    return buffer.getvalue()
-
-
-def _tar_entry(name: str, kind: bytes, mode: int, size: int = 0) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type, info.mode, info.size = kind, mode, size
-    info.uid = info.gid = 0
-    info.mtime = int(time.time())
-    return info
 
 
 # -- beside the run: lease, cancel, metrics, spans ---------------------------------------------------

@@ -130,6 +130,13 @@ def _judge(
     if check is not None:
         message = str(check.get("message", ""))[:4000]
         details = check.get("details") if isinstance(check.get("details"), dict) else {}
+        if check.get("outcome_unknown") is True:  # execbox.outcome_unknown(reason): the code cannot tell
+            return failed, ExecutionError(
+                category=ErrorCategory.OUTCOME_UNKNOWN,
+                message=f"the code could not tell whether its effect happened: {message}",
+                retryable=False,
+                details={"reason": message},
+            )
         return failed, _error(ErrorCategory.CHECK_FAILED, f"check failed: {message}", message=message,
                               details=details)  # fmt: skip
     expected_exit = record.expect is not None and record.expect.exit_code == run.exit_code

@@ -105,7 +105,7 @@ def enqueue(
     `backstop_s` is RQ's own job timeout, a last resort above the longest run any policy allows
     (the sandbox enforces each run's own timeout); a ticket may start any tenant's execution.
     """
-    ring, members, pending = _keys(settings)
+    ring, members, pending = ExecutionKeys(settings.redis.key_prefix).queue(queue.name)  # the entry beside its ticket
     entry = json.dumps({"execution_id": record.id, "traceparent": traceparent})
     with redis_errors(), queue.connection.pipeline() as pipe:
         _ticket(queue, settings, backstop_s, f"dispatch ticket (queued with {record.id})", pipe)
@@ -113,6 +113,14 @@ def enqueue(
             keys=[ring, members, pending + record.tenant], args=[record.tenant, entry], client=pipe
         )
         pipe.execute()
+
+
+def requeue(client: redis.Redis, record: ExecutionRecord, traceparent: str, settings: ExecutionsConfig,
+            backstop_s: int) -> None:  # fmt: skip
+    """Queue an execution again (it runs again in place) on the queue it was accepted on, whichever
+    deployment's process settles it (a reaper settles every queue's lost executions)."""
+    queue = Queue(record.queue or settings.queue.name, connection=client, serializer=JSONSerializer)
+    enqueue(queue, record, traceparent, settings, backstop_s)
 
 
 def take_next(client: redis.Redis, settings: ExecutionsConfig) -> Entry | None:
@@ -163,6 +171,7 @@ __all__ = [
     "depth",
     "enqueue",
     "make_queue",
+    "requeue",
     "restore_tickets",
     "take_next",
 ]

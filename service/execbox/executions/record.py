@@ -43,6 +43,7 @@ class ExecutionRecord(ExecutionPublic):
     webhook: StoredWebhook | None = Field(None, description="Callback and its secret.")
     request_sha256: str = Field(description="SHA-256 of the canonical request.")
     queue_deadline: float = Field(description="Unix time after which a queued execution expires.")
+    queue: str | None = Field(None, description="The queue it was accepted on (None: stored before it was kept).")
     transitions: list[Transition] = Field(default_factory=list, description="Every status change.")
     cancel_requested: bool = Field(False, description="A client asked to cancel it.")
     context: dict[str, str] = Field(

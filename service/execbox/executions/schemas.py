@@ -10,6 +10,7 @@ import httpx
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from execbox.catalog.schemas import AppliedPolicy, PolicyRequest
+from execbox.executions.effects import EffectDeclaration, EffectState
 from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.files.schemas import check_input_path
 
@@ -153,7 +154,7 @@ SESSION_CONTEXT_PATTERN = r"^(python|javascript|bash)(:[a-z0-9][a-z0-9-]{0,39})?
 """A session context's name: its language, and after a colon a name of its own (none: the language's default)."""
 
 
-class ExecutionCreate(BaseModel):
+class ExecutionCreate(EffectDeclaration):
     """A request to run code once in a fresh sandbox."""
 
     model_config = _STRICT
@@ -334,7 +335,7 @@ class Transition(BaseModel):
     by: str = Field(description="Who made the transition: api, a worker name, or the reaper.")
 
 
-class ExecutionPublic(BaseModel):
+class ExecutionPublic(EffectState):
     """An execution as clients see it."""
 
     id: str = Field(description="Execution id, `exe_` followed by 26 characters.")

@@ -9,7 +9,11 @@ import enum
 
 
 class ExecutionStatus(enum.StrEnum):
-    """Lifecycle: queued → running → succeeded | failed | cancelled | expired. Values never change."""
+    """Lifecycle: queued → running → succeeded | failed | cancelled | expired. Values never change.
+
+    An execution that declares an approval starts `awaiting_approval` (then queued, or failed when
+    rejected, or expired); a declared write whose outcome is unknown ends `unknown_outcome`, which
+    POST /v1/executions/{id}/reconcile settles as succeeded or failed (execbox.executions.effects)."""
 
     QUEUED = "queued"
     RUNNING = "running"
@@ -17,10 +21,13 @@ class ExecutionStatus(enum.StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     EXPIRED = "expired"
+    AWAITING_APPROVAL = "awaiting_approval"
+    UNKNOWN_OUTCOME = "unknown_outcome"
+    """Its run ended (slot freed, waiters told); whether its effect happened waits for a reconcile."""
 
     @property
     def terminal(self) -> bool:
-        return self not in (ExecutionStatus.QUEUED, ExecutionStatus.RUNNING)
+        return self not in (ExecutionStatus.QUEUED, ExecutionStatus.RUNNING, ExecutionStatus.AWAITING_APPROVAL)
 
 
 class ErrorCategory(enum.StrEnum):
@@ -42,3 +49,6 @@ class ErrorCategory(enum.StrEnum):
     SANDBOX_ERROR = "sandbox.error"
     CANCELLED = "cancelled"
     EXPIRED = "expired"
+    OUTCOME_UNKNOWN = "outcome.unknown"
+    APPROVAL_REJECTED = "approval.rejected"
+    APPROVAL_EXPIRED = "approval.expired"

@@ -22,6 +22,7 @@ from execbox.executions.keys import ExecutionKeys
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, Transition
 from execbox.executions.settings import ExecutionsConfig
+from execbox.executions.settle import mark_expired_if_due, settle_uncertain
 from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.tenancy import quotas
 
@@ -155,6 +156,10 @@ class ExecutionStore:
         if record.status is ExecutionStatus.RUNNING:
             pipe.zrem(self.keys.deadlines, record.id)
             pipe.sadd(self.keys.running, record.id)
+        elif record.status is ExecutionStatus.QUEUED:  # approved, or run again in place: it waits anew
+            pipe.zadd(self.keys.deadlines, {record.id: record.queue_deadline})
+            pipe.srem(self.keys.running, record.id)
+            pipe.delete(self.keys.lease(record.id), self.keys.signals(record.id))
         elif record.status.terminal:
             # The outbox: the event is written in the status change's own transaction, so no
             # consumer (webhook delivery) can miss it, whichever process dies when.
@@ -167,9 +172,14 @@ class ExecutionStore:
     # -- terminal transitions that the API, workers and the reaper share --------------------
 
     def expire_if_due(self, execution_id: str, by: str) -> ExecutionRecord | None:
-        return self.transition(execution_id, {ExecutionStatus.QUEUED}, by, mark_expired_if_due)
+        waiting = {ExecutionStatus.QUEUED, ExecutionStatus.AWAITING_APPROVAL}
+        return self.transition(execution_id, waiting, by, mark_expired_if_due)
 
     def fail_if_lost(self, execution_id: str, by: str) -> ExecutionRecord | None:
+        """Settle a running execution whose worker stopped renewing its lease: failed (undeclared),
+        or what its declared effect calls for (execbox.executions.effects): queued again (the caller
+        then queues its entry), `unknown_outcome`, or failed."""
+
         def lost(record: ExecutionRecord) -> ExecutionStatus | None:
             started = record.started_at or 0.0
             if time.time() - started < self._lease_s or self.lease_alive(execution_id):
@@ -181,7 +191,7 @@ class ExecutionStore:
                 retryable=True,
                 details={"worker": record.worker, "reason": "worker_lost"},
             )
-            return ExecutionStatus.FAILED
+            return settle_uncertain(record)
 
         return self.transition(execution_id, {ExecutionStatus.RUNNING}, by, lost)
 
@@ -223,16 +233,3 @@ class ExecutionStore:
         with redis_errors():
             values = self.redis.mget([self.keys.lease(i) for i in ids]) if ids else []
         return {i: text(v) for i, v in zip(ids, values, strict=True) if v is not None}
-
-
-def mark_expired_if_due(record: ExecutionRecord) -> ExecutionStatus | None:
-    """A mutation: expired when the queued record's deadline has passed, otherwise unchanged."""
-    if time.time() < record.queue_deadline:
-        return None
-    record.error = ExecutionError(
-        category=ErrorCategory.EXPIRED,
-        message=f"no worker started it within its queue deadline of {record.policy.queue_timeout_s:g} s; "
-        "submit again, or raise policy.queue_timeout_s",
-        retryable=True,
-    )
-    return ExecutionStatus.EXPIRED

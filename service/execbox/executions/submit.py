@@ -15,7 +15,7 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 from rq import Queue
@@ -23,17 +23,19 @@ from rq import Queue
 from execbox.catalog.errors import PolicyExceeded
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet, runtime_problems
-from execbox.catalog.schemas import AppliedPolicy
+from execbox.catalog.schemas import AppliedPolicy, NetworkAllowlist
 from execbox.catalog.webhook_hosts import host_allowed
-from execbox.core.errors import ConflictError, FieldProblem, InvalidRequest
+from execbox.core.errors import ConflictError, FieldProblem, InvalidRequest, ServiceError
 from execbox.core.tracing import Spans, TraceContext, from_traceparent
+from execbox.executions.effects import Approval, call_context, effect_problems
 from execbox.executions.errors import ExecutionNotFound
 from execbox.executions.idempotency import IdempotencyKeys
 from execbox.executions.inputs import prepare
-from execbox.executions.queue import depth, enqueue
+from execbox.executions.queue import depth, enqueue, requeue
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionCreate, ExecutionError, Origin, Transition
 from execbox.executions.settings import ExecutionsConfig
+from execbox.executions.settle import approval_decided, reconciled
 from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.executions.store import ExecutionStore
 from execbox.files.store import FileStore
@@ -48,7 +50,7 @@ def new_execution_id() -> str:
     return "exe_" + base64.b32encode(secrets.token_bytes(16)).decode().rstrip("=").lower()
 
 
-ADDED_LATER = ("session_context",)
+ADDED_LATER = ("session_context", "effect", "idempotency", "approval")
 """Request fields added after digests were stored (idempotency keys last a day): left out while unset."""
 
 
@@ -63,6 +65,16 @@ def request_digest(body: BaseModel, extra: ExtraFiles = ()) -> str:
     for path, data in extra:
         digest.update(b"\0" + path.encode() + b"\0" + hashlib.sha256(data).digest())
     return digest.hexdigest()
+
+
+class Gate(Protocol):
+    """Where approvals are kept (execbox.plans.approvals.ExecutionGate)."""
+
+    def new_id(self) -> str:
+        """An approval id, given to the execution before it is stored."""
+
+    def request(self, record: ExecutionRecord, approval: Approval) -> None:
+        """Keep a pending approval for the stored execution awaiting it (`record.approval_id`)."""
 
 
 class Placement(Protocol):
@@ -103,6 +115,8 @@ class Submissions:
     """Who the queued transition is recorded as (api, scheduler, plan)."""
     sessions: Placement | None = None
     """Set where sessions are offered (the API); None refuses executions that name one."""
+    gates: Gate | None = None
+    """Set where approvals are offered (the API); None refuses executions that ask for one."""
 
     def submit(
         self,
@@ -124,7 +138,9 @@ class Submissions:
             route,
             idempotency_key,
             lambda: request_digest(body, extra),
-            lambda: self._accept(tenant, body, extra, traceparent, context or {}, origin),
+            lambda: self._accept(
+                tenant, body, extra, traceparent, call_context(body.idempotency, context, idempotency_key), origin
+            ),
             lambda first: first.record.id,
             lambda execution_id: Submission(
                 self.owned(tenant, execution_id), from_traceparent(traceparent), {}, replayed=True
@@ -152,8 +168,9 @@ class Submissions:
             return ExecutionStatus.CANCELLED
 
         record = self.owned(tenant, execution_id)
-        if record.status is ExecutionStatus.QUEUED:
-            done = self.store.transition(execution_id, {ExecutionStatus.QUEUED}, self.by, cancel_queued_record)
+        waiting = {ExecutionStatus.QUEUED, ExecutionStatus.AWAITING_APPROVAL}
+        if record.status in waiting:
+            done = self.store.transition(execution_id, waiting, self.by, cancel_queued_record)
             if done is not None:  # its queue entry is skipped when a worker reaches it
                 return done
             record = self.store.get(execution_id) or record
@@ -174,6 +191,61 @@ class Submissions:
         trace = from_traceparent(traceparent)
         with self.spans.span("execbox.api.create_execution", trace):
             return self._accept_traced(tenant, body, extra, trace, context, origin)
+
+    def _check_effects(self, tenant: str, body: ExecutionCreate, policy: AppliedPolicy) -> None:
+        found = effect_problems(body.effect, body.approval, isinstance(policy.network, NetworkAllowlist),
+                                self.quotas.quota(tenant).declare_effects, self.gates is not None)  # fmt: skip
+        if body.idempotency is not None and body.idempotency.status_check is not None:
+            try:
+                self.languages.get(body.idempotency.status_check.language)
+            except ServiceError as exc:
+                found.append(FieldProblem("idempotency.status_check.language", exc.message))
+        if found:
+            raise InvalidRequest("the execution's effect declarations are refused", tuple(found))
+
+    def _queue(self, record: ExecutionRecord, trace: TraceContext) -> None:
+        with self.spans.span("execbox.enqueue", trace, {"execution.id": record.id}):
+            if self.sessions is not None and record.session is not None:
+                self.sessions.place(record)
+            else:
+                backstop = self.policies.max_ceiling("timeout_s")
+                enqueue(self.queue, record, trace.child().traceparent, self.settings, backstop)
+
+    def decided(self, tenant: str, execution_id: str, approved: bool, why: str) -> ExecutionRecord | None:
+        """Apply an approval's decision to the execution awaiting it: queued (approved), or failed
+        without running (rejected); None when it no longer awaits one (decided before, or expired).
+        Repeating it changes nothing, so a decision whose record was kept before a crash is applied
+        again by the same decision."""
+
+        done = self.store.transition(
+            execution_id, {ExecutionStatus.AWAITING_APPROVAL}, self.by, approval_decided(tenant, approved, why)
+        )
+        if done is not None and done.status is ExecutionStatus.QUEUED:
+            trace = TraceContext(done.trace_id, secrets.token_hex(8))
+            if done.session is None:  # on the queue it was accepted on, whichever API decides
+                requeue(
+                    self.store.redis, done, trace.traceparent, self.settings, self.policies.max_ceiling("timeout_s")
+                )
+            else:
+                self._queue(done, trace)
+        return None if done is None or done.status is ExecutionStatus.EXPIRED else done
+
+    def reconcile(
+        self, tenant: str, execution_id: str, applied: bool, outputs: dict[str, Any], reason: str
+    ) -> ExecutionRecord:
+        """Settle an unknown outcome from the caller's evidence: succeeded (applied, with `outputs`)
+        or failed (not applied: submit again, with the same key, to run it again)."""
+
+        self.owned(tenant, execution_id)
+        done = self.store.transition(
+            execution_id, {ExecutionStatus.UNKNOWN_OUTCOME}, self.by, reconciled(applied, outputs, reason)
+        )
+        if done is None:
+            record = self.owned(tenant, execution_id)
+            raise ConflictError(
+                f"execution {execution_id} is {record.status.value}: it has no unknown outcome to settle"
+            )
+        return done
 
     def _check_webhook(self, body: ExecutionCreate) -> None:
         if body.webhook is not None and not host_allowed(body.webhook.url, self.settings.webhooks.allow_hosts):
@@ -204,8 +276,11 @@ class Submissions:
             if problems:
                 raise PolicyExceeded(tuple(problems))
         self._check_webhook(body)
+        self._check_effects(tenant, body, policy)
         now = time.time()
-        deadline = now + policy.queue_timeout_s
+        gated = body.approval is not None and body.approval.required
+        deadline = now + (body.approval.expires_in_s if body.approval and gated else policy.queue_timeout_s)
+        status = ExecutionStatus.AWAITING_APPROVAL if gated else ExecutionStatus.QUEUED
         record_id = new_execution_id()
         # Quotas before any byte is stored: a refused request leaves nothing behind.
         admission = self.quotas.admit(tenant, policy.name, record_id, depth(self.queue))
@@ -216,7 +291,7 @@ class Submissions:
             record = ExecutionRecord(
                 id=record_id,
                 tenant=tenant,
-                status=ExecutionStatus.QUEUED,
+                status=status,
                 language=language.name,
                 trace_id=trace.trace_id,
                 labels=body.labels,
@@ -233,18 +308,22 @@ class Submissions:
                 webhook=body.webhook,
                 request_sha256=request_digest(body, extra),
                 queue_deadline=deadline,
-                transitions=[Transition(status=ExecutionStatus.QUEUED, at=now, by=self.by)],
+                queue=self.settings.queue.name,
+                transitions=[Transition(status=status, at=now, by=self.by)],
                 context=context,
                 session=body.session,
                 session_context=body.session_context,
+                effect=body.effect,
+                idempotency=body.idempotency,
             )
-            self.store.create(record)
-            with self.spans.span("execbox.enqueue", trace, {"execution.id": record.id}):
-                if self.sessions is not None and record.session is not None:
-                    self.sessions.place(record)
-                else:
-                    backstop = self.policies.max_ceiling("timeout_s")
-                    enqueue(self.queue, record, trace.child().traceparent, self.settings, backstop)
+            if gated:
+                assert self.gates is not None and body.approval is not None
+                record.approval_id = self.gates.new_id()
+                self.store.create(record)  # then its approval: a crash between leaves one that expires unseen
+                self.gates.request(record, body.approval)
+            else:
+                self.store.create(record)
+                self._queue(record, trace)
         except BaseException:
             self.quotas.slots.release(tenant, record_id)
             raise

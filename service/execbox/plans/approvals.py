@@ -1,8 +1,14 @@
-"""Approval gates: an approval is requested when a gated step could start, and decided by a
-client; one left unanswered past `expires_at` counts as expired when the run is next advanced."""
+"""Approval gates: an approval is requested when a gated step could start (or when an execution
+that asks for one is accepted), and decided by a client; one left unanswered past `expires_at`
+counts as expired when the run is next advanced (or the execution's deadline passes)."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
+from execbox.executions.effects import Approval
+from execbox.executions.record import ExecutionRecord
 from execbox.plans.schemas import ApprovalPublic, ApprovalStatus, CodeCell, StepState, StoredRun
 from execbox.plans.store import RunStore, new_id
 
@@ -27,3 +33,22 @@ def current(store: RunStore, approval_id: str, now: float) -> ApprovalPublic | N
         approval.status, approval.decided_at = ApprovalStatus.EXPIRED, now
         store.put_approval(approval)
     return approval
+
+
+@dataclass(frozen=True)
+class ExecutionGate:
+    """The approvals of executions, kept beside the runs' (execbox.executions.submit.Gate)."""
+
+    store: RunStore
+
+    def new_id(self) -> str:
+        return new_id("apr_")
+
+    def request(self, record: ExecutionRecord, approval: Approval) -> None:
+        assert record.approval_id is not None
+        now = time.time()
+        self.store.put_approval(ApprovalPublic(
+            id=record.approval_id, execution_id=record.id, status=ApprovalStatus.PENDING, summary=approval.summary,
+            args=record.inputs if isinstance(record.inputs, dict) else {}, code=record.code, requested_at=now,
+            expires_at=record.queue_deadline, tenant=record.tenant, by=approval.by,
+        ))  # fmt: skip

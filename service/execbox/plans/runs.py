@@ -16,6 +16,7 @@ from execbox.catalog.policies import PolicySet
 from execbox.catalog.webhook_hosts import host_allowed
 from execbox.core.errors import FieldProblem, ServiceError
 from execbox.core.tracing import from_traceparent
+from execbox.executions.record import ExecutionRecord
 from execbox.plans import handoff
 from execbox.plans.errors import ApprovalForbidden, ApprovalNotFound, InvalidPlan, RunConflict, RunNotFound
 from execbox.plans.executor import Executor
@@ -159,19 +160,47 @@ class Runs:
         if approval.by and key_id not in approval.by:
             raise ApprovalForbidden(approval_id)
         wanted = ApprovalStatus.APPROVED if body.decision == "approve" else ApprovalStatus.REJECTED
+        if approval.execution_id is not None:
+            return self._decide_execution(tenant, approval, wanted, body, key_id)
+        assert approval.run_id is not None
         with self._change(tenant, approval.run_id):
             approval = self.approval(tenant, approval_id)
             if approval.status is wanted:
                 return approval  # the same decision again: nothing changes
             if approval.status is not ApprovalStatus.PENDING:
                 raise RunConflict(f"approval {approval_id} is already {approval.status.value}")
-            approval.status, approval.decided_at = wanted, time.time()
-            approval.decided_by = f"{body.decided_by or 'unnamed'} (key {key_id})"
-            approval.reason = body.reason or None
-            self.executor.store.put_approval(approval)
-            if self.executor.metrics is not None:
-                self.executor.metrics.approval_wait.observe(max(approval.decided_at - approval.requested_at, 0.0))
+            self._record(approval, wanted, body, key_id)
         return approval
+
+    def _record(self, approval: ApprovalPublic, wanted: ApprovalStatus, body: Decision, key_id: str) -> None:
+        approval.status, approval.decided_at = wanted, time.time()
+        approval.decided_by = f"{body.decided_by or 'unnamed'} (key {key_id})"
+        approval.reason = body.reason or None
+        self.executor.store.put_approval(approval)
+        if self.executor.metrics is not None:
+            self.executor.metrics.approval_wait.observe(max(approval.decided_at - approval.requested_at, 0.0))
+
+    def _decide_execution(
+        self, tenant: str, approval: ApprovalPublic, wanted: ApprovalStatus, body: Decision, key_id: str
+    ) -> ApprovalPublic:
+        """The execution moves first (one compare-and-set: of two decisions at once, one wins), then
+        the approval records it. A decision repeated after a crash between the two finds the
+        execution moved by that same decision and records it."""
+        assert approval.execution_id is not None
+        submissions = self.executor.submissions
+        approved = wanted is ApprovalStatus.APPROVED
+        why = body.reason or f"rejected by {body.decided_by or 'unnamed'} (key {key_id}) before it ran"
+        if submissions.decided(tenant, approval.execution_id, approved, why) is not None:
+            self._record(approval, wanted, body, key_id)
+            return approval
+        if approval.status is wanted:
+            return approval  # the same decision again: nothing changes
+        record = submissions.store.get(approval.execution_id)
+        if approval.status is ApprovalStatus.PENDING and record is not None and _left_by(record) is wanted:
+            self._record(approval, wanted, body, key_id)
+            return approval
+        raise RunConflict(f"approval {approval.id} is decided or expired: its execution is "
+                          f"{record.status.value if record else 'gone'}")  # fmt: skip
 
     def approval(self, tenant: str, approval_id: str) -> ApprovalPublic:
         approval = self.executor.store.approval(approval_id)
@@ -284,6 +313,15 @@ class Runs:
         approval.decided_by = f"revision {run.revision} (key {key_id or 'none'})"
         approval.reason = f"the step was removed by revision {run.revision}: {reason}"[:4000]
         self.executor.store.put_approval(approval)
+
+
+def _left_by(record: ExecutionRecord) -> ApprovalStatus | None:
+    """The decision that moved an execution out of awaiting_approval, read from its transitions."""
+    after = record.transitions[1].status.value if len(record.transitions) > 1 else None
+    rejected = record.error is not None and record.error.category.value == "approval.rejected"
+    return {"queued": ApprovalStatus.APPROVED, "expired": ApprovalStatus.EXPIRED}.get(
+        after or "", ApprovalStatus.REJECTED if rejected else None
+    )
 
 
 __all__ = ["Runs", "UsageReport"]

@@ -1,4 +1,4 @@
-"""A plan on the wire (`plan/v1`), the run that executes it, its approvals and its hand-off.
+"""A plan on the wire (`plan/v1`), the run that executes it, its approvals (and executions') and its hand-off.
 
 A plan is a DAG of steps. Each step runs one code cell (an ordinary execution) with arguments
 that may refer to the run's inputs and to earlier steps' outputs (`{"$ref": "/steps/a/outputs/x"}`)
@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from execbox.catalog.schemas import PolicyRequest
+from execbox.executions.effects import Approval
 from execbox.executions.schemas import InputFile, Labels, StoredWebhook, Webhook
 
 STEP_ID_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
@@ -72,20 +73,6 @@ class Idempotency(BaseModel):
         "have run (an unknown outcome is settled by reconcile). `compensation` is treated as `none` for now."
     )
     status_check: Check | None = Field(None, description="For `status_read`: the check whose `expect` means applied.")
-
-
-class Approval(BaseModel):
-    model_config = _STRICT
-
-    required: bool = Field(True, description="The step waits for a decision before it runs.")
-    summary: str = Field("", max_length=1000, description="What the approver is asked to allow.")
-    expires_in_s: int = Field(86400, ge=1, le=30 * 86400, description="Unanswered this long: expired (rejected).")
-    by: list[str] = Field(
-        default_factory=list,
-        max_length=32,
-        description="API key ids (`execbox keys list`) that may decide; "
-        "empty: any key of the tenant. Others get 403 `approval.forbidden`.",
-    )
 
 
 class Retry(BaseModel):
@@ -342,12 +329,15 @@ class ApprovalStatus(enum.StrEnum):
 
 class ApprovalPublic(BaseModel):
     id: str = Field(description="Approval id, `apr_` and 26 characters.")
-    run_id: str = Field(description="The run.")
-    step_id: str = Field(description="The step waiting for it.")
+    run_id: str | None = Field(None, description="The run, for a plan step's approval.")
+    step_id: str | None = Field(None, description="The step waiting for it, for a plan step's approval.")
+    execution_id: str | None = Field(None, description="The execution waiting for it, for an execution's approval.")
     status: ApprovalStatus = Field(description="pending, approved, rejected or expired.")
     summary: str = Field("", description="What is asked.")
-    args: dict[str, Any] = Field(default_factory=dict, description="The step's resolved arguments.")
-    code: str = Field(description="The code the step will run.")
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="The step's resolved arguments (an execution's inputs, when an object)."
+    )
+    code: str = Field(description="The code that will run.")
     requested_at: float = Field(description="Unix time.")
     expires_at: float = Field(description="Unix time it expires unanswered.")
     decided_at: float | None = Field(None, description="Unix time of the decision.")

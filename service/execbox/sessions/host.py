@@ -23,7 +23,8 @@ from typing import Protocol
 from execbox.core import logs
 from execbox.core.errors import ServiceError
 from execbox.core.tracing import TraceContext
-from execbox.executions.lifecycle import Worker, input_archive, run_and_finish, run_limits, take
+from execbox.executions.lifecycle import Worker, run_and_finish, run_limits, take
+from execbox.files.archive import input_archive
 from execbox.sandbox.runtime import SandboxControl, SandboxOutcome, SandboxSpec, SessionSandbox
 from execbox.sessions.record import SessionRecord
 from execbox.sessions.relay import Relay

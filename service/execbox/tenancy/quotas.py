@@ -41,6 +41,8 @@ class _Quota(BaseModel):
     sessions: int = Field(10, ge=0)
     session_share: float = Field(0.5, gt=0, le=1)
     """The part of the fleet's session slots (workers x per-worker slots) one tenant may hold at once."""
+    declare_effects: bool = False
+    """Executions with network access must declare `effect` (read or write): the ones that can reach the world."""
     schedules: int = Field(100, ge=0)
     schedule_min_interval_s: float = Field(60.0, ge=1, le=86400)
 

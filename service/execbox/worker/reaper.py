@@ -2,7 +2,8 @@
 
 Each worker runs it at start-up and then periodically. It expires queued executions past their
 deadline, puts back the dispatch tickets RQ lost (see execbox.executions.queue), fails running
-executions whose worker stopped renewing its lease (sandbox.error, retryable), ends sessions whose
+executions whose worker stopped renewing its lease (sandbox.error, retryable; a declared effect
+may instead run again in place or end unknown_outcome: execbox.executions.effects), ends sessions whose
 worker was lost, and removes execbox containers and egress networks on its own engine that no
 live worker (or live session) owns.
 """
@@ -10,6 +11,7 @@ live worker (or live session) owns.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -17,7 +19,9 @@ from functools import partial
 
 from execbox.core.errors import ServiceError
 from execbox.core.poison import Guard
-from execbox.executions.queue import make_queue, restore_tickets
+from execbox.core.tracing import TraceContext
+from execbox.executions.queue import make_queue, requeue, restore_tickets
+from execbox.executions.status import ExecutionStatus
 from execbox.fleet.registry import Heartbeat
 from execbox.sandbox.runtime import ContainerInfo
 from execbox.sessions.service import ended_error, settle_waiting
@@ -86,8 +90,18 @@ def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[st
     for execution_id in ctx.store.due_for_expiry():
         guard.item(f"execution {execution_id}", partial(settle, ctx.store.expire_if_due, execution_id, "expired"))
     counts["tickets"] = restore_tickets(make_queue(ctx.store.redis, ctx.settings), ctx.settings, ctx.backstop_s)
+
+    def lost(execution_id: str) -> None:
+        record = ctx.store.fail_if_lost(execution_id, BY)
+        if record is None:
+            return
+        counts["lost"] += 1
+        if record.status is ExecutionStatus.QUEUED:  # a declared effect that runs again in place
+            parent = TraceContext(record.trace_id, secrets.token_hex(8)).traceparent
+            requeue(ctx.store.redis, record, parent, ctx.settings, ctx.backstop_s)
+
     for execution_id in ctx.store.running():
-        guard.item(f"execution {execution_id}", partial(settle, ctx.store.fail_if_lost, execution_id, "lost"))
+        guard.item(f"execution {execution_id}", partial(lost, execution_id))
     counts["sessions"] = _end_lost_sessions(ctx, guard)
     now = time.time()
     unowned_now: set[str] = set()

@@ -1,6 +1,7 @@
 // execbox: talk back to the service from inside a sandbox. const execbox = require("execbox");
 // execbox.inputs, execbox.outputDir, execbox.emit(name, value), execbox.check(cond, message, details),
-// execbox.idempotencyKey() and execbox.context (in a plan's step: run_id, step_id, attempt, idempotency_key)
+// execbox.idempotencyKey() (the key to forward, the same on every attempt), execbox.outcomeUnknown(reason)
+// (stop: whether the effect happened is unknown) and execbox.context (run_id, step_id, attempt, idempotency_key)
 "use strict";
 const fs = require("fs");
 const path = require("path");
@@ -17,7 +18,9 @@ for (const name of ["run_id", "step_id", "attempt", "idempotency_key"]) {
 }
 
 function idempotencyKey() {
-  return context.idempotency_key === undefined ? null : context.idempotency_key;
+  // Read now, not at load: a session's JavaScript context loads this once and runs many calls.
+  const key = process.env.EXECBOX_IDEMPOTENCY_KEY;
+  return key === undefined ? null : key;
 }
 
 function loadInputs() {
@@ -50,4 +53,10 @@ function check(condition, message, details = {}) {
   process.exit(1);
 }
 
-module.exports = { inputs: loadInputs(), outputDir, emit, check, context, idempotencyKey };
+function outcomeUnknown(reason) {
+  state.check = { message: String(reason), details: {}, outcome_unknown: true };
+  save();
+  process.exit(1);
+}
+
+module.exports = { inputs: loadInputs(), outputDir, emit, check, context, idempotencyKey, outcomeUnknown };

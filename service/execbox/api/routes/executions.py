@@ -1,4 +1,4 @@
-"""HTTP for executions: POST /v1/executions, GET /v1/executions/{id}[/record], POST .../cancel,
+"""HTTP for executions: POST /v1/executions, GET /v1/executions/{id}[/record], POST .../cancel, .../reconcile,
 GET .../artifacts/{name}. Only translation: the work is execbox.executions.submit's."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.core.errors import FieldProblem, InvalidRequest
 from execbox.core.tracing import TraceContext, from_traceparent
 from execbox.executions import live
+from execbox.executions.effects import ExecutionReconcile
 from execbox.executions.record import ExecutionRecord, RunRecord
 from execbox.executions.schemas import EXECUTION_ID_PATTERN, ExecutionCreate, ExecutionPublic
 from execbox.executions.submit import mine
@@ -203,6 +204,25 @@ def cancel_execution(
 ) -> ExecutionPublic:
     record = services.executions.cancel(tenant, execution_id)
     return _answer(response, record, from_traceparent(traceparent))
+
+
+@router.post(
+    "/{execution_id}/reconcile",
+    response_model=ExecutionPublic,
+    responses=_RESPONSES,
+    summary="Settle an unknown outcome: applied (succeeded) or not applied (failed; submit again with its key)",
+)
+def reconcile_execution(
+    execution_id: ExecutionId,
+    body: ExecutionReconcile,
+    response: Response,
+    services: ServicesDep,
+    tenant: TenantDep,
+    traceparent: TraceHeader = None,
+) -> ExecutionPublic:
+    applied = body.outcome == "applied"
+    record = services.executions.reconcile(tenant, execution_id, applied, body.outputs, body.reason)
+    return _answer(response, record, from_traceparent(traceparent), status=200)
 
 
 @router.get(
