@@ -438,6 +438,7 @@ class StepState(TypedDict):
     checks: NotRequired[list[str]]
     phase: NotRequired[str | None]
     passed: NotRequired[int]
+    key: NotRequired[str | None]
 
 
 class RunPublic(TypedDict):

@@ -27,6 +27,7 @@ from execbox.files.blobs import ArtifactStore
 from execbox.library.service import Library, ScriptRun, input_problems
 from execbox.plans.refs import artifact_path, refs_in
 from execbox.plans.schemas import RUN_ID_PATTERN, CodeCell, Postconditions, ScriptRef, StoredRun
+from execbox.plans.step_keys import default_key
 from execbox.plans.store import RunStore
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ class Dispatcher:
         files: list[InputFile],
         post: Postconditions | None = None,
         suffix: str = "",
+        key: str | None = None,
     ) -> str:
         """The execution id of this attempt (or check): of a code cell, or of a prepared request (a
         script's); raises ServiceError when refused and MissingArtifact when an artifact is gone."""
@@ -108,12 +110,13 @@ class Dispatcher:
                 language=cell.language, code=cell.code, inputs=args, policy=policy, files=files,
                 expect=Expect(outputs_schema=post.outputs_schema, exit_code=post.exit_code) if post else None,
             )  # fmt: skip
-        # The same key for every attempt: what the code forwards to the service it writes to.
+        # The same key for every attempt (and every step re-adding the same write, when it names a
+        # template): what the code forwards to the service it writes to.
         context = {
             "run_id": run.id,
             "step_id": step_id,
             "attempt": str(attempt),
-            "idempotency_key": f"{run.id}:{step_id}",
+            "idempotency_key": key or default_key(run.id, step_id),
         }
         submitted = self.submissions.submit(
             run.tenant, body, extra, f"00-{run.trace_id}-{secrets.token_hex(8)}-01",

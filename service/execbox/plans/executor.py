@@ -22,6 +22,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
+from execbox.catalog.schemas import NetworkAllowlist
 from execbox.core.errors import CapacityError, InfrastructureError, ServiceError
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionCreate
@@ -29,7 +30,7 @@ from execbox.executions.status import ExecutionStatus
 from execbox.executions.submit import Submissions
 from execbox.files.blobs import ArtifactStore
 from execbox.library.service import Library
-from execbox.plans import approvals
+from execbox.plans import approvals, step_keys
 from execbox.plans.dispatch import Dispatcher, MissingArtifact, StepRefused, script_request
 from execbox.plans.metrics import PlanMetrics
 from execbox.plans.refs import RefError, resolve
@@ -49,8 +50,8 @@ from execbox.plans.store import RunStore
 from execbox.plans.validation import dependencies, order
 
 log = logging.getLogger(__name__)
-TRANSIENT = {"sandbox.error", "expired"}
-"""Categories a retry-safe step repeats by default: the infrastructure failed, not the plan."""
+UNSURE = "outcome.unknown"
+"""The code's own word that it cannot tell whether its effect happened (execbox.outcome_unknown)."""
 FAILED_UPSTREAM = (StepStatus.FAILED, StepStatus.UPSTREAM_FAILED, StepStatus.CANCELLED)
 BUSY_RETRY_S = 1.0
 
@@ -156,12 +157,16 @@ class Executor:
             self.set_step(run, step_id, StepStatus.CANCELLED, "its execution was cancelled", failure)
             return
         retry_on = {c.value for c in spec.retry.on} if spec.retry else {"sandbox.error"}
-        transient = category in retry_on or (category == "expired" and "sandbox.error" in retry_on)
+        # The code said it cannot tell (outcome.unknown): run again when that is safe, never blindly.
+        transient = category in (*retry_on, UNSURE) or (category == "expired" and "sandbox.error" in retry_on)
         max_attempts = spec.retry.max_attempts if spec.retry else 3
         strategy = spec.idempotency.strategy if spec.idempotency else "none"
         started = execution.started_at is not None
-        safe = spec.effect == "read" or strategy == "key" or not started  # never started: nothing happened
-        unknown = spec.effect == "write" and not safe and started and category in ("sandbox.error", "limit.timeout")
+        writes = spec.effect == "write" or (
+            spec.effect is None and isinstance(execution.policy.network, NetworkAllowlist)
+        )  # an undeclared step that can reach the world may have written: never retried blindly
+        safe = not writes or strategy == "key" or not started  # never started: nothing happened
+        unknown = writes and not safe and started and category in ("sandbox.error", "limit.timeout", UNSURE)
         if transient and safe and len(state.attempts) < max_attempts:
             self._retry(run, step_id, state, failure, now)
         elif unknown and strategy == "status_read" and spec.idempotency and spec.idempotency.status_check:
@@ -172,7 +177,7 @@ class Executor:
             why = f"{category} after its code started; its effect may or may not have happened"
             self.set_step(run, step_id, StepStatus.UNKNOWN_OUTCOME, why, failure)
         else:
-            state.side_effects = "possible" if spec.effect == "write" and started else "none"
+            state.side_effects = "possible" if writes and started else "none"
             self.set_step(run, step_id, StepStatus.FAILED, f"{category}: {failure.message}", failure)
 
     def _retry(self, run: StoredRun, step_id: str, state: StepState, failure: StepError, now: float) -> None:
@@ -284,6 +289,8 @@ class Executor:
         """Dispatch the step's next precondition, or (all of them held) the attempt itself."""
         spec = run.spec(step_id)
         attempt = len(state.attempts) + 1
+        if not self._keyed(run, step_id, state):
+            return False
         if state.passed < len(spec.preconditions):
             return self._start_check(
                 run, step_id, state, spec.preconditions[state.passed], f"precondition:{state.passed}"
@@ -300,6 +307,25 @@ class Executor:
         state.attempts.append(launched)
         state.phase = None
         self.set_step(run, step_id, StepStatus.RUNNING, f"attempt {attempt}: execution {launched}")
+        return True
+
+    def _keyed(self, run: StoredRun, step_id: str, state: StepState) -> bool:
+        """Render the step's key template (once), or fail the step when it cannot be used: a path
+        the arguments lack, or a key another write of the run used with other arguments."""
+        spec = run.spec(step_id)
+        template = spec.idempotency.key if spec.idempotency is not None else None
+        if template is None or state.key is not None:
+            return True
+        try:
+            key = step_keys.render(template, state.args or {})
+        except step_keys.KeyProblem as exc:
+            self._fail(run, step_id, "input.invalid", str(exc))
+            return False
+        made_from = step_keys.digest(state.args or {})
+        if run.keys.setdefault(key, made_from) != made_from:
+            self._fail(run, step_id, "input.invalid", f"key {key!r} is already another write's, with other arguments")
+            return False
+        state.key = key
         return True
 
     def _script_request(self, run: StoredRun, step_id: str, state: StepState) -> ExecutionCreate | None:
@@ -334,7 +360,7 @@ class Executor:
         spec = run.spec(step_id)
         try:
             execution_id = self.dispatcher.submit(
-                run, step_id, cell, raw_args, args, attempt, spec.policy, spec.files, post, suffix
+                run, step_id, cell, raw_args, args, attempt, spec.policy, spec.files, post, suffix, state.key
             )
         except MissingArtifact as exc:
             self._fail(run, step_id, "input.invalid", str(exc))

@@ -268,7 +268,8 @@ class Runs:
         frozen = {i: s.status.value for i, s in run.steps.items()}
         found += problems(merged, self.languages, self.policies, self._allowed(tenant), prefix="revision",
                           frozen=frozen, new_ids={s.id for s in body.add}, dispatched=run.usage.steps_dispatched,
-                          script_problem=lambda ref: self._script_problem(tenant, ref))  # fmt: skip
+                          script_problem=lambda ref: self._script_problem(tenant, ref),
+                          used_keys=run.keys)  # fmt: skip
         if found:
             raise InvalidPlan(tuple(found))
         run.revision += 1

@@ -73,6 +73,9 @@ class Idempotency(BaseModel):
         "have run (an unknown outcome is settled by reconcile). `compensation` is treated as `none` for now."
     )
     status_check: Check | None = Field(None, description="For `status_read`: the check whose `expect` means applied.")
+    key: str | None = Field(None, max_length=200, description="A template over the step's arguments, e.g. "
+                            "`refund:{args.order_id}` (default `<run>:<step>`): the same write re-added by a revision "
+                            "gets the same key; the same key with other arguments is refused.")  # fmt: skip
 
 
 class Retry(BaseModel):
@@ -118,7 +121,11 @@ class StepSpec(BaseModel):
         description="Checked right before each attempt; one that fails: precondition.failed, and the step never runs.",
     )
     postconditions: Postconditions | None = Field(None, description="Checked on the outputs (output.invalid).")
-    effect: Literal["read", "write"] = Field("read", description="`write` steps must declare `idempotency`.")
+    effect: Literal["read", "write"] | None = Field(
+        None,
+        description="`write` steps must declare `idempotency`. Omitted: `read` for a step without network; "
+        "a possible write (never retried in place once started) for a step with an allowlist.",
+    )
     idempotency: Idempotency | None = Field(None, description="Required for `write` steps.")
     approval: Approval | None = Field(None, description="A human or agent decision before the step runs.")
     retry: Retry | None = Field(None, description="In-place retries of transient failures (default: none).")
@@ -239,6 +246,7 @@ class StepState(BaseModel):
         None, description="While running: `precondition:<n>`, `status_read` or null (the step itself)."
     )
     passed: int = Field(0, description="Preconditions that held before the current attempt.")
+    key: str | None = Field(None, description="Its idempotency key, once rendered (its first dispatch).")
 
 
 class RunEvent(BaseModel):
@@ -282,6 +290,7 @@ class StoredRun(RunPublic):
     inputs: dict[str, Any] = Field(default_factory=dict, description="Run inputs.")
     queue: str = Field(description="The queue its steps go to: API processes of that queue advance it.")
     webhook: StoredWebhook | None = Field(None, description="Where its events are POSTed, and the secret.")
+    keys: dict[str, str] = Field(default_factory=dict, description="Idempotency keys used -> their arguments' digest.")
     _notices: list[dict[str, str]] = PrivateAttr(default_factory=list)
     """Events for its webhook, appended to the outbox when the run is next saved."""
 

@@ -17,6 +17,7 @@ from execbox.core.errors import FieldProblem, ServiceError
 from execbox.core.readable import schema_problems
 from execbox.plans.refs import Ref, RefError, refs_in
 from execbox.plans.schemas import MAX_PLAN_STEPS, CodeCell, PlanDocument, StepSpec
+from execbox.plans.step_keys import collisions, template_problem
 
 
 def arg_sources(step: StepSpec) -> list[tuple[str, dict[str, Any]]]:
@@ -58,10 +59,12 @@ def problems(
     new_ids: Collection[str] | None = None,
     dispatched: int = 0,
     script_problem: Callable[[str], str | None] = lambda ref: "no script library",
+    used_keys: Mapping[str, str] | None = None,
 ) -> list[FieldProblem]:
     """Every problem of the plan. For a revision, `frozen` maps the steps of earlier revisions to
-    their status (added steps may refer only to succeeded ones), `new_ids` names the added steps
-    and `dispatched` counts the attempts the run has used of max_steps."""
+    their status (added steps may refer only to succeeded ones), `new_ids` names the added steps,
+    `dispatched` counts the attempts the run has used of max_steps and `used_keys` holds the
+    idempotency keys the run's writes used (key -> digest of their arguments)."""
     found: list[FieldProblem] = []
     ids = [s.id for s in plan.steps]
     known = set(ids)
@@ -74,6 +77,9 @@ def problems(
         if frozen is not None and new_ids is not None and step.id not in new_ids:
             continue  # an earlier revision's step: checked when it was added
         found += _step_problems(step, at, plan, known, languages, policies, allowed_policies, frozen, script_problem)
+    keyed = [(f"{prefix}.steps.{i}.idempotency.key", s.idempotency.key, s.args) for i, s in enumerate(plan.steps)
+             if s.idempotency is not None and s.idempotency.key and (new_ids is None or s.id in new_ids)]  # fmt: skip
+    found += collisions(keyed, used_keys or {})
     needed = dispatched + (len(new_ids) if new_ids is not None else len(plan.steps))
     if needed > plan.budgets.max_steps:
         fits = f"{needed} steps ({dispatched} already dispatched) cannot fit in max_steps {plan.budgets.max_steps}"
@@ -125,6 +131,9 @@ def _step_problems(
     if step.effect == "write" and step.idempotency is None:
         found.append(FieldProblem(f"{at}.idempotency", "a write step must declare how it may be repeated: "
                                   "strategy key, status_read, compensation or none"))  # fmt: skip
+    template = step.idempotency.key if step.idempotency is not None else None
+    if template is not None and (problem := template_problem(template, step.args)):
+        found.append(FieldProblem(f"{at}.idempotency.key", problem))
     if step.idempotency is not None and (step.idempotency.strategy == "status_read") != bool(
         step.idempotency.status_check
     ):
