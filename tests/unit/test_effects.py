@@ -4,6 +4,7 @@ status check's answer does, decisions and reconciles on the record, and plan ste
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 import pytest
 
@@ -42,12 +43,15 @@ def test_what_an_unknown_outcome_calls_for(
     assert next_step(effect, strategy, runs, in_session) is expected
 
 
-def declared(settings: Settings, strategy: str | None, effect: str | None = "write", runs: int = 1) -> ExecutionRecord:
+def declared(
+    settings: Settings, strategy: Literal["key", "status_read", "none"] | None,
+    effect: Literal["read", "write"] | None = "write", runs: int = 1,
+) -> ExecutionRecord:  # fmt: skip
     record = make_record(settings)
     record.status, record.code_runs, record.attempt, record.effect = ExecutionStatus.RUNNING, runs, runs, effect
     if strategy is not None:
         check = CHECK if strategy == "status_read" else None
-        record.idempotency = EffectIdempotency(strategy=strategy, status_check=check)  # type: ignore[arg-type]
+        record.idempotency = EffectIdempotency(strategy=strategy, status_check=check)
     record.error = LOST
     return record
 
@@ -126,12 +130,13 @@ def test_a_code_run_that_says_unknown_follows_the_declaration(settings: Settings
 
     assert after_run(ran, None, declared(settings, "key")) is ExecutionStatus.QUEUED
     assert after_run(ran, None, declared(settings, "none")) is ExecutionStatus.UNKNOWN_OUTCOME
+
+    def raised(record: ExecutionRecord) -> ExecutionStatus:
+        record.error = ExecutionError(category=ErrorCategory.CODE_EXCEPTION, message="x", retryable=False)
+        return ExecutionStatus.FAILED
+
     failed = declared(settings, "key")
-    code_error = ExecutionError(category=ErrorCategory.CODE_EXCEPTION, message="x", retryable=False)
-    assert after_run(lambda r: setattr(r, "error", code_error) or ExecutionStatus.FAILED, None, failed) is (
-        ExecutionStatus.FAILED
-    )
-    assert failed.side_effects == "possible"
+    assert after_run(raised, None, failed) is ExecutionStatus.FAILED and failed.side_effects == "possible"
 
 
 def test_decisions_and_reconciles_change_the_record_as_said(settings: Settings) -> None:
