@@ -97,3 +97,98 @@ def test_ebx_mcp_forwards_stdio_to_the_service(stack: Stack) -> None:
 
     tools, ran = asyncio.run(scenario())
     assert "run_code" in tools and summary(ran)["stdout"] == "42\n"
+
+
+def tool_json(result: Any) -> Any:
+    assert not result.isError, result.content
+    (text,) = [c for c in result.content if isinstance(c, TextContent)]
+    return json.loads(text.text)
+
+
+FAILS = "import execbox\nexecbox.check(False, 'the total is off by one')"
+FIXED = "import execbox\nexecbox.emit('total', 42)"
+
+
+def test_an_mcp_only_agent_revises_a_plan_from_needs_replan_to_succeeded(stack: Stack) -> None:
+    plan = {"format": "plan/v1", "steps": [{"id": "total", "run": {"code": FAILS}}]}
+    notes: list[str] = []
+
+    async def body(session: ClientSession) -> tuple[Any, Any, Any]:
+        async def heard(progress: float, total: float | None, message: str | None) -> None:
+            notes.append(message or "")
+
+        stopped = tool_json(await session.call_tool("run_plan", {"plan": plan}, progress_callback=heard))
+        handoff = tool_json(await session.call_tool("get_handoff", {"run_id": stopped["id"]}))
+        fix = {"id": "total2", "run": {"code": FIXED}}
+        revision = {"run_id": stopped["id"], "base_revision": stopped["revision"], "add": [fix], "reason": "fixed"}
+        revised = tool_json(await session.call_tool("revise_run", revision))
+        return stopped, handoff, revised
+
+    stopped, handoff, revised = with_session(stack, body)
+    assert stopped["status"] == "needs_replan" and stopped["handoff"]["failed"][0]["step_id"] == "total"
+    assert handoff["failed"][0]["error"]["category"] == "check.failed"
+    assert any("step.status_changed total failed" in m for m in notes), notes
+    assert revised["status"] == "succeeded" and revised["steps"]["total2"]["outputs"] == {"total": 42}
+    assert revised["steps"]["total"]["status"] == "superseded"
+
+
+def test_an_mcp_only_agent_decides_an_approval(stack: Stack) -> None:
+    gated = {"id": "send", "run": {"code": FIXED}, "approval": {"summary": "send the total"}}
+    plan = {"format": "plan/v1", "steps": [gated]}
+
+    async def body(session: ClientSession) -> tuple[Any, Any, Any, Any]:
+        waiting = tool_json(await session.call_tool("run_plan", {"plan": plan}))
+        pending = tool_json(await session.call_tool("list_approvals", {"status": "pending"}))["approvals"]
+        (mine,) = [a for a in pending if a["run_id"] == waiting["id"]]
+        decided = tool_json(
+            await session.call_tool("decide_approval", {"approval_id": mine["id"], "decision": "approve"})
+        )
+        done = tool_json(await session.call_tool("get_run", {"run_id": waiting["id"], "since": waiting["cursor"]}))
+        return waiting, mine, decided, done
+
+    waiting, approval, decided, done = with_session(stack, body)
+    assert waiting["status"] == "awaiting_approval" and approval["summary"] == "send the total"
+    assert decided["status"] == "approved"
+    assert done["status"] == "succeeded" and done["steps"]["send"]["outputs"] == {"total": 42}
+    assert done["events"] and all(e["type"] != "run.created" for e in done["events"]), "only events after the cursor"
+
+
+UNSURE = "import execbox\nexecbox.outcome_unknown('the mail server hung up after DATA')"
+
+
+def test_an_mcp_only_agent_reconciles_unknown_outcomes(stack: Stack) -> None:
+    write = {"effect": "write", "idempotency": {"strategy": "none"}}
+    plan = {"format": "plan/v1", "steps": [{"id": "mail", "run": {"code": UNSURE}, **write}]}
+
+    async def body(session: ClientSession) -> tuple[Any, Any, Any, Any]:
+        ran = summary(await session.call_tool("run_code", {"code": UNSURE, **write}))
+        settled = tool_json(await session.call_tool("reconcile_execution", {
+            "execution_id": ran["id"], "outcome": "applied", "reason": "the mail is in the sent folder"}))  # fmt: skip
+        stopped = tool_json(await session.call_tool("run_plan", {"plan": plan}))
+        evidence = {"run_id": stopped["id"], "step_id": "mail", "outcome": "applied", "reason": "it went out"}
+        step = tool_json(await session.call_tool("reconcile_step", evidence))
+        return ran, settled, stopped, step
+
+    ran, settled, stopped, step = with_session(stack, body)
+    assert ran["status"] == "unknown_outcome" and ran["error"]["category"] == "outcome.unknown"
+    assert settled["status"] == "succeeded"
+    assert stopped["status"] == "needs_replan" and stopped["steps"]["mail"]["status"] == "unknown_outcome"
+    assert step["status"] == "succeeded" and step["steps"]["mail"]["status"] == "succeeded"
+
+
+def test_run_code_declares_effects_and_an_approval_waits(stack: Stack) -> None:
+    async def body(session: ClientSession) -> tuple[Any, Any, Any]:
+        keyed = {"effect": "write", "idempotency": {"strategy": "key", "key": "mcp-k-1"}}
+        key = summary(await session.call_tool("run_code", {"code": "import execbox\nprint(execbox.idempotency_key())",
+                                                           **keyed}))  # fmt: skip
+        waiting = summary(await session.call_tool("run_code", {"code": "print(1)", "approval": {"summary": "ok?"}}))
+        (mine,) = [a for a in tool_json(await session.call_tool("list_approvals", {}))["approvals"]
+                   if a["execution_id"] == waiting["id"]]  # fmt: skip
+        await session.call_tool("decide_approval", {"approval_id": mine["id"], "decision": "reject", "reason": "no"})
+        rejected = tool_json(await session.call_tool("get_execution", {"execution_id": waiting["id"]}))
+        return key, waiting, rejected
+
+    key, waiting, rejected = with_session(stack, body)
+    assert key["stdout"] == "mcp-k-1\n"
+    assert waiting["status"] == "awaiting_approval"
+    assert rejected["status"] == "failed" and rejected["error"]["category"] == "approval.rejected"

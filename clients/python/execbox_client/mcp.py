@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +43,47 @@ def _summary(execution: ExecutionPublic) -> dict[str, Any]:
     }  # fmt: skip
 
 
+async def _until_ended(box: AsyncClient, execution: ExecutionPublic, wait_s: float = 600) -> ExecutionPublic:
+    """The execution once it ends (or waits for an approval, or `wait_s` passes)."""
+    deadline = time.monotonic() + wait_s
+    while execution["status"] in ("queued", "running") and (left := deadline - time.monotonic()) > 0:
+        execution = await box.get_execution(execution["id"], wait_s=min(left, 60))
+    return execution
+
+
+def _run_summary(run: dict[str, Any], events: list[dict[str, Any]], cursor: int) -> dict[str, Any]:
+    steps = {k: {key: v.get(key) for key in ("status", "outputs", "error", "side_effects", "approval_id", "key")}
+             for k, v in run["steps"].items()}  # fmt: skip
+    return {"id": run["id"], "status": run["status"], "stop_reason": run.get("stop_reason"),
+            "revision": run["revision"], "steps": steps, "events": events, "cursor": cursor}  # fmt: skip
+
+
+async def _follow(
+    ctx: Context[Any, Any, Any], box: AsyncClient, run_id: str, wait_s: float, since: int
+) -> dict[str, Any]:
+    """The run once it stops running (or `wait_s` passes), a progress notification per event after
+    `since` as each comes (the server answers a wait as soon as a new event exists), and the hand-off
+    when it needs a re-plan."""
+    deadline = time.monotonic() + max(wait_s, 0)
+    run: dict[str, Any] = dict(await box.get_run(run_id))
+    cursor = min(max(since, 0), len(run["events"]))
+    new: list[dict[str, Any]] = []
+    while True:
+        for event in run["events"][cursor:]:
+            new.append(event)
+            cursor += 1
+            what = " ".join(str(event.get(k)) for k in ("type", "step", "status") if event.get(k))
+            await ctx.report_progress(cursor, None, f"{what}: {event.get('detail', '')}"[:500])
+        left = deadline - time.monotonic()
+        if run["status"] != "running" or left <= 0:
+            break
+        run = dict(await box.get_run(run_id, wait_s=min(left, 60), after=cursor))
+    summary = _run_summary(run, new, cursor)
+    if run["status"] in ("needs_replan", "goal_failed"):
+        summary["handoff"] = await box.run_handoff(run_id)
+    return summary
+
+
 def _problem(exc: ExecboxError) -> dict[str, Any]:
     return {"refused": {"status": exc.status, "code": exc.code, "detail": exc.detail,
                         "errors": [{"field": e.field, "message": e.message} for e in exc.errors]}}  # fmt: skip
@@ -57,16 +99,27 @@ def build(server: FastMCP, connect: Connect) -> FastMCP:
     @server.tool()
     async def run_code(ctx: Context[Any, Any, Any], code: str, language: str = "python",
                        session: str | None = None, policy: dict[str, Any] | None = None,
-                       files: list[dict[str, Any]] | None = None) -> list[ContentBlock]:  # fmt: skip
+                       files: list[dict[str, Any]] | None = None, effect: str | None = None,
+                       idempotency: dict[str, Any] | None = None, approval: dict[str, Any] | None = None,
+                       idempotency_key: str | None = None) -> list[ContentBlock]:  # fmt: skip
         """Run code in a fresh sandbox (or in `session`) and return its outcome: status, stdout,
         stderr, declared outputs, the error's category and whether retrying can help; charts the
-        code shows come back as images. `files`: [{"path", "file_id" or "content_b64"}]."""
+        code shows come back as images. `files`: [{"path", "file_id" or "content_b64"}].
+        Side effects: `effect` "read" or "write"; a write's `idempotency` {"strategy": "key" (with
+        "key"), "status_read" (with "status_check": {"code", "expect"}) or "none"}; `approval`
+        {"summary"} returns at once `awaiting_approval` (decide_approval, then get_execution). An
+        `unknown_outcome` is settled with reconcile_execution."""
         fields: dict[str, Any] = {"policy": policy or {}, "files": files or []}
-        if session:
-            fields["session"] = session
+        declared = {"session": session, "effect": effect, "idempotency": idempotency, "approval": approval}
+        fields |= {name: value for name, value in declared.items() if value}
         try:
             async with connect(ctx) as box:
-                execution = await box.run(code, language, wait_s=600, **fields)
+                if approval:  # nothing runs before the decision: answer now
+                    execution = await box.submit(code, language, idempotency_key=idempotency_key, **fields)
+                else:
+                    execution = await box.submit(code, language, wait_s=60, idempotency_key=idempotency_key,
+                                                 **fields)  # fmt: skip
+                    execution = await _until_ended(box, execution)
                 pngs = [
                     r["data"]["image/png"]["url"] for r in execution.get("results") or [] if "image/png" in r["data"]
                 ]
@@ -117,15 +170,95 @@ def build(server: FastMCP, connect: Connect) -> FastMCP:
             return _problem(exc)
 
     @server.tool()
-    async def run_plan(ctx: Context[Any, Any, Any], plan: dict[str, Any]) -> dict[str, Any]:
-        """Run a plan until it ends or stops for an approval or a re-plan; a re-plan comes with its
-        hand-off (what succeeded, what failed and why, what it invalidated)."""
+    async def run_plan(ctx: Context[Any, Any, Any], plan: dict[str, Any], wait_s: float = 300) -> dict[str, Any]:
+        """Run a plan until it ends or stops for an approval or a re-plan (or `wait_s` passes), with a
+        progress notification per event; a re-plan comes with its hand-off (what succeeded, what
+        failed and why, what it invalidated). Go on with revise_run, decide_approval,
+        reconcile_step or get_run."""
         async with connect(ctx) as box:
             run = await box.start_run({"plan": plan})
-            run = await box.get_run(run["id"], wait_s=60)
-            handoff = await box.run_handoff(run["id"]) if run["status"] == "needs_replan" else None
-        steps = {k: {"status": v["status"], "outputs": v.get("outputs")} for k, v in run["steps"].items()}
-        return {"id": run["id"], "status": run["status"], "handoff": handoff, "steps": steps}
+            return await _follow(ctx, box, run["id"], wait_s, 0)
+
+    @server.tool()
+    async def get_run(ctx: Context[Any, Any, Any], run_id: str, wait_s: float = 60, since: int = 0) -> dict[str, Any]:
+        """A run as it stands, once it stops running or `wait_s` passes, with the events after the
+        cursor `since` (pass back the `cursor` it returns) and a progress notification per event."""
+        async with connect(ctx) as box:
+            return await _follow(ctx, box, run_id, wait_s, since)
+
+    @server.tool()
+    async def get_handoff(ctx: Context[Any, Any, Any], run_id: str) -> Any:
+        """What a run that needs a re-plan hands back: done, failed and why, invalidated, remaining,
+        unknown outcomes, budgets left, and how to revise."""
+        return await call(ctx, "run_handoff", run_id)
+
+    @server.tool()
+    async def revise_run(ctx: Context[Any, Any, Any], run_id: str, base_revision: int,
+                         add: list[dict[str, Any]] | None = None, remove: list[str] | None = None,
+                         reason: str = "", goal: dict[str, Any] | None = None,
+                         wait_s: float = 300) -> dict[str, Any]:  # fmt: skip
+        """Revise a run against `base_revision` (new step ids; failed steps are superseded), then
+        follow it as run_plan does."""
+        body: dict[str, Any] = {"base_revision": base_revision, "reason": reason, "add": add or [],
+                                "remove": remove or [], **({"goal": goal} if goal else {})}  # fmt: skip
+        async with connect(ctx) as box:
+            try:
+                await box.revise_run(run_id, body)
+            except ExecboxError as exc:
+                return _problem(exc)
+            return await _follow(ctx, box, run_id, wait_s, 0)
+
+    @server.tool()
+    async def cancel_run(ctx: Context[Any, Any, Any], run_id: str) -> dict[str, Any]:
+        """Cancel a run: running steps are stopped, unfinished ones cancelled."""
+        run: dict[str, Any] = await call(ctx, "cancel_run", run_id)
+        return _run_summary(run, [], len(run.get("events") or []))
+
+    @server.tool()
+    async def list_approvals(ctx: Context[Any, Any, Any], status: str = "pending") -> dict[str, Any]:
+        """Approvals of plan steps and of executions (status: pending, approved, rejected, expired)."""
+        found: list[dict[str, Any]] = await call(ctx, "list_approvals", status=status or None)
+        keep = ("id", "status", "summary", "run_id", "step_id", "execution_id", "args", "code", "expires_at")
+        return {"approvals": [{k: a.get(k) for k in keep} for a in found]}
+
+    @server.tool()
+    async def decide_approval(ctx: Context[Any, Any, Any], approval_id: str, decision: str, reason: str = "",
+                              decided_by: str = "") -> dict[str, Any]:  # fmt: skip
+        """Approve or reject (`decision`: approve | reject) a pending approval."""
+        body = {"decision": decision, "reason": reason, "decided_by": decided_by}
+        try:
+            decided: dict[str, Any] = await call(ctx, "decide_approval", approval_id, body)
+        except ExecboxError as exc:
+            return _problem(exc)
+        return {k: decided.get(k) for k in ("id", "status", "run_id", "step_id", "execution_id", "decided_by")}
+
+    @server.tool()
+    async def reconcile_step(ctx: Context[Any, Any, Any], run_id: str, step_id: str, outcome: str, reason: str,
+                             outputs: dict[str, Any] | None = None, retry: bool = False) -> dict[str, Any]:  # fmt: skip
+        """Settle a step's unknown outcome from evidence: `outcome` applied | not_applied (with `retry`,
+        run it again with the same idempotency key)."""
+        body = {"outcome": outcome, "reason": reason, "outputs": outputs or {}, "retry": retry}
+        try:
+            run: dict[str, Any] = await call(ctx, "reconcile_step", run_id, step_id, body)
+        except ExecboxError as exc:
+            return _problem(exc)
+        return _run_summary(run, [], len(run.get("events") or []))
+
+    @server.tool()
+    async def get_execution(ctx: Context[Any, Any, Any], execution_id: str, wait_s: float = 60) -> dict[str, Any]:
+        """An execution as run_code reports it, once it ends or `wait_s` passes (e.g. after its approval)."""
+        return _summary(await call(ctx, "get_execution", execution_id, wait_s=min(wait_s, 60) or None))
+
+    @server.tool()
+    async def reconcile_execution(ctx: Context[Any, Any, Any], execution_id: str, outcome: str, reason: str,
+                                  outputs: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+        """Settle an execution's unknown outcome: `outcome` applied (succeeded, with `outputs`) or
+        not_applied (failed; run it again with the same key if it should happen)."""
+        body = {"outcome": outcome, "reason": reason, "outputs": outputs or {}}
+        try:
+            return _summary(await call(ctx, "reconcile_execution", execution_id, body))
+        except ExecboxError as exc:
+            return _problem(exc)
 
     @server.tool()
     async def search_scripts(ctx: Context[Any, Any, Any], query: str = "") -> Any:

@@ -92,6 +92,7 @@ def mount(api: FastAPI) -> AbstractAsyncContextManager[None]:
         request = ctx.request_context.request
         return _client(api, _bearer(request.headers.get("authorization", "")) if request is not None else None)
 
-    server = build(_Guarded("execbox", stateless_http=True, json_response=True, streamable_http_path="/"), connect)
+    # Answers as event streams (not one JSON body), so a long tool call can send progress notifications.
+    server = build(_Guarded("execbox", stateless_http=True, json_response=False, streamable_http_path="/"), connect)
     api.mount("/mcp", _KeyRequired(server.streamable_http_app(), api))
     return server.session_manager.run()
