@@ -278,8 +278,15 @@ class Endpoints:
         return Call("POST", f"/v1/runs/{run_id}/revisions", json=body)
 
     @endpoint
-    def cancel_run(self, run_id: str) -> Call[RunPublic]:
-        return Call("POST", f"/v1/runs/{run_id}/cancel")
+    def cancel_run(self, run_id: str, *, compensate: bool = False, reason: str | None = None) -> Call[RunPublic]:
+        """Stop a run; with `compensate`, then undo its succeeded writes in reverse order."""
+        body = {"compensate": compensate, **({"reason": reason} if reason else {})}
+        return Call("POST", f"/v1/runs/{run_id}/cancel", json=body)
+
+    @endpoint
+    def compensate_run(self, run_id: str, reason: str) -> Call[RunPublic]:
+        """Undo a run's succeeded writes (an unfinished run is abandoned first); resumes a stopped one."""
+        return Call("POST", f"/v1/runs/{run_id}/compensate", json={"reason": reason})
 
     @endpoint
     def reconcile_step(self, run_id: str, step_id: str, body: dict[str, Any]) -> Call[RunPublic]:

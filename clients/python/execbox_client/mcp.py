@@ -51,8 +51,14 @@ async def _until_ended(box: AsyncClient, execution: ExecutionPublic, wait_s: flo
     return execution
 
 
+def _compensating(run: Any) -> bool:
+    compensation = run.get("compensation")
+    return compensation is not None and compensation["status"] == "running"
+
+
 def _run_summary(run: dict[str, Any], events: list[dict[str, Any]], cursor: int) -> dict[str, Any]:
-    steps = {k: {key: v.get(key) for key in ("status", "outputs", "error", "side_effects", "approval_id", "key")}
+    shown = ("status", "outputs", "error", "side_effects", "approval_id", "key", "undo")
+    steps = {k: {key: v.get(key) for key in shown}
              for k, v in run["steps"].items()}  # fmt: skip
     return {"id": run["id"], "status": run["status"], "stop_reason": run.get("stop_reason"),
             "revision": run["revision"], "steps": steps, "events": events, "cursor": cursor}  # fmt: skip
@@ -209,10 +215,34 @@ def build(server: FastMCP, connect: Connect) -> FastMCP:
             return await _follow(ctx, box, run_id, wait_s, 0)
 
     @server.tool()
-    async def cancel_run(ctx: Context[Any, Any, Any], run_id: str) -> dict[str, Any]:
-        """Cancel a run: running steps are stopped, unfinished ones cancelled."""
-        run: dict[str, Any] = await call(ctx, "cancel_run", run_id)
+    async def cancel_run(ctx: Context[Any, Any, Any], run_id: str, compensate: bool = False,
+                         reason: str = "cancelled by the agent") -> dict[str, Any]:  # fmt: skip
+        """Cancel a run: running steps are stopped, unfinished ones cancelled; with `compensate`, its
+        succeeded writes are then undone in reverse order (follow it with get_run)."""
+        try:
+            run: dict[str, Any] = await call(ctx, "cancel_run", run_id, compensate=compensate, reason=reason)
+        except ExecboxError as exc:
+            return _problem(exc)
         return _run_summary(run, [], len(run.get("events") or []))
+
+    @server.tool()
+    async def compensate_run(
+        ctx: Context[Any, Any, Any], run_id: str, reason: str, wait_s: float = 300
+    ) -> dict[str, Any]:
+        """Undo a run's succeeded writes, each with its declared compensation, in reverse dependency
+        order (an unfinished run is abandoned first); follows it until it ends or `wait_s` passes. A
+        compensation that fails stops it (the step says why); asking again resumes there."""
+        async with connect(ctx) as box:
+            try:
+                run = await box.compensate_run(run_id, reason)
+            except ExecboxError as exc:
+                return _problem(exc)
+            deadline = time.monotonic() + wait_s
+            while _compensating(run) and (left := deadline - time.monotonic()) > 0:
+                run = await box.get_run(run_id, wait_s=min(left, 60), after=len(run["events"]))
+        summary = _run_summary(dict(run), [], len(run["events"]))
+        summary["compensation"] = run.get("compensation")
+        return summary
 
     @server.tool()
     async def list_approvals(ctx: Context[Any, Any, Any], status: str = "pending") -> dict[str, Any]:

@@ -14,13 +14,13 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 __all__ = [
     "AppliedPolicy", "ApprovalPublic", "ApprovalStatus", "Artifact", "ArtifactNotKept", "Budgets",
-    "EffectIdempotency", "ErrorCategory", "ExecutionError", "ExecutionPublic", "ExecutionStatus", "FilePublic",
-    "Firing", "Handoff", "HandoffStep", "InputFile", "InputFileRef", "LanguagePublic", "LanguagesPublic",
-    "NetworkAllowlist", "NetworkDenial", "NetworkReport", "Origin", "PolicyRequest", "Resources", "ResultData",
-    "RichResult", "RunEvent", "RunPublic", "RunRecord", "RunStatus", "RuntimePublic", "Schedule", "ScriptDetail",
-    "ScriptSummary", "ScriptVersion", "SessionEnd", "SessionList", "SessionPublic", "SessionStatus", "StatusCheck",
-    "StepError", "StepState", "StepStatus", "StoredWebhook", "Surprise", "Timing", "Transition", "Usage",
-    "Validation", "VersionStatus", "VersionView", "WebhookDelivery",
+    "CompensationRun", "EffectIdempotency", "ErrorCategory", "ExecutionError", "ExecutionPublic", "ExecutionStatus",
+    "FilePublic", "Firing", "Handoff", "HandoffStep", "InputFile", "InputFileRef", "LanguagePublic",
+    "LanguagesPublic", "NetworkAllowlist", "NetworkDenial", "NetworkReport", "Origin", "PolicyRequest", "Resources",
+    "ResultData", "RichResult", "RunEvent", "RunPublic", "RunRecord", "RunStatus", "RuntimePublic", "Schedule",
+    "ScriptDetail", "ScriptSummary", "ScriptVersion", "SessionEnd", "SessionList", "SessionPublic", "SessionStatus",
+    "StatusCheck", "StepError", "StepState", "StepStatus", "StoredWebhook", "Surprise", "Timing", "Transition",
+    "Undo", "Usage", "Validation", "VersionStatus", "VersionView", "WebhookDelivery",
 ]  # fmt: skip
 
 ApprovalStatus = Literal["pending", "approved", "rejected", "expired"]
@@ -422,6 +422,23 @@ class RunEvent(TypedDict):
     detail: NotRequired[str]
 
 
+class Undo(TypedDict):
+    """A step's compensation (`skipped`: none declared, or its outcome is unknown)."""
+
+    status: NotRequired[Literal["pending", "running", "done", "failed", "skipped"]]
+    execution: NotRequired[str | None]
+    reason: NotRequired[str | None]
+
+
+class CompensationRun(TypedDict):
+    """A run's writes undone one at a time, in reverse dependency order."""
+
+    status: Literal["running", "completed", "stopped"]
+    reason: NotRequired[str]
+    requested_at: float
+    order: NotRequired[list[str]]
+
+
 class StepState(TypedDict):
     status: NotRequired[StepStatus]
     revision: int
@@ -439,6 +456,7 @@ class StepState(TypedDict):
     phase: NotRequired[str | None]
     passed: NotRequired[int]
     key: NotRequired[str | None]
+    undo: NotRequired[Undo | None]
 
 
 class RunPublic(TypedDict):
@@ -454,6 +472,7 @@ class RunPublic(TypedDict):
     budgets: Budgets
     usage: NotRequired[Usage]
     steps: dict[str, StepState]
+    compensation: NotRequired[CompensationRun | None]
     events: NotRequired[list[RunEvent]]
 
 

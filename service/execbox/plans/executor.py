@@ -30,7 +30,7 @@ from execbox.executions.status import ExecutionStatus
 from execbox.executions.submit import Submissions
 from execbox.files.blobs import ArtifactStore
 from execbox.library.service import Library
-from execbox.plans import approvals, step_keys
+from execbox.plans import approvals, compensation, step_keys
 from execbox.plans.dispatch import Dispatcher, MissingArtifact, StepRefused, script_request
 from execbox.plans.metrics import PlanMetrics
 from execbox.plans.refs import RefError, resolve
@@ -76,7 +76,7 @@ class Executor:
         """Reconcile the run (a run of another queue's deployment is left to that deployment)."""
         with self.store.locked(run_id):
             run = self.store.get(run_id)
-            if run is None or run.status.terminal or run.queue != self.queue:
+            if run is None or (run.status.terminal and not compensation.running(run)) or run.queue != self.queue:
                 return run
             self.step(run)
             self.save(run)
@@ -102,6 +102,9 @@ class Executor:
 
     def step(self, run: StoredRun) -> None:
         """One reconciliation of `run` (the caller holds its lock and saves it)."""
+        if compensation.running(run):  # the run has stopped: only its writes are undone now
+            compensation.progress(self, run)
+            return
         now = time.time()
         for step_id, state in run.steps.items():
             if state.status is StepStatus.RUNNING:
@@ -268,7 +271,7 @@ class Executor:
             if state.due_at is not None and state.due_at > now:
                 continue
             try:
-                state.args = resolve(spec.args, self._state(run))
+                state.args = resolve(spec.args, self.state_document(run))
             except RefError as exc:
                 self._fail(run, step_id, "input.invalid", exc.message)
                 continue
@@ -339,7 +342,7 @@ class Executor:
 
     def _start_check(self, run: StoredRun, step_id: str, state: StepState, check: Check, phase: str) -> bool:
         try:
-            args = resolve(check.args, self._state(run))
+            args = resolve(check.args, self.state_document(run))
         except RefError as exc:
             self._fail(run, step_id, "input.invalid", f"{check.name}: {exc.message}")
             return False
@@ -442,13 +445,15 @@ class Executor:
         run.events.append(RunEvent(at=time.time(), type=kind, step=step_id, status=status, detail=detail[:500]))
 
     @staticmethod
-    def _state(run: StoredRun) -> dict[str, object]:
+    def state_document(run: StoredRun) -> dict[str, object]:
         """The document references point into."""
         steps = {i: {"outputs": s.outputs or {}} for i, s in run.steps.items() if s.status is StepStatus.SUCCEEDED}
         return {"inputs": run.inputs, "steps": steps}
 
     @staticmethod
     def _next_due(run: StoredRun) -> float | None:
+        if compensation.running(run):  # its undos' ends advance it; this catches a deferred one
+            return time.time() + 5 * BUSY_RETRY_S
         if run.status.terminal:
             return None
         due = [run.created_at + run.budgets.max_wall_s]

@@ -9,9 +9,48 @@ still waits, and the budgets used.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
 
 from execbox.executions.record import ExecutionRecord
-from execbox.plans.schemas import CodeCell, Handoff, HandoffStep, StepStatus, StoredRun
+from execbox.plans.schemas import Budgets, CodeCell, RunStatus, StepError, StepStatus, StoredRun, Usage
+
+
+class HandoffStep(BaseModel):
+    step_id: str
+    status: StepStatus
+    code: str | None = None
+    args: dict[str, Any] | None = None
+    outputs: dict[str, Any] | None = None
+    artifacts: list[str] = Field(default_factory=list, description="`$artifact` references to its artifacts.")
+    attempts: int = 0
+    error: StepError | None = None
+    stdout_tail: str | None = None
+    stderr_tail: str | None = None
+    side_effects: str | None = None
+    blocked_by: list[str] = Field(default_factory=list)
+
+
+class Handoff(BaseModel):
+    """What a re-planner needs: what is done, what failed and why, what that invalidated, what remains."""
+
+    format: Literal["handoff/v1"] = "handoff/v1"
+    run_id: str
+    revision: int
+    objective: str
+    status: RunStatus
+    reason: str | None
+    completed: list[HandoffStep]
+    failed: list[HandoffStep]
+    unknown_outcomes: list[HandoffStep]
+    invalidated: list[HandoffStep]
+    remaining: list[HandoffStep]
+    budgets: Budgets
+    usage: Usage
+    constraints: list[str]
+    revise: dict[str, Any]
+
 
 TAIL_CHARS = 2000
 CONSTRAINTS = [

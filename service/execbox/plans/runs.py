@@ -17,14 +17,15 @@ from execbox.catalog.webhook_hosts import host_allowed
 from execbox.core.errors import FieldProblem, ServiceError
 from execbox.core.tracing import from_traceparent
 from execbox.executions.record import ExecutionRecord
-from execbox.plans import handoff
+from execbox.plans import compensation, handoff
 from execbox.plans.errors import ApprovalForbidden, ApprovalNotFound, InvalidPlan, RunConflict, RunNotFound
 from execbox.plans.executor import Executor
+from execbox.plans.handoff import Handoff
 from execbox.plans.schemas import (
     ApprovalPublic,
     ApprovalStatus,
+    CancelRequest,
     Decision,
-    Handoff,
     PlanDocument,
     ReconcileRequest,
     RevisionCreate,
@@ -104,11 +105,30 @@ class Runs:
             raise RunNotFound(run_id)
         return run
 
-    def cancel(self, tenant: str, run_id: str) -> StoredRun:
+    def cancel(self, tenant: str, run_id: str, body: CancelRequest | None = None) -> StoredRun:
+        """Stop a run; with `compensate`, then undo its succeeded writes (execbox.plans.compensation)."""
+        body = body or CancelRequest()
         with self._change(tenant, run_id) as run:
             if run.status.terminal:
                 raise RunConflict(f"run {run_id} already ended as {run.status.value}")
-            self.executor.stop(run, RunStatus.CANCELLED, "cancelled_by_client", "cancelled by the client")
+            self.executor.stop(run, RunStatus.CANCELLED, "cancelled_by_client", body.reason)
+            if body.compensate:
+                undone = compensation.begin(run, body.reason, time.time())
+                self.executor.record(run, "compensation.started", None, "running", f"{len(undone)} write(s) to undo")
+        return run
+
+    def compensate(self, tenant: str, run_id: str, reason: str) -> StoredRun:
+        """Undo the run's succeeded writes: a run that has not ended is abandoned (cancelled) first;
+        one whose compensation stopped resumes at the step that failed."""
+        with self._change(tenant, run_id) as run:
+            if compensation.running(run):
+                raise RunConflict(f"run {run_id} is already being compensated")
+            if run.compensation is not None and run.compensation.status == "completed":
+                raise RunConflict(f"run {run_id} was compensated already")
+            if not run.status.terminal:
+                self.executor.stop(run, RunStatus.CANCELLED, "abandoned", f"abandoned to be compensated: {reason}")
+            undone = compensation.begin(run, reason, time.time())
+            self.executor.record(run, "compensation.started", None, "running", f"{len(undone)} write(s) to undo")
         return run
 
     def revise(self, tenant: str, run_id: str, body: RevisionCreate, key_id: str | None = None) -> StoredRun:
@@ -249,7 +269,7 @@ class Runs:
             if run.queue != self.executor.queue:  # another deployment's run: its executor advances it now
                 self.executor.store.put(run, None if run.status.terminal else time.time())
                 return
-            if not run.status.terminal:
+            if not run.status.terminal or compensation.running(run):
                 self.executor.step(run)
             self.executor.save(run)
 

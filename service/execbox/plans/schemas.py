@@ -1,8 +1,12 @@
-"""A plan on the wire (`plan/v1`), the run that executes it, its approvals (and executions') and its hand-off.
+"""A plan on the wire (`plan/v1`), the run that executes it, its compensation and its approvals
+(and executions'); the hand-off is execbox.plans.handoff's.
 
 A plan is a DAG of steps. Each step runs one code cell (an ordinary execution) with arguments
 that may refer to the run's inputs and to earlier steps' outputs (`{"$ref": "/steps/a/outputs/x"}`)
 and artifacts (`{"$artifact": "/steps/a/artifacts/report.csv"}`), never by splicing text into code.
+
+Longer than 400 lines because the plan/v1 contract (the document, the run and step states a client
+reads back, the requests that act on a run) is one vocabulary best read in one place.
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ class Idempotency(BaseModel):
         description="`key`: the step forwards `execbox.idempotency_key()` (stable across attempts) to the "
         "service it writes to, so a retry is safe; `status_read`: `status_check` tells whether the effect "
         "happened (its `expect` holds: applied) before any retry; `none`: never retried once its code may "
-        "have run (an unknown outcome is settled by reconcile). `compensation` is treated as `none` for now."
+        "have run (an unknown outcome is settled by reconcile); `compensation`: as `none`, with a `compensation`."
     )
     status_check: Check | None = Field(None, description="For `status_read`: the check whose `expect` means applied.")
     key: str | None = Field(None, max_length=200, description="A template over the step's arguments, e.g. "
@@ -96,6 +100,18 @@ class Postconditions(BaseModel):
     exit_code: int | None = Field(
         None, ge=0, le=255, description="The exit code the step must end with (0 unless given)."
     )
+
+
+class Compensation(BaseModel):
+    """What undoes a succeeded write (POST .../compensate); its args may refer to its own outputs."""
+
+    model_config = _STRICT
+
+    run: CodeCell = Field(
+        description="The code cell that undoes the write; it reads its key as execbox.idempotency_key()."
+    )
+    args: dict[str, Any] = Field(default_factory=dict, description="Arguments, with references as for a step.")
+    policy: PolicyRequest | None = Field(None, description="Limits (the step's when omitted).")
 
 
 class StepSpec(BaseModel):
@@ -128,6 +144,7 @@ class StepSpec(BaseModel):
     )
     idempotency: Idempotency | None = Field(None, description="Required for `write` steps.")
     approval: Approval | None = Field(None, description="A human or agent decision before the step runs.")
+    compensation: Compensation | None = Field(None, description="For a write: what undoes it (POST .../compensate).")
     retry: Retry | None = Field(None, description="In-place retries of transient failures (default: none).")
     policy: PolicyRequest = Field(default_factory=PolicyRequest, description="Limits, as for an execution.")
 
@@ -222,6 +239,23 @@ class StepError(BaseModel):
     details: dict[str, Any] = Field(default_factory=dict, description="Category-specific details.")
 
 
+class Undo(BaseModel):
+    """A step's compensation (`skipped`: none declared, or its outcome is unknown)."""
+
+    status: Literal["pending", "running", "done", "failed", "skipped"] = "pending"
+    execution: str | None = Field(None, description="The compensation's execution.")
+    reason: str | None = Field(None, description="Why it failed or was skipped.")
+
+
+class CompensationRun(BaseModel):
+    """A run's writes undone one at a time, in reverse dependency order."""
+
+    status: Literal["running", "completed", "stopped"] = Field(description="`stopped`: one failed; see the step.")
+    reason: str = Field("", description="Why it was asked for.")
+    requested_at: float = Field(description="Unix time.")
+    order: list[str] = Field(default_factory=list, description="The succeeded steps, in the order they are undone.")
+
+
 class StepState(BaseModel):
     status: StepStatus = Field(StepStatus.PENDING, description="Where the step is.")
     revision: int = Field(description="The revision that added it.")
@@ -247,6 +281,7 @@ class StepState(BaseModel):
     )
     passed: int = Field(0, description="Preconditions that held before the current attempt.")
     key: str | None = Field(None, description="Its idempotency key, once rendered (its first dispatch).")
+    undo: Undo | None = Field(None, description="Its compensation, once the run is compensated.")
 
 
 class RunEvent(BaseModel):
@@ -279,6 +314,7 @@ class RunPublic(BaseModel):
     budgets: Budgets = Field(description="Limits.")
     usage: Usage = Field(default_factory=Usage, description="What the run used.")
     steps: dict[str, StepState] = Field(description="Every step of every revision, by id.")
+    compensation: CompensationRun | None = Field(None, description="Its compensation, once asked for.")
     events: list[RunEvent] = Field(default_factory=list, description="Every transition, with time and reason.")
 
 
@@ -318,6 +354,19 @@ class RevisionCreate(BaseModel):
     add: list[StepSpec] = Field(default_factory=list, max_length=MAX_PLAN_STEPS, description="New steps; ids never "
                                 "reused; a run holds at most 1000 steps across its revisions.")  # fmt: skip
     goal: Goal | None = Field(None, description="A new goal check, replacing the old one.")
+
+
+class CompensateRequest(BaseModel):
+    model_config = _STRICT
+
+    reason: str = Field(min_length=1, max_length=4000, description="Why the run's writes are undone (recorded).")
+
+
+class CancelRequest(BaseModel):
+    model_config = _STRICT
+
+    compensate: bool = Field(False, description="Undo the writes that succeeded, once it stopped.")
+    reason: str = Field("cancelled by the client", min_length=1, max_length=4000, description="Recorded.")
 
 
 class ReconcileRequest(BaseModel):
@@ -362,38 +411,3 @@ class Decision(BaseModel):
     decision: Literal["approve", "reject"] = Field(description="approve or reject.")
     reason: str = Field("", max_length=4000, description="Recorded with the decision.")
     decided_by: str = Field("", max_length=200, description="Who decides (informational).")
-
-
-class HandoffStep(BaseModel):
-    step_id: str
-    status: StepStatus
-    code: str | None = None
-    args: dict[str, Any] | None = None
-    outputs: dict[str, Any] | None = None
-    artifacts: list[str] = Field(default_factory=list, description="`$artifact` references to its artifacts.")
-    attempts: int = 0
-    error: StepError | None = None
-    stdout_tail: str | None = None
-    stderr_tail: str | None = None
-    side_effects: str | None = None
-    blocked_by: list[str] = Field(default_factory=list)
-
-
-class Handoff(BaseModel):
-    """What a re-planner needs: what is done, what failed and why, what that invalidated, what remains."""
-
-    format: Literal["handoff/v1"] = "handoff/v1"
-    run_id: str
-    revision: int
-    objective: str
-    status: RunStatus
-    reason: str | None
-    completed: list[HandoffStep]
-    failed: list[HandoffStep]
-    unknown_outcomes: list[HandoffStep]
-    invalidated: list[HandoffStep]
-    remaining: list[HandoffStep]
-    budgets: Budgets
-    usage: Usage
-    constraints: list[str]
-    revise: dict[str, Any]

@@ -160,6 +160,45 @@ def _step_problems(
     for index, dependency in enumerate(step.depends_on):
         if dependency not in known:
             found.append(FieldProblem(f"{at}.depends_on.{index}", f"no step {dependency!r}"))
+    return found + _compensation_problems(step, at, languages, policies, allowed_policies)
+
+
+def _compensation_problems(
+    step: StepSpec, at: str, languages: Languages, policies: PolicySet, allowed_policies: Collection[str]
+) -> list[FieldProblem]:
+    """A compensation undoes a write: its code must run under the tenant's policies, and its
+    arguments may refer to the run's inputs, the step's own outputs and the steps it depends on."""
+    found: list[FieldProblem] = []
+    strategy = step.idempotency.strategy if step.idempotency is not None else None
+    if strategy == "compensation" and step.compensation is None:
+        found.append(FieldProblem(f"{at}.compensation", "strategy compensation needs the compensation that undoes it"))
+    if step.compensation is None:
+        return found
+    if step.effect != "write":
+        found.append(FieldProblem(f"{at}.compensation", "a compensation undoes a write: give `effect: write`"))
+    cell = step.compensation
+    try:
+        language = languages.get(cell.run.language)
+        policy = policies.resolve(cell.policy or step.policy, len(cell.run.code.encode()))
+        policies.check_language(policy.name, language.name, "compensation.run.language")
+        if policy.name not in allowed_policies:
+            found.append(
+                FieldProblem(f"{at}.compensation.policy.name", f"this tenant may not use policy {policy.name!r}")
+            )
+    except ServiceError as exc:
+        found += [FieldProblem(f"{at}.{p.field}", p.message) for p in exc.problems] or [
+            FieldProblem(f"{at}.compensation.run", exc.message)
+        ]
+    allowed = dependencies(step) | {step.id}
+    try:
+        refs = list(refs_in(cell.args, "compensation/args"))
+    except RefError as exc:
+        return [*found, FieldProblem(f"{at}.{exc.path.replace('/', '.')}", exc.message)]
+    for ref in refs:
+        if ref.kind == "artifact" or (ref.step is not None and ref.step not in allowed):
+            where = f"{at}.{ref.path.replace('/', '.')}"
+            found.append(FieldProblem(where, "a compensation may refer to the run's inputs, its step's outputs and "
+                                             "the steps it depends on (no artifacts)"))  # fmt: skip
     return found
 
 

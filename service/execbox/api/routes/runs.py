@@ -16,6 +16,7 @@ from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.core.errors import FieldProblem, InvalidRequest
 from execbox.executions.submit import request_digest
 from execbox.plans.errors import InvalidPlan
+from execbox.plans.handoff import Handoff
 from execbox.plans.runs import UsageReport
 from execbox.plans.schemas import (
     APPROVAL_ID_PATTERN,
@@ -23,8 +24,9 @@ from execbox.plans.schemas import (
     STEP_ID_PATTERN,
     ApprovalPublic,
     ApprovalStatus,
+    CancelRequest,
+    CompensateRequest,
     Decision,
-    Handoff,
     PlanDocument,
     ReconcileRequest,
     RevisionCreate,
@@ -161,8 +163,15 @@ def revise_run(
 
 
 @router.post("/v1/runs/{run_id}/cancel", response_model=RunPublic, responses=_RUN_RESPONSES, summary="Cancel a run")
-def cancel_run(run_id: RunId, services: ServicesDep, tenant: TenantDep) -> RunPublic:
-    return services.runs.cancel(tenant, run_id).public()
+def cancel_run(run_id: RunId, services: ServicesDep, tenant: TenantDep, body: CancelRequest | None = None) -> RunPublic:
+    """With `{"compensate": true}`, its succeeded writes are then undone in reverse order."""
+    return services.runs.cancel(tenant, run_id, body).public()
+
+
+@router.post("/v1/runs/{run_id}/compensate", response_model=RunPublic, responses=_RUN_RESPONSES,
+             summary="Undo the run's succeeded writes (an unfinished run is abandoned first)")  # fmt: skip
+def compensate_run(run_id: RunId, body: CompensateRequest, services: ServicesDep, tenant: TenantDep) -> RunPublic:
+    return services.runs.compensate(tenant, run_id, body.reason).public()
 
 
 @router.post("/v1/runs/{run_id}/steps/{step_id}/reconcile", response_model=RunPublic, responses=_RUN_RESPONSES,
