@@ -7,13 +7,15 @@ import time
 from typing import Literal
 
 import pytest
+from redis import Redis
 
 from execbox.core.errors import InvalidRequest
 from execbox.executions.effects import MAX_ATTEMPTS, EffectIdempotency, Next, StatusCheck, call_context, next_step
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError
-from execbox.executions.settle import after_run, approval_decided, reconciled, settle_uncertain
+from execbox.executions.settle import after_run, approval_decided, mark_expired_if_due, reconciled, settle_uncertain
 from execbox.executions.status import ErrorCategory, ExecutionStatus
+from execbox.executions.store import ExecutionStore
 from execbox.plans.step_keys import KeyProblem, collisions, digest, render, template_problem
 from execbox.settings import Settings
 from tests.unit.conftest import make_record
@@ -185,3 +187,37 @@ def test_a_key_used_with_other_arguments_collides() -> None:
     assert collisions([same, referring], used) == []
     assert [p.field for p in collisions([same, other], used)] == ["f1"]
     assert [p.field for p in collisions([other, same], {})] == ["f0"], "two new steps collide too"
+
+
+def test_an_expired_requeue_of_a_write_that_ran_says_its_effect_may_have_happened(settings: Settings) -> None:
+    keyed, unkeyed = declared(settings, "key"), declared(settings, "none")
+    for record in (keyed, unkeyed):
+        record.status, record.queue_deadline = ExecutionStatus.QUEUED, 0.0
+    assert mark_expired_if_due(keyed) is ExecutionStatus.FAILED and keyed.side_effects == "possible"
+    assert keyed.error is not None and keyed.error.retryable and "same key" in keyed.error.message
+    assert mark_expired_if_due(unkeyed) is ExecutionStatus.UNKNOWN_OUTCOME and unkeyed.side_effects == "unknown"
+
+
+def test_a_status_check_whose_schema_cannot_judge_ends_unknown(settings: Settings) -> None:
+    record = declared(settings, "status_read")
+    broken = StatusCheck(code="1", expect={"type": 5})
+    assert after_run(check_ran(ExecutionStatus.SUCCEEDED, {"applied": True}), broken, record) is (
+        ExecutionStatus.UNKNOWN_OUTCOME
+    )
+
+
+def test_a_lease_is_renewed_only_by_its_holder_or_taken_when_it_lapsed(settings: Settings, client: Redis) -> None:
+    store = ExecutionStore(client, settings)
+    store.renew_lease("exe_" + "a" * 26, "worker-b")
+    store.renew_lease("exe_" + "a" * 26, "worker-a")  # a worker declared lost, renewing late
+    assert store.lease_holder("exe_" + "a" * 26) == "worker-b"
+    client.delete(store.keys.lease("exe_" + "a" * 26))
+    store.renew_lease("exe_" + "a" * 26, "worker-a")  # its own lease lapsed while Redis was away
+    assert store.lease_holder("exe_" + "a" * 26) == "worker-a"
+
+
+def test_a_rendered_key_is_printable_ascii() -> None:
+    with pytest.raises(KeyProblem):
+        render("r:{args.o}", {"o": "café"})
+    with pytest.raises(KeyProblem):
+        render("r:{args.o}", {"o": "\x85"})

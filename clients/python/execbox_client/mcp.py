@@ -22,6 +22,8 @@ from execbox_client.client import AsyncClient
 from execbox_client.errors import ExecboxError
 from execbox_client.types import ExecutionPublic
 
+MAX_WAIT_S = 900.0
+"""The longest a tool call follows a run (an agent calls get_run again to go on)."""
 MAX_TEXT = 64 << 10
 """Output a tool result quotes inline; the rest is in the execution (get it by id)."""
 Connect = Callable[[Context[Any, Any, Any]], AsyncClient]
@@ -40,6 +42,7 @@ def _summary(execution: ExecutionPublic) -> dict[str, Any]:
                   "retryable": error.get("retryable")} if error else None,
         "artifacts": [{"name": a["name"], "size": a["size"], "media_type": a["media_type"]}
                       for a in execution.get("artifacts") or []],
+        **{k: execution.get(k) for k in ("approval_id", "side_effects", "code_runs", "reconciled") if execution.get(k)},
     }  # fmt: skip
 
 
@@ -70,7 +73,7 @@ async def _follow(
     """The run once it stops running (or `wait_s` passes), a progress notification per event after
     `since` as each comes (the server answers a wait as soon as a new event exists), and the hand-off
     when it needs a re-plan."""
-    deadline = time.monotonic() + max(wait_s, 0)
+    deadline = time.monotonic() + min(max(wait_s, 0), MAX_WAIT_S)
     run: dict[str, Any] = dict(await box.get_run(run_id))
     cursor = min(max(since, 0), len(run["events"]))
     new: list[dict[str, Any]] = []
@@ -115,6 +118,12 @@ def build(server: FastMCP, connect: Connect) -> FastMCP:
         "key"), "status_read" (with "status_check": {"code", "expect"}) or "none"}; `approval`
         {"summary"} returns at once `awaiting_approval` (decide_approval, then get_execution). An
         `unknown_outcome` is settled with reconcile_execution."""
+        keyed = (idempotency or {}).get("strategy") == "key"
+        if keyed and not (idempotency or {}).get("key") and not idempotency_key:
+            # The client would make up a key per call: an agent's retry of this tool call would get another one.
+            detail = "a keyed write needs a stable key: give idempotency.key (the same one when you call again)"
+            refusal = {"status": 422, "code": "request.invalid", "detail": detail, "errors": []}
+            return [TextContent(type="text", text=json.dumps({"refused": refusal}))]
         fields: dict[str, Any] = {"policy": policy or {}, "files": files or []}
         declared = {"session": session, "effect": effect, "idempotency": idempotency, "approval": approval}
         fields |= {name: value for name, value in declared.items() if value}
@@ -237,7 +246,7 @@ def build(server: FastMCP, connect: Connect) -> FastMCP:
                 run = await box.compensate_run(run_id, reason)
             except ExecboxError as exc:
                 return _problem(exc)
-            deadline = time.monotonic() + wait_s
+            deadline = time.monotonic() + min(max(wait_s, 0), MAX_WAIT_S)
             while _compensating(run) and (left := deadline - time.monotonic()) > 0:
                 run = await box.get_run(run_id, wait_s=min(left, 60), after=len(run["events"]))
         summary = _run_summary(dict(run), [], len(run["events"]))

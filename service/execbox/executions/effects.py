@@ -180,9 +180,13 @@ def next_step(
     return Next.UNKNOWN
 
 
-def holds(expect: dict[str, Any], outputs: dict[str, Any]) -> bool:
-    """A check's outputs satisfy its `expect` schema."""
-    return not any(Draft202012Validator(expect).iter_errors(outputs))
+def holds(expect: dict[str, Any], outputs: dict[str, Any]) -> bool | None:
+    """A check's outputs satisfy its `expect` schema; None when the schema cannot judge them (it is
+    checked at submission; a record stored before that check may hold one that raises)."""
+    try:
+        return not any(Draft202012Validator(expect).iter_errors(outputs))
+    except Exception:
+        return None
 
 
 def call_context(

@@ -27,7 +27,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import Protocol
 
 from execbox.catalog.languages import Languages
@@ -170,7 +169,7 @@ def run_and_finish(
     outcome = decide(record, run, files, limits, errors, failure, denials, finished_at=time.time())
     if before_store is not None:
         before_store(run)
-    through_outage("storing the outcome", lambda: _store(ctx, record.id, outcome, check, parent), patience_s)
+    through_outage("storing the outcome", lambda: _store(ctx, record, outcome, check, parent), patience_s)
     if ctx.pool is not None and session is None:
         ctx.pool.refill()  # only now: creating the successor would compete with the run and its result
 
@@ -185,7 +184,7 @@ def _run(
 ) -> tuple[SandboxOutcome | None, ExecutionError | None]:
     """The sandbox's outcome, or the service fault that kept it from giving one."""
     stop = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(ctx, record.id, control, stop), daemon=True)
+    watcher = threading.Thread(target=_watch, args=(ctx, record.id, record.attempt, control, stop), daemon=True)
     watcher.start()
     run: SandboxOutcome | None = None
     failure: ExecutionError | None = None
@@ -219,7 +218,7 @@ def _run(
             lease.drop()
         stop.set()
         try:
-            ctx.store.signal(record.id, "stop")  # wakes the watcher out of its blocking wait
+            ctx.store.signal(record.id, f"stop:{record.attempt}")  # wakes this attempt's watcher
         except QueueUnavailable as exc:  # it wakes on its own within its wait; the result matters more
             log.warning("could not wake the cancel watcher: %s", exc.message)
         watcher.join(timeout=5)
@@ -230,10 +229,20 @@ def _run(
     return run, failure
 
 
-def _store(ctx: Worker, execution_id: str, outcome: Outcome, check: StatusCheck | None, parent: TraceContext) -> None:
+def _store(
+    ctx: Worker, taken: ExecutionRecord, outcome: Outcome, check: StatusCheck | None, parent: TraceContext
+) -> None:
     """The terminal transition: the record takes the outcome; the same transaction announces it. A
     declared effect may instead send it round again (queued: its entry is queued once stored)."""
-    done = ctx.store.transition(execution_id, _ACTIVE, ctx.name, partial(after_run, outcome.apply, check))
+
+    def settle(record: ExecutionRecord) -> ExecutionStatus | None:
+        # Only the attempt this worker took: one the reaper gave to another worker meanwhile (this
+        # worker was declared lost) is that worker's to settle.
+        if record.worker != ctx.name or record.attempt != taken.attempt:
+            return None
+        return after_run(outcome.apply, check, record)
+
+    done = ctx.store.transition(taken.id, _ACTIVE, ctx.name, settle)
     if done is None:
         log.warning("execution was settled elsewhere (lease lost?) before its result was stored")
     elif done.status is ExecutionStatus.QUEUED:
@@ -319,7 +328,7 @@ def _egress(ctx: Worker, lease: RunEgress) -> EgressSpec:
 # -- beside the run: lease, cancel, metrics, spans ---------------------------------------------------
 
 
-def _watch(ctx: Worker, execution_id: str, control: SandboxControl, stop: threading.Event) -> None:
+def _watch(ctx: Worker, execution_id: str, attempt: int, control: SandboxControl, stop: threading.Event) -> None:
     """Renew the lease while the run lasts, and stop the sandbox when a cancel request arrives."""
     interval = max(ctx.settings.worker.lease_s / 3, 0.2)
     renew = False  # take() took the lease; from then on it is renewed before every wait
@@ -333,7 +342,7 @@ def _watch(ctx: Worker, execution_id: str, control: SandboxControl, stop: thread
                 log.info("cancel requested; stopping the sandbox")
                 control.cancel()
                 return
-            if message == "stop":
+            if message == f"stop:{attempt}":
                 return
         except ServiceError as exc:
             log.warning("lease renewal failed: %s", exc.message)

@@ -67,10 +67,11 @@ def _checked(
     (run the code again, with its key, while attempts are left), or the check could not tell."""
     record.phase = None
     why = prior.message if prior is not None else "its outcome was unknown"
-    if status is ExecutionStatus.SUCCEEDED and holds(check.expect, record.outputs):
+    verdict = holds(check.expect, record.outputs) if status is ExecutionStatus.SUCCEEDED else None
+    if verdict:
         record.side_effects, record.reconciled = None, f"{check.name}: the effect happened ({why})"
         return status
-    if status is ExecutionStatus.SUCCEEDED:
+    if verdict is False:
         record.outputs, record.reconciled = {}, f"{check.name}: the effect did not happen ({why})"
         if record.code_runs < MAX_ATTEMPTS:
             record.queue_deadline = time.time() + record.policy.queue_timeout_s
@@ -141,6 +142,18 @@ def mark_expired_if_due(record: ExecutionRecord) -> ExecutionStatus | None:
     """A mutation: expired when the queued record's deadline has passed, otherwise unchanged."""
     if time.time() < record.queue_deadline:
         return None
+    if record.code_runs > 0 and record.effect == "write":  # queued again after an uncertain attempt
+        keyed = record.idempotency is not None and record.idempotency.strategy == "key"
+        record.error = ExecutionError(
+            category=ErrorCategory.EXPIRED,
+            message="its code ran before (with an unknown outcome) and it was queued again, but no worker started "
+            "it again before its deadline: its effect may have happened"
+            + ("; submit again with the same key" if keyed else "; reconcile it"),
+            retryable=keyed,
+            details={"code_runs": record.code_runs},
+        )
+        record.side_effects, record.phase = ("possible" if keyed else "unknown"), None
+        return ExecutionStatus.FAILED if keyed else ExecutionStatus.UNKNOWN_OUTCOME
     if record.status is ExecutionStatus.AWAITING_APPROVAL:
         record.error = ExecutionError(
             category=ErrorCategory.APPROVAL_EXPIRED,

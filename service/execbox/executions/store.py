@@ -27,6 +27,12 @@ from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.tenancy import quotas
 
 Mutation = Callable[[ExecutionRecord], "ExecutionStatus | None"]
+_RENEW = """
+local held = redis.call('GET', KEYS[1])
+if held and held ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
 
 
 class ExecutionStore:
@@ -198,8 +204,18 @@ class ExecutionStore:
     # -- leases, cancel signals, sweeps -----------------------------------------------------
 
     def renew_lease(self, execution_id: str, worker: str) -> None:
+        """Renew the run's lease for `worker`, or take it again when it lapsed (Redis was away); never
+        over another worker's: an execution queued again after its worker was declared lost is
+        another worker's now, and the first one's late renewals must not keep it alive."""
         with redis_errors():
-            self.redis.set(self.keys.lease(execution_id), worker, px=int(self._lease_s * 1000))
+            self.redis.register_script(_RENEW)(
+                keys=[self.keys.lease(execution_id)], args=[worker, int(self._lease_s * 1000)]
+            )
+
+    def lease_holder(self, execution_id: str) -> str | None:
+        with redis_errors():
+            held = self.redis.get(self.keys.lease(execution_id))
+        return None if held is None else text(held)
 
     def lease_alive(self, execution_id: str) -> bool:
         with redis_errors():

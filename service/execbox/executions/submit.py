@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from jsonschema import Draft202012Validator
 from pydantic import BaseModel
 from rq import Queue
 
@@ -26,6 +27,7 @@ from execbox.catalog.policies import PolicySet, runtime_problems
 from execbox.catalog.schemas import AppliedPolicy, NetworkAllowlist
 from execbox.catalog.webhook_hosts import host_allowed
 from execbox.core.errors import ConflictError, FieldProblem, InvalidRequest, ServiceError
+from execbox.core.readable import schema_problems
 from execbox.core.tracing import Spans, TraceContext, from_traceparent
 from execbox.executions.effects import Approval, call_context, effect_problems
 from execbox.executions.errors import ExecutionNotFound
@@ -162,9 +164,16 @@ class Submissions:
 
         def cancel_queued_record(record: ExecutionRecord) -> ExecutionStatus:
             record.cancel_requested = True
+            ran = record.code_runs > 0  # queued again after an attempt whose outcome was unknown
             record.error = ExecutionError(
-                category=ErrorCategory.CANCELLED, message="cancelled by the client before it started", retryable=False
+                category=ErrorCategory.CANCELLED,
+                message="cancelled by the client while queued again after an attempt whose effect may have happened"
+                if ran
+                else "cancelled by the client before it started",
+                retryable=False,
             )
+            if ran and record.effect == "write":
+                record.side_effects, record.phase = "possible", None
             return ExecutionStatus.CANCELLED
 
         record = self.owned(tenant, execution_id)
@@ -195,11 +204,18 @@ class Submissions:
     def _check_effects(self, tenant: str, body: ExecutionCreate, policy: AppliedPolicy) -> None:
         found = effect_problems(body.effect, body.approval, isinstance(policy.network, NetworkAllowlist),
                                 self.quotas.quota(tenant).declare_effects, self.gates is not None)  # fmt: skip
-        if body.idempotency is not None and body.idempotency.status_check is not None:
+        check = body.idempotency.status_check if body.idempotency is not None else None
+        if check is not None:  # it runs as the execution does: the same language, policy and size rules
+            at = "idempotency.status_check"
             try:
-                self.languages.get(body.idempotency.status_check.language)
+                language = self.languages.get(check.language)
+                self.policies.check_language(policy.name, language.name, f"{at}.language")
+                self.policies.resolve(body.policy, len(check.code.encode()))
             except ServiceError as exc:
-                found.append(FieldProblem("idempotency.status_check.language", exc.message))
+                found += [FieldProblem(f"{at}.{p.field}", p.message) for p in exc.problems] or [
+                    FieldProblem(f"{at}.language", exc.message)
+                ]
+            found += schema_problems(check.expect, f"{at}.expect")
         if found:
             raise InvalidRequest("the execution's effect declarations are refused", tuple(found))
 
@@ -236,7 +252,13 @@ class Submissions:
         """Settle an unknown outcome from the caller's evidence: succeeded (applied, with `outputs`)
         or failed (not applied: submit again, with the same key, to run it again)."""
 
-        self.owned(tenant, execution_id)
+        record = self.owned(tenant, execution_id)
+        schema = record.expect.outputs_schema if record.expect is not None else None
+        if applied and schema is not None:  # the outputs it claims must be ones the execution could have had
+            unmet = sorted(e.message for e in Draft202012Validator(schema).iter_errors(outputs))
+            if unmet:
+                raise InvalidRequest("the outputs do not meet the execution's expect.outputs_schema",
+                                     tuple(FieldProblem("outputs", m) for m in unmet[:20]))  # fmt: skip
         done = self.store.transition(
             execution_id, {ExecutionStatus.UNKNOWN_OUTCOME}, self.by, reconciled(applied, outputs, reason)
         )

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from pydantic import ValidationError
+
 from execbox.core.errors import CapacityError, InfrastructureError, ServiceError
 from execbox.executions.effects import EffectIdempotency
 from execbox.executions.schemas import ExecutionCreate
@@ -42,6 +44,13 @@ def running(run: StoredRun) -> bool:
     return run.compensation is not None and run.compensation.status == "running"
 
 
+def left_to_undo(run: StoredRun) -> list[str]:
+    """The succeeded steps with a compensation that has not undone them yet."""
+    done = {i for i, state in run.steps.items() if state.undo is not None and state.undo.status == "done"}
+    succeeded = [i for i, state in run.steps.items() if state.status is StepStatus.SUCCEEDED and i not in done]
+    return [i for i in succeeded if run.spec(i).compensation is not None]
+
+
 def begin(run: StoredRun, reason: str, now: float) -> list[str]:
     """Start (or resume after a stop) the run's compensation; the steps it will undo, in order."""
     undoable = []
@@ -59,6 +68,8 @@ def begin(run: StoredRun, reason: str, now: float) -> list[str]:
             state.undo = Undo(status="skipped", reason="its outcome is unknown: reconcile it, then compensate again")
         elif writes and state.status is StepStatus.CANCELLED and state.attempts:
             state.undo = Undo(status="skipped", reason="stopped while it ran: its effect may have happened")
+        elif writes and state.status is StepStatus.FAILED and state.side_effects == "possible":
+            state.undo = Undo(status="skipped", reason="it failed after its code started: its effect may have happened")
     run.compensation = CompensationRun(status="running", reason=reason, requested_at=now, order=undoable)
     return undoable
 
@@ -68,6 +79,8 @@ def progress(executor: Executor, run: StoredRun) -> None:
     settle the undo that ended, start the next, or finish."""
     compensation = run.compensation
     assert compensation is not None
+    if _still_running(executor, run):  # a step stopped by the cancel has not ended yet: undo after it
+        return
     for step_id in compensation.order:
         state = run.steps[step_id]
         undo = state.undo or Undo()
@@ -93,6 +106,16 @@ def progress(executor: Executor, run: StoredRun) -> None:
     run.notify("run.compensated", status="completed")
 
 
+def _still_running(executor: Executor, run: StoredRun) -> bool:
+    """An attempt the run's stop cancelled is still running (its end advances the run again)."""
+    for state in run.steps.values():
+        if state.status is StepStatus.CANCELLED and state.attempts:
+            execution = executor.submissions.store.get(state.attempts[-1])
+            if execution is not None and not execution.status.terminal:
+                return True
+    return False
+
+
 def _launch(executor: Executor, run: StoredRun, step_id: str, undo: Undo) -> bool:
     """Dispatch the step's compensation; False when it could not start (stopped, or deferred)."""
     spec, state = run.spec(step_id), run.steps[step_id]
@@ -103,10 +126,14 @@ def _launch(executor: Executor, run: StoredRun, step_id: str, undo: Undo) -> boo
         _stop(executor, run, step_id, undo, f"input.invalid: {exc.message}")
         return False
     policy = spec.compensation.policy or spec.policy
-    body = ExecutionCreate(
-        language=spec.compensation.run.language, code=spec.compensation.run.code, inputs=args, policy=policy,
-        effect="write", idempotency=EffectIdempotency(strategy="key"),
-    )  # fmt: skip
+    try:
+        body = ExecutionCreate(
+            language=spec.compensation.run.language, code=spec.compensation.run.code, inputs=args, policy=policy,
+            effect="write", idempotency=EffectIdempotency(strategy="key"),
+        )  # fmt: skip
+    except ValidationError as exc:  # refused at validation; a run stored before that check may hold one
+        _stop(executor, run, step_id, undo, f"input.invalid: {exc.errors()[0]['msg']}")
+        return False
     key = f"{state.key or default_key(run.id, step_id)}:undo"
     suffix = f":undo:{len(state.checks)}"
     try:

@@ -123,8 +123,8 @@ class Runs:
         with self._change(tenant, run_id) as run:
             if compensation.running(run):
                 raise RunConflict(f"run {run_id} is already being compensated")
-            if run.compensation is not None and run.compensation.status == "completed":
-                raise RunConflict(f"run {run_id} was compensated already")
+            if run.status.terminal and not compensation.left_to_undo(run):
+                raise RunConflict(f"run {run_id} has no succeeded write left to undo")
             if not run.status.terminal:
                 self.executor.stop(run, RunStatus.CANCELLED, "abandoned", f"abandoned to be compensated: {reason}")
             undone = compensation.begin(run, reason, time.time())
@@ -267,7 +267,8 @@ class Runs:
                 raise RunNotFound(run_id)
             yield run
             if run.queue != self.executor.queue:  # another deployment's run: its executor advances it now
-                self.executor.store.put(run, None if run.status.terminal else time.time())
+                done = run.status.terminal and not compensation.running(run)
+                self.executor.store.put(run, None if done else time.time())
                 return
             if not run.status.terminal or compensation.running(run):
                 self.executor.step(run)

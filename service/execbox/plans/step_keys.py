@@ -57,8 +57,8 @@ def render(template: str, args: Mapping[str, Any]) -> str:
         return found if isinstance(found, str) else json.dumps(found, sort_keys=True, separators=(",", ":"))
 
     key = _PLACE.sub(value, template)
-    if not 1 <= len(key) <= MAX_KEY or any(ord(c) < 32 or ord(c) == 127 for c in key):
-        raise KeyProblem(f"the rendered key must be 1-{MAX_KEY} characters without control characters")
+    if not 1 <= len(key) <= MAX_KEY or any(not 32 <= ord(c) < 127 for c in key):  # a header value anywhere
+        raise KeyProblem(f"the rendered key must be 1-{MAX_KEY} printable ASCII characters")
     return key
 
 

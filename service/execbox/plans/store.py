@@ -123,7 +123,9 @@ class RunStore:
     def put_approval(self, approval: ApprovalPublic) -> None:
         raw = readable(ApprovalPublic, approval)
         with redis_errors(), self.redis.pipeline() as pipe:
-            pipe.set(self.keys.approval(approval.id), raw, ex=self._retention_s)
+            # Kept past its expiry by the retention (an approval may wait up to 30 days).
+            ttl = max(self._retention_s, int(approval.expires_at - time.time()) + self._retention_s)
+            pipe.set(self.keys.approval(approval.id), raw, ex=ttl)
             pipe.zadd(self.keys.approvals(approval.tenant), {approval.id: approval.requested_at})
             pipe.execute()
 

@@ -128,6 +128,14 @@ def _step_problems(
                 FieldProblem(f"{at}.run", exc.message)
             ]
     found += _schema_problems(step, at)
+    cells = [("run", step.run), *((f"preconditions.{i}.run", c.run) for i, c in enumerate(step.preconditions))]
+    if step.idempotency is not None and step.idempotency.status_check is not None:
+        cells.append(("idempotency.status_check.run", step.idempotency.status_check.run))
+    if step.compensation is not None:
+        cells.append(("compensation.run", step.compensation.run))
+    for where, cell in cells:  # an execution refuses blank code: refused here, not when it would run
+        if isinstance(cell, CodeCell) and not cell.code.strip():
+            found.append(FieldProblem(f"{at}.{where}.code", "code is blank; send the program to run"))
     if step.effect == "write" and step.idempotency is None:
         found.append(FieldProblem(f"{at}.idempotency", "a write step must declare how it may be repeated: "
                                   "strategy key, status_read, compensation or none"))  # fmt: skip

@@ -181,9 +181,12 @@ def _ended(ctx: WorkerContext, execution_id: str) -> bool:
 
 
 def _owned(ctx: WorkerContext, container: ContainerInfo, live_workers: set[str]) -> bool:
-    """A run's container belongs to its execution's lease; a warm one to the worker that made it."""
+    """A run's container belongs to its execution's lease, held by the worker that made it (an
+    attempt whose worker was declared lost leaves a container the next attempt's lease must not
+    keep); a warm one to the worker that made it."""
     if container.execution_id is not None:
-        return ctx.store.lease_alive(container.execution_id)
+        holder = ctx.store.lease_holder(container.execution_id)
+        return holder is not None and (container.worker is None or holder == container.worker)
     if container.session is not None:
         return ctx.sessions.lease_alive(container.session)
     return container.pool is not None and container.worker in live_workers

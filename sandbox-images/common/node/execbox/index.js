@@ -11,10 +11,14 @@ const resultFile = process.env.EXECBOX_RESULT_FILE || path.join(outputDir, ".exe
 const inputsFile = process.env.EXECBOX_INPUTS_FILE || "/workspace/.execbox/inputs.json";
 const state = { outputs: {}, check: null };
 
-const context = {};
-for (const name of ["run_id", "step_id", "attempt", "idempotency_key"]) {
-  const value = process.env["EXECBOX_" + name.toUpperCase()];
-  if (value !== undefined) context[name] = value;
+function readContext() {
+  // Read at each use: a session's JavaScript context loads this module once and runs many calls.
+  const found = {};
+  for (const name of ["run_id", "step_id", "attempt", "idempotency_key"]) {
+    const value = process.env["EXECBOX_" + name.toUpperCase()];
+    if (value !== undefined) found[name] = value;
+  }
+  return found;
 }
 
 function idempotencyKey() {
@@ -59,4 +63,5 @@ function outcomeUnknown(reason) {
   process.exit(1);
 }
 
-module.exports = { inputs: loadInputs(), outputDir, emit, check, context, idempotencyKey, outcomeUnknown };
+module.exports = { inputs: loadInputs(), outputDir, emit, check, idempotencyKey, outcomeUnknown };
+Object.defineProperty(module.exports, "context", { get: readContext, enumerable: true });

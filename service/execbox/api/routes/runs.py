@@ -128,15 +128,16 @@ async def get_run(
         ),
     ] = None,
 ) -> RunPublic:
-    """With ?wait=S, answers once the run is no longer `running` (or S passed); with ?after=N too,
+    """With ?wait=S, answers once the run is no longer `running` nor being compensated (or S passed); with ?after=N too,
     as soon as it has more than N events: a live progress display waits on it, never a poll."""
     wait_s = wait_seconds(services, wait, prefer)
     if after is not None and wait_s <= 0:
         message = "after counts events to wait past; it needs a wait (?wait=S or Prefer: wait=S)"
         raise InvalidRequest(f"query.after: {message}", (FieldProblem("query.after", message),))
 
-    def settled(r: StoredRun) -> bool:
-        return r.status not in WAITING or (after is not None and len(r.events) > after)
+    def settled(r: StoredRun) -> bool:  # a compensation in progress keeps a stopped run moving
+        moving = r.status in WAITING or (r.compensation is not None and r.compensation.status == "running")
+        return not moving or (after is not None and len(r.events) > after)
 
     run = await to_thread.run_sync(services.runs.get, tenant, run_id)
     if wait_s > 0 and not settled(run):
