@@ -17,6 +17,7 @@ import secrets
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
-    kinds = {
+    kinds: dict[str, Callable[[Service], dict[str, Any]]] = {
         "undeclared": lambda s: run(s),
         "effect: read": lambda s: run(s, effect="read"),
         "keyed write": lambda s: run(s, effect="write",
