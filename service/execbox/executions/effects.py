@@ -162,19 +162,13 @@ class Next(enum.StrEnum):
     UNKNOWN = "unknown_outcome"
 
 
-def next_step(
-    effect: str | None, strategy: str | None, attempts: int, in_session: bool, may_repeat: bool = True
-) -> Next:
+def next_step(effect: str | None, strategy: str | None, attempts: int, in_session: bool) -> Next:
     """What follows an attempt of a declared execution whose outcome is unknown, after `attempts`
-    runs of its code; `may_repeat` is False once a status check said the effect did not happen and
-    no attempt is left (see the module's doc)."""
+    runs of its code (see the module's doc)."""
     if effect is None:
         return Next.FAIL
-    left = may_repeat and attempts < MAX_ATTEMPTS and not in_session
-    if effect == "read":
-        return Next.RETRY if left else Next.FAIL
-    if strategy == "key":
-        return Next.RETRY if left else Next.FAIL
+    if effect == "read" or strategy == "key":
+        return Next.RETRY if attempts < MAX_ATTEMPTS and not in_session else Next.FAIL
     if strategy == "status_read" and not in_session:
         return Next.STATUS_READ
     return Next.UNKNOWN

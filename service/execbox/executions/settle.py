@@ -25,9 +25,8 @@ def settle_uncertain(record: ExecutionRecord) -> ExecutionStatus:
         step = Next.UNKNOWN if step is Next.STATUS_READ else Next.FAIL
     if step in (Next.RETRY, Next.STATUS_READ):
         record.phase = "status_read" if step is Next.STATUS_READ else None
-        record.queue_deadline = time.time() + record.policy.queue_timeout_s
         record.started_at = None
-        return ExecutionStatus.QUEUED
+        return queued_again(record)
     if step is Next.UNKNOWN:
         record.side_effects, record.phase = "unknown", None
         if record.error is not None:
@@ -36,6 +35,12 @@ def settle_uncertain(record: ExecutionRecord) -> ExecutionStatus:
     if record.effect == "write":
         record.side_effects = "possible"
     return ExecutionStatus.FAILED
+
+
+def queued_again(record: ExecutionRecord) -> ExecutionStatus:
+    """Queued (again, or once approved), with a queue deadline of its own from now."""
+    record.queue_deadline = time.time() + record.policy.queue_timeout_s
+    return ExecutionStatus.QUEUED
 
 
 UNCERTAIN = {ErrorCategory.OUTCOME_UNKNOWN, ErrorCategory.SANDBOX_ERROR}
@@ -74,8 +79,7 @@ def _checked(
     if verdict is False:
         record.outputs, record.reconciled = {}, f"{check.name}: the effect did not happen ({why})"
         if record.code_runs < MAX_ATTEMPTS:
-            record.queue_deadline = time.time() + record.policy.queue_timeout_s
-            return ExecutionStatus.QUEUED
+            return queued_again(record)
         record.side_effects = "none"
         record.error = ExecutionError(
             category=prior.category if prior else ErrorCategory.OUTCOME_UNKNOWN,
@@ -112,8 +116,7 @@ def approval_decided(tenant: str, approved: bool, why: str) -> Callable[[Executi
         if time.time() >= record.queue_deadline:
             return mark_expired_if_due(record)
         if approved:
-            record.queue_deadline = time.time() + record.policy.queue_timeout_s
-            return ExecutionStatus.QUEUED
+            return queued_again(record)
         record.error = ExecutionError(category=ErrorCategory.APPROVAL_REJECTED, message=why, retryable=False)
         record.side_effects = "none" if record.effect == "write" else None
         return ExecutionStatus.FAILED

@@ -98,8 +98,7 @@ def progress(executor: Executor, run: StoredRun) -> None:
             why = f"{error.category.value}: {error.message}" if error else "its execution's record expired"
             _stop(executor, run, step_id, undo, why)
             return
-        if not _launch(executor, run, step_id, undo):
-            return
+        _launch(executor, run, step_id, undo)  # its end (or the due time, when deferred) comes back here
         return
     compensation.status = "completed"
     executor.record(run, "compensation.completed", None, "completed", f"{len(compensation.order)} write(s) undone")
@@ -116,15 +115,15 @@ def _still_running(executor: Executor, run: StoredRun) -> bool:
     return False
 
 
-def _launch(executor: Executor, run: StoredRun, step_id: str, undo: Undo) -> bool:
-    """Dispatch the step's compensation; False when it could not start (stopped, or deferred)."""
+def _launch(executor: Executor, run: StoredRun, step_id: str, undo: Undo) -> None:
+    """Dispatch the step's compensation (or stop the compensation, or defer it to the run's due time)."""
     spec, state = run.spec(step_id), run.steps[step_id]
     assert spec.compensation is not None
     try:
         args = resolve(spec.compensation.args, executor.state_document(run))
     except RefError as exc:
         _stop(executor, run, step_id, undo, f"input.invalid: {exc.message}")
-        return False
+        return
     policy = spec.compensation.policy or spec.policy
     try:
         body = ExecutionCreate(
@@ -133,7 +132,7 @@ def _launch(executor: Executor, run: StoredRun, step_id: str, undo: Undo) -> boo
         )  # fmt: skip
     except ValidationError as exc:  # refused at validation; a run stored before that check may hold one
         _stop(executor, run, step_id, undo, f"input.invalid: {exc.errors()[0]['msg']}")
-        return False
+        return
     key = f"{state.key or default_key(run.id, step_id)}:undo"
     suffix = f":undo:{len(state.checks)}"
     try:
@@ -142,15 +141,14 @@ def _launch(executor: Executor, run: StoredRun, step_id: str, undo: Undo) -> boo
         )
     except (CapacityError, InfrastructureError) as exc:  # quotas or Redis: the same undo, a moment later
         executor.record(run, "compensation.deferred", step_id, None, exc.message)
-        return False
+        return
     except (ServiceError, MissingArtifact) as exc:
         _stop(executor, run, step_id, undo, str(exc))
-        return False
+        return
     undo.status, undo.execution = "running", launched
     state.undo = undo
     state.checks.append(launched)
     executor.record(run, "step.compensating", step_id, "running", f"execution {launched}")
-    return True
 
 
 def _stop(executor: Executor, run: StoredRun, step_id: str, undo: Undo, why: str) -> None:

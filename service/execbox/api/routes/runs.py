@@ -15,6 +15,7 @@ from execbox.api.params import IdempotencyHeader, PreferHeader, TraceHeader, Wai
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.core.errors import FieldProblem, InvalidRequest
 from execbox.executions.submit import request_digest
+from execbox.plans import compensation
 from execbox.plans.errors import InvalidPlan
 from execbox.plans.handoff import Handoff
 from execbox.plans.runs import UsageReport
@@ -136,7 +137,7 @@ async def get_run(
         raise InvalidRequest(f"query.after: {message}", (FieldProblem("query.after", message),))
 
     def settled(r: StoredRun) -> bool:  # a compensation in progress keeps a stopped run moving
-        moving = r.status in WAITING or (r.compensation is not None and r.compensation.status == "running")
+        moving = r.status in WAITING or compensation.running(r)
         return not moving or (after is not None and len(r.events) > after)
 
     run = await to_thread.run_sync(services.runs.get, tenant, run_id)
