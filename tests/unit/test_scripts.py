@@ -132,9 +132,13 @@ def test_a_plan_step_runs_the_newest_proven_version_and_records_which(
     missing = http.post("/v1/plans/validate", headers=as_["alpha"],
                         json={"format": "plan/v1", "steps": [{**step, "run": {"script": "nope@proven"}}]})  # fmt: skip
     assert missing.status_code == 422 and missing.json()["errors"][0]["field"] == "plan.steps.0.run.script"
-    bad_args = {**step, "id": "bad", "args": {"logs": "not a list", "week": "2026-W48"}}
-    failed = http.post("/v1/runs", json={"plan": {"format": "plan/v1", "steps": [bad_args]}},
-                       headers=as_["alpha"]).json()  # fmt: skip
+    literal = {**step, "id": "bad", "args": {"logs": "not a list", "week": "2026-W48"}}
+    refused = http.post("/v1/runs", json={"plan": {"format": "plan/v1", "steps": [literal]}}, headers=as_["alpha"])
+    assert refused.status_code == 422, "a literal argument the script refuses is refused before anything runs"
+    assert [e["field"] for e in refused.json()["errors"]] == ["plan.steps.0.args.logs"]
+    referred = {**step, "id": "bad", "args": {"logs": {"$ref": "/inputs/logs"}, "week": "2026-W48"}}
+    failed = http.post("/v1/runs", json={"plan": {"format": "plan/v1", "inputs": {"logs": "not a list"},
+                                              "steps": [referred]}}, headers=as_["alpha"]).json()  # fmt: skip
     assert failed["status"] == "needs_replan" and failed["steps"]["bad"]["error"]["category"] == "input.invalid"
 
 

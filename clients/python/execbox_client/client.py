@@ -294,7 +294,15 @@ class Endpoints:
 
     @endpoint
     def report_usage(self, run_id: str, body: dict[str, Any]) -> Call[RunPublic]:
+        """One model call of the agent's: model, role, input_tokens, output_tokens, cost_usd,
+        latency_ms and an optional call_id (reported twice, counted once)."""
         return Call("POST", f"/v1/runs/{run_id}/usage", json=body)
+
+    @endpoint
+    def supply_input(self, run_id: str, step_id: str, value: dict[str, Any], supplied_by: str = "") -> Call[RunPublic]:
+        """The value an input step waits for (`awaiting_input`); checked against its schema (422)."""
+        body = {"value": value, "supplied_by": supplied_by}
+        return Call("POST", f"/v1/runs/{run_id}/steps/{step_id}/input", json=body)
 
     @endpoint
     def list_approvals(self, /, **params: Any) -> Call[list[ApprovalPublic]]:

@@ -60,9 +60,11 @@ def _compensating(run: Any) -> bool:
 
 
 def _run_summary(run: dict[str, Any], events: list[dict[str, Any]], cursor: int) -> dict[str, Any]:
-    shown = ("status", "outputs", "error", "side_effects", "approval_id", "key", "undo")
-    steps = {k: {key: v.get(key) for key in shown}
-             for k, v in run["steps"].items()}  # fmt: skip
+    shown = ("status", "outputs", "error", "side_effects", "approval_id", "key", "undo", "fallback_from")
+    steps = {k: {key: v.get(key) for key in shown} for k, v in run["steps"].items()}
+    for k, v in run["steps"].items():  # what an input step asks, with its context
+        if v.get("status") == "awaiting_input":
+            steps[k]["input"], steps[k]["context"] = v.get("input"), v.get("args")
     return {"id": run["id"], "status": run["status"], "stop_reason": run.get("stop_reason"),
             "revision": run["revision"], "steps": steps, "events": events, "cursor": cursor}  # fmt: skip
 
@@ -186,10 +188,10 @@ def build(server: FastMCP, connect: Connect) -> FastMCP:
 
     @server.tool()
     async def run_plan(ctx: Context[Any, Any, Any], plan: dict[str, Any], wait_s: float = 300) -> dict[str, Any]:
-        """Run a plan until it ends or stops for an approval or a re-plan (or `wait_s` passes), with a
-        progress notification per event; a re-plan comes with its hand-off (what succeeded, what
-        failed and why, what it invalidated). Go on with revise_run, decide_approval,
-        reconcile_step or get_run."""
+        """Run a plan until it ends or stops for an approval, an input or a re-plan (or `wait_s`
+        passes), with a progress notification per event; a re-plan comes with its hand-off (what
+        succeeded, what failed and why, what it invalidated). Go on with revise_run, supply_input,
+        decide_approval, reconcile_step or get_run."""
         async with connect(ctx) as box:
             run = await box.start_run({"plan": plan})
             return await _follow(ctx, box, run["id"], wait_s, 0)
@@ -200,6 +202,33 @@ def build(server: FastMCP, connect: Connect) -> FastMCP:
         cursor `since` (pass back the `cursor` it returns) and a progress notification per event."""
         async with connect(ctx) as box:
             return await _follow(ctx, box, run_id, wait_s, since)
+
+    @server.tool()
+    async def supply_input(ctx: Context[Any, Any, Any], run_id: str, step_id: str, value: dict[str, Any],
+                           supplied_by: str = "", wait_s: float = 300) -> dict[str, Any]:  # fmt: skip
+        """Give an input step (status awaiting_input: its `input` says what is asked and the schema,
+        its `context` what earlier steps found) its value, then follow the run as run_plan does. A
+        value the schema refuses is answered with each problem; the step keeps waiting."""
+        async with connect(ctx) as box:
+            try:
+                await box.supply_input(run_id, step_id, value, supplied_by)
+            except ExecboxError as exc:
+                return _problem(exc)
+            return await _follow(ctx, box, run_id, wait_s, 0)
+
+    @server.tool()
+    async def report_usage(ctx: Context[Any, Any, Any], run_id: str, role: str, input_tokens: int,
+                           output_tokens: int, model: str = "", cost_usd: float = 0.0,
+                           latency_ms: float | None = None, call_id: str | None = None) -> dict[str, Any]:  # fmt: skip
+        """Report one of your model calls for a run (role: planner, replanner, supplier, joiner, ...),
+        so the run's cost is whole; a run past its token or cost budget stops."""
+        body = {"role": role, "input_tokens": input_tokens, "output_tokens": output_tokens, "model": model,
+                "cost_usd": cost_usd, "latency_ms": latency_ms, "call_id": call_id}  # fmt: skip
+        try:
+            run: dict[str, Any] = await call(ctx, "report_usage", run_id, body)
+        except ExecboxError as exc:
+            return _problem(exc)
+        return {"status": run["status"], "stop_reason": run.get("stop_reason"), "usage": run.get("usage")}
 
     @server.tool()
     async def get_handoff(ctx: Context[Any, Any, Any], run_id: str) -> Any:

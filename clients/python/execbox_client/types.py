@@ -15,12 +15,13 @@ from typing import Any, Literal, NotRequired, TypedDict
 __all__ = [
     "AppliedPolicy", "ApprovalPublic", "ApprovalStatus", "Artifact", "ArtifactNotKept", "Budgets",
     "CompensationRun", "EffectIdempotency", "ErrorCategory", "ExecutionError", "ExecutionPublic", "ExecutionStatus",
-    "FilePublic", "Firing", "Handoff", "HandoffStep", "InputFile", "InputFileRef", "LanguagePublic",
-    "LanguagesPublic", "NetworkAllowlist", "NetworkDenial", "NetworkReport", "Origin", "PolicyRequest", "Resources",
-    "ResultData", "RichResult", "RunEvent", "RunPublic", "RunRecord", "RunStatus", "RuntimePublic", "Schedule",
-    "ScriptDetail", "ScriptSummary", "ScriptVersion", "SessionEnd", "SessionList", "SessionPublic", "SessionStatus",
-    "StatusCheck", "StepError", "StepState", "StepStatus", "StoredWebhook", "Surprise", "Timing", "Transition",
-    "Undo", "Usage", "Validation", "VersionStatus", "VersionView", "WebhookDelivery",
+    "FilePublic", "Firing", "Handoff", "HandoffStep", "InputFile", "InputFileRef", "InputWait", "LanguagePublic",
+    "LanguagesPublic", "ModelCall", "NetworkAllowlist", "NetworkDenial", "NetworkReport", "Origin", "PolicyRequest",
+    "Resources", "ResultData", "RichResult", "RoleUsage", "RunEvent", "RunPublic", "RunRecord", "RunStatus",
+    "RuntimePublic", "Schedule", "ScriptDetail", "ScriptSummary", "ScriptVersion", "SessionEnd", "SessionList",
+    "SessionPublic", "SessionStatus", "StatusCheck", "StepError", "StepState", "StepStatus", "StoredWebhook",
+    "Surprise", "Timing", "Transition", "Undo", "Usage", "Validation", "VersionStatus", "VersionView",
+    "WebhookDelivery",
 ]  # fmt: skip
 
 ApprovalStatus = Literal["pending", "approved", "rejected", "expired"]
@@ -51,7 +52,9 @@ ExecutionStatus = Literal[
     "queued", "running", "succeeded", "failed", "cancelled", "expired", "awaiting_approval", "unknown_outcome"
 ]
 
-RunStatus = Literal["running", "awaiting_approval", "needs_replan", "goal_failed", "succeeded", "failed", "cancelled"]
+RunStatus = Literal[
+    "running", "awaiting_approval", "awaiting_input", "needs_replan", "goal_failed", "succeeded", "failed", "cancelled"
+]
 
 SessionEnd = Literal["deleted", "idle_timeout", "max_lifetime", "worker_lost", "sandbox_error"]
 
@@ -60,6 +63,7 @@ SessionStatus = Literal["starting", "ready", "ended"]
 StepStatus = Literal[
     "pending",
     "awaiting_approval",
+    "awaiting_input",
     "running",
     "succeeded",
     "failed",
@@ -323,14 +327,51 @@ class HandoffStep(TypedDict):
     stderr_tail: NotRequired[str | None]
     side_effects: NotRequired[str | None]
     blocked_by: NotRequired[list[str]]
+    fallback_from: NotRequired[StepError | None]
+
+
+class RoleUsage(TypedDict):
+    calls: NotRequired[int]
+    input_tokens: NotRequired[int]
+    output_tokens: NotRequired[int]
+    cost_usd: NotRequired[float]
+    latency_ms: NotRequired[float]
 
 
 class Usage(TypedDict):
     steps_dispatched: NotRequired[int]
     replans: NotRequired[int]
     tokens: NotRequired[int]
+    input_tokens: NotRequired[int]
+    output_tokens: NotRequired[int]
     cost_usd: NotRequired[float]
     model_calls: NotRequired[int]
+    latency_ms: NotRequired[float]
+    by_role: NotRequired[dict[str, RoleUsage]]
+    unlisted_calls: NotRequired[int]
+
+
+class ModelCall(TypedDict):
+    model: NotRequired[str]
+    role: NotRequired[str]
+    input_tokens: NotRequired[int]
+    output_tokens: NotRequired[int]
+    cost_usd: NotRequired[float]
+    latency_ms: NotRequired[float | None]
+    call_id: NotRequired[str | None]
+    at: float
+
+
+class InputWait(TypedDict):
+    """An input step's request, once asked: what the supplier needs (the step's `args` are its
+    context, resolved), until when, and who supplied it."""
+
+    summary: NotRequired[str]
+    schema: dict[str, Any]
+    expires_at: float
+    by: NotRequired[list[str]]
+    supplied_by: NotRequired[str | None]
+    supplied_at: NotRequired[float | None]
 
 
 class Handoff(TypedDict):
@@ -457,6 +498,9 @@ class StepState(TypedDict):
     passed: NotRequired[int]
     key: NotRequired[str | None]
     undo: NotRequired[Undo | None]
+    input: NotRequired[InputWait | None]
+    fallback_from: NotRequired[StepError | None]
+    fallback_at: NotRequired[int | None]
 
 
 class RunPublic(TypedDict):
@@ -471,6 +515,7 @@ class RunPublic(TypedDict):
     finished_at: NotRequired[float | None]
     budgets: Budgets
     usage: NotRequired[Usage]
+    model_calls: NotRequired[list[ModelCall]]
     steps: dict[str, StepState]
     compensation: NotRequired[CompensationRun | None]
     events: NotRequired[list[RunEvent]]

@@ -50,12 +50,14 @@ class StepRefused(Exception):
         self.category, self.message = category, message
 
 
-def script_request(library: Library, run: StoredRun, step_id: str, args: dict[str, Any]) -> tuple[ExecutionCreate, str]:
-    """The execution of a `script:` step and the `name@version` it runs: the version it names, or
-    the newest proven one now; its arguments checked against the script's input schema."""
+def script_request(
+    library: Library, run: StoredRun, step_id: str, ref: ScriptRef, args: dict[str, Any], policy: PolicyRequest
+) -> tuple[ExecutionCreate, str]:
+    """The execution of a `script:` run (a step's, or its fallback's) and the `name@version` it
+    runs: the version it names, or the newest proven one now; its arguments checked against the
+    script's input schema; `policy` unless it is the default (then the script's own)."""
     spec = run.spec(step_id)
-    assert isinstance(spec.run, ScriptRef)
-    name, _, version = spec.run.script.partition("@")
+    name, _, version = ref.script.partition("@")
     try:
         script = library.resolve(run.tenant, name, version)
     except ServiceError as exc:
@@ -63,9 +65,9 @@ def script_request(library: Library, run: StoredRun, step_id: str, args: dict[st
     problems = input_problems(script.input_schema, args, "args")
     if problems:
         raise StepRefused("input.invalid", "; ".join(f"{p.field}: {p.message}" for p in problems))
-    policy = spec.policy if spec.policy != PolicyRequest() else script.default_policy
+    chosen = policy if policy != PolicyRequest() else script.default_policy
     try:
-        body = library.request(script, args, spec.files).model_copy(update={"policy": policy})
+        body = library.request(script, args, spec.files).model_copy(update={"policy": chosen})
     except ServiceError as exc:
         raise StepRefused(exc.code, exc.message) from exc
     return body, f"{name}@{script.version}"

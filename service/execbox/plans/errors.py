@@ -40,6 +40,22 @@ class ApprovalForbidden(RequestError):
         super().__init__(message, (FieldProblem(field, message),) if field else ())
 
 
+class InputForbidden(RequestError):
+    code = "input.forbidden"
+    http_status = 403
+
+    def __init__(self, step_id: str) -> None:
+        super().__init__(f"input step {step_id} names the API keys that may supply it; this key is not one")
+
+
+class InvalidInputValue(RequestError):
+    code = "input.invalid"
+
+    def __init__(self, step_id: str, problems: tuple[FieldProblem, ...]) -> None:
+        super().__init__(f"the value does not satisfy step {step_id}'s schema ({len(problems)} problem(s), listed "
+                         "under `errors`); the step still waits: send a corrected value", problems)  # fmt: skip
+
+
 class RunBusy(InfrastructureError):
     code = "run.busy"
 
@@ -47,4 +63,13 @@ class RunBusy(InfrastructureError):
         super().__init__(f"run {run_id} is being changed by another request; retry shortly")
 
 
-__all__ = ["ApprovalForbidden", "ApprovalNotFound", "InvalidPlan", "RunBusy", "RunConflict", "RunNotFound"]
+__all__ = [
+    "ApprovalForbidden",
+    "ApprovalNotFound",
+    "InputForbidden",
+    "InvalidInputValue",
+    "InvalidPlan",
+    "RunBusy",
+    "RunConflict",
+    "RunNotFound",
+]

@@ -22,7 +22,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from execbox.catalog.schemas import NetworkAllowlist
+from execbox.catalog.schemas import NetworkAllowlist, PolicyRequest
 from execbox.core.errors import CapacityError, InfrastructureError, ServiceError
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionCreate
@@ -30,7 +30,7 @@ from execbox.executions.status import ExecutionStatus
 from execbox.executions.submit import Submissions
 from execbox.files.blobs import ArtifactStore
 from execbox.library.service import Library
-from execbox.plans import approvals, compensation, step_keys
+from execbox.plans import approvals, compensation, fallback, step_keys
 from execbox.plans.dispatch import Dispatcher, MissingArtifact, StepRefused, script_request
 from execbox.plans.metrics import PlanMetrics
 from execbox.plans.refs import RefError, resolve
@@ -38,9 +38,11 @@ from execbox.plans.schemas import (
     ApprovalStatus,
     Check,
     CodeCell,
+    InputWait,
     Postconditions,
     RunEvent,
     RunStatus,
+    ScriptRef,
     StepError,
     StepState,
     StepStatus,
@@ -117,6 +119,9 @@ class Executor:
                     self._settle(run, step_id, state, execution, now)
             elif state.status is StepStatus.AWAITING_APPROVAL and state.approval_id:
                 self._check_approval(run, step_id, state, now)
+            elif state.status is StepStatus.AWAITING_INPUT and state.input and now >= state.input.expires_at:
+                state.side_effects = "none"
+                self._fail(run, step_id, "input.expired", "nobody supplied the value before it expired")
         if now - run.created_at > run.budgets.max_wall_s:
             self.stop(
                 run, RunStatus.FAILED, "budget_exceeded:wall", f"the run passed max_wall_s {run.budgets.max_wall_s:g}"
@@ -170,7 +175,7 @@ class Executor:
         )  # an undeclared step that can reach the world may have written: never retried blindly
         safe = not writes or strategy == "key" or not started  # never started: nothing happened
         unknown = writes and not safe and started and category in ("sandbox.error", "limit.timeout", UNSURE)
-        if transient and safe and len(state.attempts) < max_attempts:
+        if transient and safe and fallback.tries(state) < max_attempts:
             self._retry(run, step_id, state, failure, now)
         elif unknown and strategy == "status_read" and spec.idempotency and spec.idempotency.status_check:
             state.error = failure  # whether to retry is the status check's to say
@@ -181,12 +186,24 @@ class Executor:
             self.set_step(run, step_id, StepStatus.UNKNOWN_OUTCOME, why, failure)
         else:
             state.side_effects = "possible" if writes and started else "none"
-            self.set_step(run, step_id, StepStatus.FAILED, f"{category}: {failure.message}", failure)
+            self._give_up(run, step_id, state, failure)
+
+    def _give_up(self, run: StoredRun, step_id: str, state: StepState, failure: StepError) -> None:
+        """The step failed for good, unless its fallback answers the failure: then that runs instead."""
+        spec = run.spec(step_id)
+        if fallback.answers(spec, state, failure.category, state.side_effects):
+            assert spec.fallback is not None
+            fallback.begin(state, failure)
+            why = f"{failure.category}: {failure.message}; its fallback {spec.fallback.name} runs instead"
+            self.record(run, "step.fallback", step_id, None, why)
+            self.set_step(run, step_id, StepStatus.PENDING, why)
+            return
+        self.set_step(run, step_id, StepStatus.FAILED, f"{failure.category}: {failure.message}", failure)
 
     def _retry(self, run: StoredRun, step_id: str, state: StepState, failure: StepError, now: float) -> None:
         spec = run.spec(step_id)
         interval = spec.retry.interval_s if spec.retry else 1.0
-        state.due_at, state.error, state.passed = now + interval * 2 ** (len(state.attempts) - 1), failure, 0
+        state.due_at, state.error, state.passed = now + interval * 2 ** (fallback.tries(state) - 1), failure, 0
         why = f"{failure.category}: retrying (attempt {len(state.attempts) + 1})"
         self.set_step(run, step_id, StepStatus.PENDING, why)
 
@@ -207,7 +224,7 @@ class Executor:
             if holds:
                 state.outputs, state.side_effects = execution.outputs, "none"
                 self.set_step(run, step_id, StepStatus.SUCCEEDED, f"{check.name}: the effect happened (applied)")
-            elif holds is False and len(state.attempts) < max_attempts:
+            elif holds is False and fallback.tries(state) < max_attempts:
                 self._retry(run, step_id, state, state.error or StepError(category="sandbox.error", message=""), now)
             elif holds is False:
                 state.side_effects = "none"
@@ -222,7 +239,8 @@ class Executor:
         else:
             state.side_effects = "none"
             outcome = "does not hold" if holds is False else f"could not be checked ({execution.status.value})"
-            self._fail(run, step_id, "precondition.failed", f"precondition {check.name} {outcome}")
+            message = f"precondition {check.name} {outcome}"
+            self._give_up(run, step_id, state, StepError(category="precondition.failed", message=message))
 
     def _check_approval(self, run: StoredRun, step_id: str, state: StepState, now: float) -> None:
         assert state.approval_id is not None
@@ -270,10 +288,14 @@ class Executor:
                 continue
             if state.due_at is not None and state.due_at > now:
                 continue
+            raw_args = spec.args if spec.input is not None else fallback.what_runs(spec, state)[1]
             try:
-                state.args = resolve(spec.args, self.state_document(run))
+                state.args = resolve(raw_args, self.state_document(run))
             except RefError as exc:
                 self._fail(run, step_id, "input.invalid", exc.message)
+                continue
+            if spec.input is not None:
+                self._ask(run, step_id, state, now)
                 continue
             if spec.approval is not None and spec.approval.required and state.approval_id is None:
                 self._request_approval(run, step_id, state, now)
@@ -294,22 +316,25 @@ class Executor:
         attempt = len(state.attempts) + 1
         if not self._keyed(run, step_id, state):
             return False
-        if state.passed < len(spec.preconditions):
+        if fallback.active(spec, state) is None and state.passed < len(spec.preconditions):
             return self._start_check(
                 run, step_id, state, spec.preconditions[state.passed], f"precondition:{state.passed}"
             )
-        cell: CodeCell | ExecutionCreate | None = spec.run if isinstance(spec.run, CodeCell) else None
+        what, raw_args, policy = fallback.what_runs(spec, state)
+        cell: CodeCell | ExecutionCreate | None = what if isinstance(what, CodeCell) else None
         if cell is None:
-            cell = self._script_request(run, step_id, state)
+            assert isinstance(what, ScriptRef)
+            cell = self._script_request(run, step_id, state, what, policy)
             if cell is None:
                 return False
-        launched = self._launch(run, step_id, state, now, cell, spec.args, state.args or {}, attempt,
-                                spec.postconditions)  # fmt: skip
+        launched = self._launch(run, step_id, state, now, cell, raw_args, state.args or {}, attempt,
+                                spec.postconditions, policy=policy)  # fmt: skip
         if launched is None:
             return False
         state.attempts.append(launched)
         state.phase = None
-        self.set_step(run, step_id, StepStatus.RUNNING, f"attempt {attempt}: execution {launched}")
+        which = f" ({spec.fallback.name})" if spec.fallback is not None and fallback.active(spec, state) else ""
+        self.set_step(run, step_id, StepStatus.RUNNING, f"attempt {attempt}{which}: execution {launched}")
         return True
 
     def _keyed(self, run: StoredRun, step_id: str, state: StepState) -> bool:
@@ -331,23 +356,27 @@ class Executor:
         state.key = key
         return True
 
-    def _script_request(self, run: StoredRun, step_id: str, state: StepState) -> ExecutionCreate | None:
+    def _script_request(
+        self, run: StoredRun, step_id: str, state: StepState, ref: ScriptRef, policy: PolicyRequest
+    ) -> ExecutionCreate | None:
         assert self.scripts is not None
         try:
-            body, state.script = script_request(self.scripts, run, step_id, state.args or {})
+            body, state.script = script_request(self.scripts, run, step_id, ref, state.args or {}, policy)
         except StepRefused as exc:
             self._fail(run, step_id, exc.category, exc.message)
             return None
         return body
 
     def _start_check(self, run: StoredRun, step_id: str, state: StepState, check: Check, phase: str) -> bool:
+        spec = run.spec(step_id)
         try:
             args = resolve(check.args, self.state_document(run))
         except RefError as exc:
             self._fail(run, step_id, "input.invalid", f"{check.name}: {exc.message}")
             return False
         attempt, suffix = len(state.attempts) + 1, f":{phase}:{len(state.checks)}"
-        launched = self._launch(run, step_id, state, time.time(), check.run, check.args, args, attempt, None, suffix)
+        launched = self._launch(run, step_id, state, time.time(), check.run, check.args, args, attempt, None, suffix,
+                                spec.policy)  # fmt: skip
         if launched is None:
             return False
         state.checks.append(launched)
@@ -359,11 +388,12 @@ class Executor:
         self, run: StoredRun, step_id: str, state: StepState, now: float, cell: CodeCell | ExecutionCreate,
         raw_args: dict[str, Any],
         args: dict[str, Any], attempt: int, post: Postconditions | None, suffix: str = "",
+        policy: PolicyRequest | None = None,
     ) -> str | None:  # fmt: skip
         spec = run.spec(step_id)
         try:
             execution_id = self.dispatcher.submit(
-                run, step_id, cell, raw_args, args, attempt, spec.policy, spec.files, post, suffix, state.key
+                run, step_id, cell, raw_args, args, attempt, policy or spec.policy, spec.files, post, suffix, state.key
             )
         except MissingArtifact as exc:
             self._fail(run, step_id, "input.invalid", str(exc))
@@ -378,6 +408,16 @@ class Executor:
         state.due_at = None
         run.usage.steps_dispatched += 1
         return execution_id
+
+    def _ask(self, run: StoredRun, step_id: str, state: StepState, now: float) -> None:
+        """An input step is ready: it waits for its value, its resolved `args` shown as the context."""
+        asked = run.spec(step_id).input
+        assert asked is not None
+        state.input = InputWait(summary=asked.summary, value_schema=asked.value_schema,
+                                expires_at=now + asked.expires_in_s, by=asked.by)  # fmt: skip
+        state.due_at = state.input.expires_at
+        run.notify("input.requested", step=step_id)
+        self.set_step(run, step_id, StepStatus.AWAITING_INPUT, asked.summary or "waiting for its value")
 
     def _request_approval(self, run: StoredRun, step_id: str, state: StepState, now: float) -> None:
         approval = approvals.request(self.store, run, step_id, state, now)
@@ -407,6 +447,8 @@ class Executor:
         ]  # fmt: skip
         if StepStatus.RUNNING in statuses or startable:
             self.set_run_status(run, RunStatus.RUNNING, None, "steps are running or ready")
+        elif StepStatus.AWAITING_INPUT in statuses:  # before approvals: the agent waiting can act on it
+            self.set_run_status(run, RunStatus.AWAITING_INPUT, None, "waiting for a step's input")
         elif StepStatus.AWAITING_APPROVAL in statuses:
             self.set_run_status(run, RunStatus.AWAITING_APPROVAL, None, "waiting for an approval")
         else:
@@ -457,7 +499,7 @@ class Executor:
         if run.status.terminal:
             return None
         due = [run.created_at + run.budgets.max_wall_s]
-        waiting = (StepStatus.PENDING, StepStatus.AWAITING_APPROVAL)
+        waiting = (StepStatus.PENDING, StepStatus.AWAITING_APPROVAL, StepStatus.AWAITING_INPUT)
         due += [s.due_at for s in run.steps.values() if s.due_at is not None and s.status in waiting]
         return min(due)
 

@@ -3,7 +3,7 @@
 Completed steps with their outputs and artifact references (so that a revision can refer to them
 instead of repeating them), failed steps with their categorized error, the tails of their output
 and whether their effect may have happened, unknown outcomes, what the failures invalidated, what
-still waits, and the budgets used.
+still waits, which fallbacks ran and why, and the budgets and model usage (per role) so far.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from execbox.executions.record import ExecutionRecord
-from execbox.plans.schemas import Budgets, CodeCell, RunStatus, StepError, StepStatus, StoredRun, Usage
+from execbox.plans.schemas import Budgets, CodeCell, RunStatus, StepError, StepStatus, StoredRun
+from execbox.plans.usage import Usage
 
 
 class HandoffStep(BaseModel):
@@ -30,6 +31,7 @@ class HandoffStep(BaseModel):
     stderr_tail: str | None = None
     side_effects: str | None = None
     blocked_by: list[str] = Field(default_factory=list)
+    fallback_from: StepError | None = Field(None, description="When its fallback ran: the failure that made it run.")
 
 
 class Handoff(BaseModel):
@@ -60,6 +62,9 @@ CONSTRAINTS = [
     "Every write step declares an idempotency strategy.",
     "Failed and invalidated steps never run again; a revision supersedes them.",
     "A step with an unknown outcome is settled by POST /v1/runs/{id}/steps/{step}/reconcile, or removed.",
+    "A step may declare a fallback for foreseen failures instead of costing a re-plan: "
+    '"fallback": {"on": ["check.failed"], "run": {...}, "args": {...}}; it never runs after a write that may '
+    "have applied.",
 ]
 
 
@@ -79,6 +84,7 @@ def build(run: StoredRun, execution: Callable[[str], ExecutionRecord | None]) ->
             error=state.error,
             side_effects=state.side_effects,
             blocked_by=state.blocked_by,
+            fallback_from=state.fallback_from,
         )
         if state.status in (StepStatus.FAILED, StepStatus.UNKNOWN_OUTCOME) and last is not None:
             item.stdout_tail, item.stderr_tail = last.stdout[-TAIL_CHARS:], last.stderr[-TAIL_CHARS:]

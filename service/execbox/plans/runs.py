@@ -17,8 +17,18 @@ from execbox.catalog.webhook_hosts import host_allowed
 from execbox.core.errors import FieldProblem, ServiceError
 from execbox.core.tracing import from_traceparent
 from execbox.executions.record import ExecutionRecord
-from execbox.plans import compensation, handoff
-from execbox.plans.errors import ApprovalForbidden, ApprovalNotFound, InvalidPlan, RunConflict, RunNotFound
+from execbox.library.schemas import ScriptVersion
+from execbox.library.service import input_problems
+from execbox.plans import compensation, handoff, usage
+from execbox.plans.errors import (
+    ApprovalForbidden,
+    ApprovalNotFound,
+    InputForbidden,
+    InvalidInputValue,
+    InvalidPlan,
+    RunConflict,
+    RunNotFound,
+)
 from execbox.plans.executor import Executor
 from execbox.plans.handoff import Handoff
 from execbox.plans.schemas import (
@@ -26,6 +36,7 @@ from execbox.plans.schemas import (
     ApprovalStatus,
     CancelRequest,
     Decision,
+    InputSupply,
     PlanDocument,
     ReconcileRequest,
     RevisionCreate,
@@ -34,19 +45,12 @@ from execbox.plans.schemas import (
     StepState,
     StepStatus,
     StoredRun,
-    Usage,
 )
 from execbox.plans.store import new_id
+from execbox.plans.usage import ModelCallReport
 from execbox.plans.validation import problems
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class UsageReport:
-    tokens: int
-    cost_usd: float
-    calls: int
 
 
 @dataclass
@@ -60,18 +64,18 @@ class Runs:
 
     def validate(self, tenant: str, plan: PlanDocument) -> list[FieldProblem]:
         return problems(plan, self.languages, self.policies, self._allowed(tenant),
-                        script_problem=lambda ref: self._script_problem(tenant, ref))  # fmt: skip
+                        scripts=lambda ref: self._script(tenant, ref))  # fmt: skip
 
-    def _script_problem(self, tenant: str, ref: str) -> str | None:
+    def _script(self, tenant: str, ref: str) -> ScriptVersion | str:
+        """The script `name@version` names now, or why there is none."""
         library = self.executor.scripts
         if library is None:
             return "this service has no script library"
         name, _, version = ref.partition("@")
         try:
-            library.resolve(tenant, name, version)
+            return library.resolve(tenant, name, version)
         except ServiceError as exc:
             return exc.message
-        return None
 
     def create(self, tenant: str, body: RunCreate, traceparent: str | None) -> StoredRun:
         found = self.validate(tenant, body.plan)
@@ -174,6 +178,31 @@ class Runs:
                 self.executor.set_step(run, step_id, StepStatus.FAILED, f"reconciled as not applied: {body.reason}")
         return run
 
+    def supply(self, tenant: str, run_id: str, step_id: str, body: InputSupply, key_id: str) -> StoredRun:
+        """The value an input step waits for, from API key `key_id`: checked against its schema
+        (InvalidInputValue, nothing changes), then the step's outputs; the same value again is a no-op."""
+        with self._change(tenant, run_id) as run:
+            state = run.steps.get(step_id)
+            wait = state.input if state is not None else None
+            if state is None or wait is None:
+                raise RunConflict(f"step {step_id!r} is not an input step that was asked for")
+            if state.status is StepStatus.SUCCEEDED and state.outputs == body.value:
+                return run  # the same value again (a retried request)
+            if state.status is not StepStatus.AWAITING_INPUT:
+                raise RunConflict(f"step {step_id!r} is {state.status.value}; it takes no value now")
+            if wait.by and key_id not in wait.by:
+                raise InputForbidden(step_id)
+            if time.time() >= wait.expires_at:
+                raise RunConflict(f"step {step_id!r}'s request expired; the run goes on without it")
+            found = input_problems(wait.value_schema, body.value, "value")
+            if found:
+                raise InvalidInputValue(step_id, tuple(found))
+            wait.supplied_by = f"{body.supplied_by or 'unnamed'} (key {key_id})"
+            wait.supplied_at, state.due_at = time.time(), None
+            state.outputs, state.side_effects = body.value, "none"
+            self.executor.set_step(run, step_id, StepStatus.SUCCEEDED, f"input supplied by {wait.supplied_by}")
+        return run
+
     def decide(self, tenant: str, approval_id: str, body: Decision, key_id: str) -> ApprovalPublic:
         """Record a decision made with API key `key_id` (the approval may name the keys allowed)."""
         approval = self.approval(tenant, approval_id)
@@ -228,20 +257,19 @@ class Runs:
             raise ApprovalNotFound(approval_id)
         return approval
 
-    def report_usage(self, tenant: str, run_id: str, report: UsageReport) -> StoredRun:
+    def report_usage(self, tenant: str, run_id: str, report: ModelCallReport) -> StoredRun:
+        """Record one model call of the agent's; a run whose reported tokens or cost pass its budget
+        stops (failed, `budget_exceeded:tokens` or `:cost`). A call_id seen before changes nothing."""
         with self._change(tenant, run_id) as run:
-            usage: Usage = run.usage
-            usage.tokens += report.tokens
-            usage.cost_usd += report.cost_usd
-            usage.model_calls += report.calls
-            budgets = run.budgets
-            over = (budgets.max_tokens is not None and usage.tokens > budgets.max_tokens and "tokens") or (
-                budgets.max_cost_usd is not None and usage.cost_usd > budgets.max_cost_usd and "cost"
-            )
+            if not usage.record(run.usage, run.model_calls, report, time.time()):
+                return run
+            self.executor.record(run, "usage.reported", None, report.role, usage.describe(report))
+            over = usage.over_budget(run.usage, run.budgets.max_tokens, run.budgets.max_cost_usd)
             if over and not run.status.terminal:
-                self.executor.stop(
-                    run, RunStatus.FAILED, f"budget_exceeded:{over}", f"the reported {over} passed the budget"
-                )
+                limit = run.budgets.max_tokens if over == "tokens" else run.budgets.max_cost_usd
+                reported = run.usage.tokens if over == "tokens" else round(run.usage.cost_usd, 6)
+                self.executor.stop(run, RunStatus.FAILED, f"budget_exceeded:{over}",
+                                   f"the reported {over} ({reported}) passed the budget ({limit})")  # fmt: skip
         return run
 
     def handoff(self, tenant: str, run_id: str) -> Handoff:
@@ -289,7 +317,7 @@ class Runs:
         frozen = {i: s.status.value for i, s in run.steps.items()}
         found += problems(merged, self.languages, self.policies, self._allowed(tenant), prefix="revision",
                           frozen=frozen, new_ids={s.id for s in body.add}, dispatched=run.usage.steps_dispatched,
-                          script_problem=lambda ref: self._script_problem(tenant, ref),
+                          scripts=lambda ref: self._script(tenant, ref),
                           used_keys=run.keys)  # fmt: skip
         if found:
             raise InvalidPlan(tuple(found))
@@ -346,4 +374,4 @@ def _left_by(record: ExecutionRecord) -> ApprovalStatus | None:
     )
 
 
-__all__ = ["Runs", "UsageReport"]
+__all__ = ["Runs"]

@@ -14,11 +14,12 @@ from __future__ import annotations
 import enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from execbox.catalog.schemas import PolicyRequest
 from execbox.executions.effects import Approval
 from execbox.executions.schemas import InputFile, Labels, StoredWebhook, Webhook
+from execbox.plans.usage import ModelCall, Usage
 
 STEP_ID_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 RUN_ID_PATTERN = r"^run_[a-z0-9]{26}$"
@@ -114,11 +115,67 @@ class Compensation(BaseModel):
     policy: PolicyRequest | None = Field(None, description="Limits (the step's when omitted).")
 
 
+class FallbackCategory(enum.StrEnum):
+    """The failures a step's fallback may answer: the code's own, its limits, its checks (never an
+    unknown outcome, a cancellation or a decision)."""
+
+    CODE_EXIT_NONZERO = "code.exit_nonzero"
+    CODE_EXCEPTION = "code.exception"
+    CODE_SYNTAX = "code.syntax"
+    LIMIT_TIMEOUT = "limit.timeout"
+    LIMIT_CPU = "limit.cpu"
+    LIMIT_MEMORY = "limit.memory"
+    LIMIT_OUTPUT = "limit.output"
+    LIMIT_DISK = "limit.disk"
+    POLICY_NETWORK_DENIED = "policy.network_denied"
+    CHECK_FAILED = "check.failed"
+    OUTPUT_INVALID = "output.invalid"
+    SANDBOX_ERROR = "sandbox.error"
+    EXPIRED = "expired"
+    PRECONDITION_FAILED = "precondition.failed"
+
+
+class Fallback(BaseModel):
+    """What the step runs instead when its own run fails with one of `on` (once its retries are
+    spent): the same step, so its outputs, dependents and postconditions stay as they are. Never
+    for a write whose code started (its effect may have happened)."""
+
+    model_config = _STRICT
+
+    name: str = Field("fallback", max_length=64, description="Shown in the run's events and the hand-off.")
+    on: list[FallbackCategory] = Field(min_length=1, max_length=16, description="The categories it answers.")
+    run: CodeCell | ScriptRef = Field(description="What runs instead (the step's preconditions do not apply).")
+    args: dict[str, Any] = Field(default_factory=dict, description="Arguments, with references as for a step.")
+    policy: PolicyRequest | None = Field(None, description="Limits (the step's when omitted).")
+
+
+class StepInput(BaseModel):
+    """A value supplied from outside the sandbox (an agent's model call, a person) while the run
+    waits: POST /v1/runs/{id}/steps/{step}/input. It becomes the step's outputs."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
+
+    value_schema: dict[str, Any] = Field(
+        alias="schema", description="JSON Schema the value (an object: the step's outputs) must satisfy."
+    )
+    summary: str = Field("", max_length=1000, description="What is asked (the step's `args` are its context).")
+    expires_in_s: int = Field(86400, ge=1, le=30 * 86400, description="Unanswered this long: the step fails.")
+    by: list[str] = Field(default_factory=list, max_length=32, description="API key ids that may supply it "
+                          "(empty: any key of the tenant); others get 403 `input.forbidden`.")  # fmt: skip
+
+
 class StepSpec(BaseModel):
     model_config = _STRICT
 
     id: str = Field(pattern=STEP_ID_PATTERN, description="Unique within the run, across all its revisions.")
-    run: CodeCell | ScriptRef = Field(description="What the step runs: a code cell (or, later, a script).")
+    run: CodeCell | ScriptRef | None = Field(
+        None, description="What the step runs: a code cell or a script (give `run` or `input`, not both)."
+    )
+    input: StepInput | None = Field(
+        None,
+        description="Instead of `run`: a value supplied from outside while the run waits (`awaiting_input`); "
+        "its `args` are the context shown to the supplier.",
+    )
     args: dict[str, Any] = Field(
         default_factory=dict,
         description='Arguments, readable by the code as `execbox.inputs`: JSON values, `{"$ref": "/inputs/x"}`, '
@@ -146,7 +203,14 @@ class StepSpec(BaseModel):
     approval: Approval | None = Field(None, description="A human or agent decision before the step runs.")
     compensation: Compensation | None = Field(None, description="For a write: what undoes it (POST .../compensate).")
     retry: Retry | None = Field(None, description="In-place retries of transient failures (default: none).")
+    fallback: Fallback | None = Field(None, description="What runs instead when its run fails with given categories.")
     policy: PolicyRequest = Field(default_factory=PolicyRequest, description="Limits, as for an execution.")
+
+    @model_validator(mode="after")
+    def _run_or_input(self) -> StepSpec:
+        if (self.run is None) == (self.input is None):
+            raise ValueError("give the step either `run` (code or a script) or `input` (a value supplied to it)")
+        return self
 
 
 class Budgets(BaseModel):
@@ -185,7 +249,8 @@ class RunCreate(BaseModel):
     labels: Labels = Field(default_factory=dict, max_length=16, description="Free-form labels (not `execbox.`).")
     webhook: Webhook | None = Field(
         None,
-        description="POSTed (signed, retried) on run.needs_replan (with the hand-off), approval.requested and "
+        description="POSTed (signed, retried) on run.needs_replan (with the hand-off), approval.requested, "
+        "input.requested and "
         "run.finished; the `Execbox-Event` header names the event.",
     )
 
@@ -193,6 +258,7 @@ class RunCreate(BaseModel):
 class StepStatus(enum.StrEnum):
     PENDING = "pending"
     AWAITING_APPROVAL = "awaiting_approval"
+    AWAITING_INPUT = "awaiting_input"
     RUNNING = "running"
     """Dispatched: its execution is queued or running."""
     SUCCEEDED = "succeeded"
@@ -212,6 +278,7 @@ class StepStatus(enum.StrEnum):
 class RunStatus(enum.StrEnum):
     RUNNING = "running"
     AWAITING_APPROVAL = "awaiting_approval"
+    AWAITING_INPUT = "awaiting_input"
     NEEDS_REPLAN = "needs_replan"
     GOAL_FAILED = "goal_failed"
     SUCCEEDED = "succeeded"
@@ -224,7 +291,8 @@ class RunStatus(enum.StrEnum):
 
     @property
     def revisable(self) -> bool:
-        return self in (RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL, RunStatus.NEEDS_REPLAN, RunStatus.GOAL_FAILED)
+        return self in (RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL, RunStatus.AWAITING_INPUT,
+                        RunStatus.NEEDS_REPLAN, RunStatus.GOAL_FAILED)  # fmt: skip
 
 
 class StepError(BaseModel):
@@ -232,7 +300,7 @@ class StepError(BaseModel):
 
     category: str = Field(
         description="An execution's category (check.failed, sandbox.error, ...) or the run's: approval.rejected, "
-        "approval.expired, input.invalid, dependency.failed, cancelled."
+        "approval.expired, input.expired, input.invalid, dependency.failed, cancelled."
     )
     message: str = Field(description="What happened and what to do next.")
     retryable: bool = Field(False, description="Running it again as it is may succeed.")
@@ -254,6 +322,20 @@ class CompensationRun(BaseModel):
     reason: str = Field("", description="Why it was asked for.")
     requested_at: float = Field(description="Unix time.")
     order: list[str] = Field(default_factory=list, description="The succeeded steps, in the order they are undone.")
+
+
+class InputWait(BaseModel):
+    """An input step's request, once asked: what the supplier needs (the step's `args` are its
+    context, resolved), until when, and who supplied it."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    summary: str = Field("", description="What is asked.")
+    value_schema: dict[str, Any] = Field(alias="schema", description="JSON Schema the value must satisfy.")
+    expires_at: float = Field(description="Unix time it expires unanswered (the step fails `input.expired`).")
+    by: list[str] = Field(default_factory=list, description="API key ids that may supply it (empty: any).")
+    supplied_by: str | None = Field(None, description="Who supplied it (as they said), and with which API key.")
+    supplied_at: float | None = Field(None, description="Unix time it was supplied.")
 
 
 class StepState(BaseModel):
@@ -282,6 +364,11 @@ class StepState(BaseModel):
     passed: int = Field(0, description="Preconditions that held before the current attempt.")
     key: str | None = Field(None, description="Its idempotency key, once rendered (its first dispatch).")
     undo: Undo | None = Field(None, description="Its compensation, once the run is compensated.")
+    input: InputWait | None = Field(None, description="For an input step, once asked: what is asked and by when.")
+    fallback_from: StepError | None = Field(
+        None, description="When its fallback ran: the failure of its own run that made it run."
+    )
+    fallback_at: int | None = Field(None, description="When its fallback ran: the attempt number it began at.")
 
 
 class RunEvent(BaseModel):
@@ -290,15 +377,6 @@ class RunEvent(BaseModel):
     step: str | None = Field(None, description="The step concerned, if any.")
     status: str | None = Field(None, description="The status entered, if any.")
     detail: str = Field("", description="Why.")
-
-
-class Usage(BaseModel):
-    model_config = ConfigDict(allow_inf_nan=False)
-    steps_dispatched: int = Field(0, description="Step attempts dispatched.")
-    replans: int = Field(0, description="Revisions accepted.")
-    tokens: int = Field(0, description="Model tokens the agent reported.")
-    cost_usd: float = Field(0.0, description="Model cost the agent reported.")
-    model_calls: int = Field(0, description="Model calls the agent reported.")
 
 
 class RunPublic(BaseModel):
@@ -312,7 +390,10 @@ class RunPublic(BaseModel):
     created_at: float = Field(description="Unix time.")
     finished_at: float | None = Field(None, description="Unix time it became terminal.")
     budgets: Budgets = Field(description="Limits.")
-    usage: Usage = Field(default_factory=Usage, description="What the run used.")
+    usage: Usage = Field(default_factory=Usage, description="What the run used, with the model calls summed per role.")
+    model_calls: list[ModelCall] = Field(
+        default_factory=list, description="The model calls the agent reported, in order (the first 1000)."
+    )
     steps: dict[str, StepState] = Field(description="Every step of every revision, by id.")
     compensation: CompensationRun | None = Field(None, description="Its compensation, once asked for.")
     events: list[RunEvent] = Field(default_factory=list, description="Every transition, with time and reason.")
@@ -376,6 +457,13 @@ class ReconcileRequest(BaseModel):
     outputs: dict[str, Any] = Field(default_factory=dict, description="Its outputs when applied.")
     reason: str = Field(min_length=1, max_length=4000, description="Evidence, recorded with the step.")
     retry: bool = Field(False, description="With not_applied: run the step again (same idempotency key).")
+
+
+class InputSupply(BaseModel):
+    model_config = _STRICT
+
+    value: dict[str, Any] = Field(description="The value: an object, which becomes the step's outputs.")
+    supplied_by: str = Field("", max_length=200, description="Who supplies it (informational).")
 
 
 class ApprovalStatus(enum.StrEnum):

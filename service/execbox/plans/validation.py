@@ -1,22 +1,27 @@
 """Checking a plan before anything runs: every problem at once, each with its path in the request.
 
 Feasibility (ids, references, cycles, budgets that cannot fit) and permissions (languages,
-policies and their ceilings, the policies the tenant may use) are checked up front, so a run
-never starts on a plan that could only fail for reasons known in advance.
+policies and their ceilings, the policies the tenant may use, for code cells, scripts, fallbacks
+and compensations alike; a script's literal arguments against its input schema) are checked up
+front, so a run never starts on a plan that could only fail for reasons known in advance.
 """
 
 from __future__ import annotations
 
 import graphlib
 from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
+from execbox.catalog.schemas import PolicyRequest
 from execbox.core.errors import FieldProblem, ServiceError
 from execbox.core.readable import schema_problems
+from execbox.library.schemas import ScriptVersion
+from execbox.library.service import input_problems
 from execbox.plans.refs import Ref, RefError, refs_in
-from execbox.plans.schemas import MAX_PLAN_STEPS, CodeCell, PlanDocument, StepSpec
+from execbox.plans.schemas import MAX_PLAN_STEPS, CodeCell, PlanDocument, ScriptRef, StepSpec
 from execbox.plans.step_keys import collisions, template_problem
 
 
@@ -25,6 +30,8 @@ def arg_sources(step: StepSpec) -> list[tuple[str, dict[str, Any]]]:
     sources = [("args", step.args)] + [(f"preconditions/{i}/args", c.args) for i, c in enumerate(step.preconditions)]
     if step.idempotency is not None and step.idempotency.status_check is not None:
         sources.append(("idempotency/status_check/args", step.idempotency.status_check.args))
+    if step.fallback is not None:
+        sources.append(("fallback/args", step.fallback.args))
     return sources
 
 
@@ -58,13 +65,15 @@ def problems(
     frozen: Mapping[str, str] | None = None,
     new_ids: Collection[str] | None = None,
     dispatched: int = 0,
-    script_problem: Callable[[str], str | None] = lambda ref: "no script library",
+    scripts: Callable[[str], ScriptVersion | str] = lambda ref: "this service has no script library",
     used_keys: Mapping[str, str] | None = None,
 ) -> list[FieldProblem]:
     """Every problem of the plan. For a revision, `frozen` maps the steps of earlier revisions to
     their status (added steps may refer only to succeeded ones), `new_ids` names the added steps,
-    `dispatched` counts the attempts the run has used of max_steps and `used_keys` holds the
-    idempotency keys the run's writes used (key -> digest of their arguments)."""
+    `dispatched` counts the attempts the run has used of max_steps, `used_keys` holds the
+    idempotency keys the run's writes used (key -> digest of their arguments) and `scripts` finds
+    the script a `name@version` names (or says why it cannot)."""
+    rules = _Rules(languages, policies, allowed_policies, scripts)
     found: list[FieldProblem] = []
     ids = [s.id for s in plan.steps]
     known = set(ids)
@@ -76,11 +85,12 @@ def problems(
         seen.add(step.id)
         if frozen is not None and new_ids is not None and step.id not in new_ids:
             continue  # an earlier revision's step: checked when it was added
-        found += _step_problems(step, at, plan, known, languages, policies, allowed_policies, frozen, script_problem)
+        found += _step_problems(step, at, plan, known, rules, frozen)
     keyed = [(f"{prefix}.steps.{i}.idempotency.key", s.idempotency.key, s.args) for i, s in enumerate(plan.steps)
              if s.idempotency is not None and s.idempotency.key and (new_ids is None or s.id in new_ids)]  # fmt: skip
     found += collisions(keyed, used_keys or {})
-    needed = dispatched + (len(new_ids) if new_ids is not None else len(plan.steps))
+    runs = [s for s in plan.steps if s.input is None and (new_ids is None or s.id in new_ids)]
+    needed = dispatched + len(runs)  # an input step dispatches nothing
     if needed > plan.budgets.max_steps:
         fits = f"{needed} steps ({dispatched} already dispatched) cannot fit in max_steps {plan.budgets.max_steps}"
         found.append(FieldProblem(f"{prefix}.budgets.max_steps", fits))
@@ -99,36 +109,90 @@ def problems(
     return found
 
 
+@dataclass(frozen=True)
+class _Rules:
+    """What a plan's runs are checked against: the languages, the policies and those the tenant
+    may use, and the script library."""
+
+    languages: Languages
+    policies: PolicySet
+    allowed: Collection[str]
+    scripts: Callable[[str], ScriptVersion | str]
+
+    def cell(self, language: str, code: str, request: PolicyRequest, at: str, where: str) -> list[FieldProblem]:
+        """Code in `language` under `request` (the run at `at.where`): the language exists, the
+        policy resolves and allows it, and the tenant may use that policy."""
+        try:
+            known = self.languages.get(language)
+            policy = self.policies.resolve(request, len(code.encode()))
+            self.policies.check_language(policy.name, known.name, f"{where}.language")
+        except ServiceError as exc:
+            return [FieldProblem(f"{at}.{p.field}", p.message) for p in exc.problems] or [
+                FieldProblem(f"{at}.{where}", exc.message)
+            ]
+        if policy.name in self.allowed:
+            return []
+        policy_at = "policy" if where == "run" else f"{where.rsplit('.', 1)[0]}.policy"
+        return [FieldProblem(f"{at}.{policy_at}.name", f"this tenant may not use policy {policy.name!r}; "
+                             f"allowed: {', '.join(sorted(self.allowed))}")]  # fmt: skip
+
+    def run(
+        self, what: CodeCell | ScriptRef, args: dict[str, Any], request: PolicyRequest, at: str, where: str
+    ) -> list[FieldProblem]:
+        """A step's (or its fallback's) run: a code cell as `cell`; a script that exists, under the
+        policy it would run with, with literal arguments its input schema accepts."""
+        if isinstance(what, CodeCell):
+            blank = [FieldProblem(f"{at}.{where}.code", "code is blank; send the program to run")]
+            return self.cell(what.language, what.code, request, at, where) + (blank if not what.code.strip() else [])
+        script = self.scripts(what.script)
+        if isinstance(script, str):
+            return [FieldProblem(f"{at}.{where}.script", script)]
+        chosen = request if request != PolicyRequest() else script.default_policy
+        args_at = "args" if where == "run" else f"{where.rsplit('.', 1)[0]}.args"
+        return self.cell(script.language, script.code, chosen, at, where) + _literal_problems(
+            script.input_schema, args, f"{at}.{args_at}"
+        )
+
+
+def _literal_problems(schema: dict[str, Any], args: dict[str, Any], at: str) -> list[FieldProblem]:
+    """The arguments without references checked against a script's input schema now; those with
+    references are checked when the step starts (their values exist only then)."""
+    literal = {}
+    for name, value in args.items():
+        try:
+            if not any(True for _ in refs_in(value)):
+                literal[name] = value
+        except RefError:
+            pass  # reported with the step's references
+    later = set(args) - set(literal)
+    relaxed = {**schema, "required": [r for r in schema.get("required", []) if r not in later]}
+    return input_problems(relaxed if "required" in schema else schema, literal, at)
+
+
+_INPUT_STEP_FIELDS = {"id", "input", "args", "depends_on"}
+
+
 def _step_problems(
     step: StepSpec,
     at: str,
     plan: PlanDocument,
     known: set[str],
-    languages: Languages,
-    policies: PolicySet,
-    allowed_policies: Collection[str],
+    rules: _Rules,
     frozen: Mapping[str, str] | None,
-    script_problem: Callable[[str], str | None],
 ) -> list[FieldProblem]:
     found: list[FieldProblem] = []
-    if not isinstance(step.run, CodeCell):
-        problem = script_problem(step.run.script)
-        if problem:
-            found.append(FieldProblem(f"{at}.run.script", problem))
+    if step.input is not None:
+        found += [FieldProblem(f"{at}.{name}", "an input step takes only id, input, args and depends_on")
+                  for name in sorted(step.model_fields_set - _INPUT_STEP_FIELDS)]  # fmt: skip
+        found += schema_problems(step.input.value_schema, f"{at}.input.schema")
     else:
-        try:
-            language = languages.get(step.run.language)
-            policy = policies.resolve(step.policy, len(step.run.code.encode()))
-            policies.check_language(policy.name, language.name, "run.language")
-            if policy.name not in allowed_policies:
-                found.append(FieldProblem(f"{at}.policy.name", f"this tenant may not use policy {policy.name!r}; "
-                                          f"allowed: {', '.join(sorted(allowed_policies))}"))  # fmt: skip
-        except ServiceError as exc:
-            found += [FieldProblem(f"{at}.{p.field}", p.message) for p in exc.problems] or [
-                FieldProblem(f"{at}.run", exc.message)
-            ]
+        assert step.run is not None
+        found += rules.run(step.run, step.args, step.policy, at, "run")
+    if step.fallback is not None:
+        fallback_policy = step.fallback.policy or step.policy
+        found += rules.run(step.fallback.run, step.fallback.args, fallback_policy, at, "fallback.run")
     found += _schema_problems(step, at)
-    cells = [("run", step.run), *((f"preconditions.{i}.run", c.run) for i, c in enumerate(step.preconditions))]
+    cells = [(f"preconditions.{i}.run", c.run) for i, c in enumerate(step.preconditions)]
     if step.idempotency is not None and step.idempotency.status_check is not None:
         cells.append(("idempotency.status_check.run", step.idempotency.status_check.run))
     if step.compensation is not None:
@@ -168,12 +232,10 @@ def _step_problems(
     for index, dependency in enumerate(step.depends_on):
         if dependency not in known:
             found.append(FieldProblem(f"{at}.depends_on.{index}", f"no step {dependency!r}"))
-    return found + _compensation_problems(step, at, languages, policies, allowed_policies)
+    return found + _compensation_problems(step, at, rules)
 
 
-def _compensation_problems(
-    step: StepSpec, at: str, languages: Languages, policies: PolicySet, allowed_policies: Collection[str]
-) -> list[FieldProblem]:
+def _compensation_problems(step: StepSpec, at: str, rules: _Rules) -> list[FieldProblem]:
     """A compensation undoes a write: its code must run under the tenant's policies, and its
     arguments may refer to the run's inputs, the step's own outputs and the steps it depends on."""
     found: list[FieldProblem] = []
@@ -185,18 +247,7 @@ def _compensation_problems(
     if step.effect != "write":
         found.append(FieldProblem(f"{at}.compensation", "a compensation undoes a write: give `effect: write`"))
     cell = step.compensation
-    try:
-        language = languages.get(cell.run.language)
-        policy = policies.resolve(cell.policy or step.policy, len(cell.run.code.encode()))
-        policies.check_language(policy.name, language.name, "compensation.run.language")
-        if policy.name not in allowed_policies:
-            found.append(
-                FieldProblem(f"{at}.compensation.policy.name", f"this tenant may not use policy {policy.name!r}")
-            )
-    except ServiceError as exc:
-        found += [FieldProblem(f"{at}.{p.field}", p.message) for p in exc.problems] or [
-            FieldProblem(f"{at}.compensation.run", exc.message)
-        ]
+    found += rules.cell(cell.run.language, cell.run.code, cell.policy or step.policy, at, "compensation.run")
     allowed = dependencies(step) | {step.id}
     try:
         refs = list(refs_in(cell.args, "compensation/args"))

@@ -47,7 +47,7 @@ from execbox.webhooks.settings import WebhookSettings
 
 log = logging.getLogger(__name__)
 GROUP = consumer_group("webhooks")
-RUN_EVENTS = ("run.needs_replan", "run.finished", "approval.requested")
+RUN_EVENTS = ("run.needs_replan", "run.finished", "approval.requested", "input.requested")
 SCRIPT_EVENTS = ("script.failed", "script.succeeded")
 UNSENDABLE = "unsendable: "
 """An attempt's error when no request can be made of the URL at all (a stored URL no longer
@@ -140,6 +140,8 @@ class WebhookConsumer:
         if event.get("approval"):
             approval = self._runs.approval(event["approval"])
             payload["approval"] = approval.model_dump(mode="json", exclude={"tenant"}) if approval else None
+        if event.get("step"):
+            payload["step"] = event["step"]  # the input step that waits (its request is in the run)
         return payload, run.webhook, run.trace_id, {"Execbox-Run-Id": run.id}
 
     def _deliver(self, execution_id: str) -> None:

@@ -18,7 +18,6 @@ from execbox.executions.submit import request_digest
 from execbox.plans import compensation
 from execbox.plans.errors import InvalidPlan
 from execbox.plans.handoff import Handoff
-from execbox.plans.runs import UsageReport
 from execbox.plans.schemas import (
     APPROVAL_ID_PATTERN,
     RUN_ID_PATTERN,
@@ -28,6 +27,7 @@ from execbox.plans.schemas import (
     CancelRequest,
     CompensateRequest,
     Decision,
+    InputSupply,
     PlanDocument,
     ReconcileRequest,
     RevisionCreate,
@@ -36,6 +36,7 @@ from execbox.plans.schemas import (
     RunStatus,
     StoredRun,
 )
+from execbox.plans.usage import ModelCallReport
 from execbox.tenancy.apikeys import DEFAULT_TENANT
 
 router = APIRouter(tags=["plans"], route_class=OffLoopRoute)
@@ -45,7 +46,7 @@ ApprovalId = Annotated[str, Path(pattern=APPROVAL_ID_PATTERN, description="Appro
 _P = PROBLEM_DOC
 _RUN_RESPONSES: dict[int | str, dict[str, object]] = {
     400: {"description": "The body is not JSON.", **_P},
-    403: {"description": "This API key may not decide the approval.", **_P},
+    403: {"description": "This API key may not decide the approval (or supply the input).", **_P},
     404: {"description": "No such run.", **_P},
     413: {"description": "The body is too large.", **_P},
     503: {"description": "Redis unavailable, or another request holds the run; retry.", **_P},
@@ -59,17 +60,6 @@ WAITING = (RunStatus.RUNNING,)
 class Validation(BaseModel):
     valid: bool = Field(description="True when the plan has no problem (a 422 lists them otherwise).")
     steps: int = Field(description="Steps in the plan.")
-
-
-class UsageBody(BaseModel):
-    model_config = {"extra": "forbid", "allow_inf_nan": False}
-
-    model: str = Field("", max_length=200, description="Model name and version.")
-    role: str = Field("", max_length=64, description="planner, replanner, joiner, ...")
-    input_tokens: int = Field(0, ge=0, le=10**12, description="Input tokens of the call.")
-    output_tokens: int = Field(0, ge=0, le=10**12, description="Output tokens of the call.")
-    cost_usd: float = Field(0.0, ge=0, le=1e9, description="Cost of the call (finite).")
-    latency_ms: float | None = Field(None, ge=0, le=1e9, description="Latency of the call.")
 
 
 @router.post("/v1/plans/validate", response_model=Validation, responses=_RUN_RESPONSES,
@@ -186,9 +176,20 @@ def reconcile_step(
 
 @router.post("/v1/runs/{run_id}/usage", response_model=RunPublic, responses=_RUN_RESPONSES,
              summary="Report the agent's own model calls, so that the run's cost is complete")  # fmt: skip
-def report_usage(run_id: RunId, body: UsageBody, services: ServicesDep, tenant: TenantDep) -> RunPublic:
-    report = UsageReport(tokens=body.input_tokens + body.output_tokens, cost_usd=body.cost_usd, calls=1)
-    return services.runs.report_usage(tenant, run_id, report).public()
+def report_usage(run_id: RunId, body: ModelCallReport, services: ServicesDep, tenant: TenantDep) -> RunPublic:
+    """Kept whole in `model_calls` and summed per role in `usage`; a `call_id` reported before is
+    counted once. Passing `max_tokens` or `max_cost_usd` stops the run (`budget_exceeded:...`)."""
+    return services.runs.report_usage(tenant, run_id, body).public()
+
+
+@router.post("/v1/runs/{run_id}/steps/{step_id}/input", response_model=RunPublic, responses=_RUN_RESPONSES,
+             summary="Supply the value an input step waits for")  # fmt: skip
+def supply_input(
+    run_id: RunId, step_id: StepId, body: InputSupply, request: Request, services: ServicesDep, tenant: TenantDep
+) -> RunPublic:
+    """The value must satisfy the step's schema (a 422 names each problem; the run keeps waiting);
+    it becomes the step's outputs and the steps after it start. The same value again changes nothing."""
+    return services.runs.supply(tenant, run_id, step_id, body, _key_id(request)).public()
 
 
 @router.get("/v1/approvals", response_model=list[ApprovalPublic], responses=_RUN_RESPONSES,
