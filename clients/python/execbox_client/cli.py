@@ -313,13 +313,13 @@ def plan_run(ctx: Context, file: str) -> None:
         run_ = box.start_run({"plan": _plan_file(file)})
         seen: dict[str, str] = {}
         while True:  # each answer comes as soon as a step changed
-            run_ = box.get_run(run_["id"], wait_s=30, after=len(run_["events"]))
             for step_id, step in sorted(run_["steps"].items()):
                 if seen.get(step_id) != step["status"] and not ctx.json:
                     click.echo(f"  {step_id}: {step['status']}", err=True)
                 seen[step_id] = step["status"]
             if run_["status"] != "running":
                 break
+            run_ = box.get_run(run_["id"], wait_s=30, after=len(run_["events"]))
         handoff = box.run_handoff(run_["id"]) if run_["status"] == "needs_replan" else None
     ctx.show({**run_, "handoff": handoff} if handoff else run_,
              f"{run_['id']} {run_['status']}" + (f"\n{json.dumps(handoff, indent=2)}" if handoff else ""))  # fmt: skip

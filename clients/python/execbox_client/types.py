@@ -665,6 +665,7 @@ class Surprise(TypedDict):
     error: NotRequired[ExecutionError | None]
     stdout_tail: NotRequired[str]
     stderr_tail: NotRequired[str]
+    outputs: NotRequired[dict[str, Any] | None]
     artifacts: NotRequired[list[str]]
     inputs: NotRequired[Any]
     links: NotRequired[dict[str, str]]

@@ -38,11 +38,14 @@ class ScheduleCreate(BaseModel):
     misfire_grace_s: float = Field(60.0, gt=0, le=MAX_MISFIRE_GRACE_S, description="How late a slot may still fire.")
     labels: Labels = Field(default_factory=dict, max_length=8, description="Labels for its executions.")
     notify: Literal["failures", "all"] = Field(
-        "failures", description="`all`: a succeeded firing is an event (script.succeeded) and a webhook too."
+        "failures",
+        description="`all`: a succeeded firing is an event too (script.succeeded, with its outputs and "
+        "artifact links), POSTed to the webhook like a failure.",
     )
     webhook: Webhook | None = Field(
         None,
-        description="POSTed (signed, retried) when a firing fails: a `script.failed` event; quiet ones send none.",
+        description="POSTed (signed, retried) when a firing fails (`script.failed`), and with `notify: all` when "
+        "one succeeds (`script.succeeded`, with its outputs); otherwise quiet firings send none.",
     )
 
 

@@ -1,5 +1,7 @@
 """Surprises: when an execution of a script fails (above all `check.failed`, the script's ear),
-an event that carries what an agent needs to resume; quiet successes make none.
+an event that carries what an agent needs to resume; quiet successes make none, unless the
+schedule asks for every firing (`notify: all`): then a success is a `script.succeeded` event with
+its declared outputs and artifact links, delivered to the schedule's webhook the same way.
 
 Which script and schedule an execution belongs to is read from its `origin`, which only the
 service sets (labels are the client's and are not believed), and a schedule is followed only when
@@ -55,7 +57,10 @@ class Surprise(BaseModel):
     )
     stdout_tail: str = Field("", description="The end of its stdout.")
     stderr_tail: str = Field("", description="The end of its stderr.")
-    artifacts: list[str] = Field(default_factory=list, description="Download URLs of what it wrote before failing.")
+    outputs: dict[str, Any] | None = Field(None, description="Its declared outputs (a success's result).")
+    artifacts: list[str] = Field(
+        default_factory=list, description="Download paths (GET, with an API key) of what it wrote."
+    )
     inputs: Any = Field(None, description="The inputs it ran with.")
     links: dict[str, str] = Field(default_factory=dict, description="The execution, its run record, the schedule.")
 
@@ -75,6 +80,7 @@ def surprise_of(record: ExecutionRecord, successes: bool = False) -> Surprise | 
                     script=origin.script, schedule=origin.schedule, slot=origin.slot, execution_id=record.id,
                     error=record.error, stdout_tail=record.stdout[-TAIL_CHARS:],
                     stderr_tail=record.stderr[-TAIL_CHARS:], artifacts=[a.url for a in record.artifacts],
+                    outputs=record.outputs,
                     inputs=record.inputs, links=links)  # fmt: skip
 
 

@@ -115,20 +115,23 @@ async def get_run(
         Query(
             ge=0,
             description="With `wait`: answer as soon as the run has more than this many `events` "
-            "(a step changed), not only once it stops running. Give the count of the events you have seen.",
+            "(a step changed) or has ended, whatever it waits for meanwhile (an input, an approval, a re-plan). "
+            "Give the count of the events you have seen.",
         ),
     ] = None,
 ) -> RunPublic:
-    """With ?wait=S, answers once the run is no longer `running` nor being compensated (or S passed); with ?after=N too,
-    as soon as it has more than N events: a live progress display waits on it, never a poll."""
+    """With ?wait=S, answers once the run is no longer `running` nor being compensated (or S passed); with ?after=N
+    instead, as soon as it has more than N events or has ended: a live progress display, or an agent waiting
+    for an input step's expiry or an approval's decision, waits on it, never a poll."""
     wait_s = wait_seconds(services, wait, prefer)
     if after is not None and wait_s <= 0:
         message = "after counts events to wait past; it needs a wait (?wait=S or Prefer: wait=S)"
         raise InvalidRequest(f"query.after: {message}", (FieldProblem("query.after", message),))
 
     def settled(r: StoredRun) -> bool:  # a compensation in progress keeps a stopped run moving
-        moving = r.status in WAITING or compensation.running(r)
-        return not moving or (after is not None and len(r.events) > after)
+        if after is not None:
+            return len(r.events) > after or (r.status.terminal and not compensation.running(r))
+        return not (r.status in WAITING or compensation.running(r))
 
     run = await to_thread.run_sync(services.runs.get, tenant, run_id)
     if wait_s > 0 and not settled(run):
