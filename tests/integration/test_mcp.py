@@ -153,6 +153,31 @@ def test_an_mcp_only_agent_decides_an_approval(stack: Stack) -> None:
     assert done["events"] and all(e["type"] != "run.created" for e in done["events"]), "only events after the cursor"
 
 
+def test_an_mcp_only_agent_supplies_an_input_step_and_reports_its_calls(stack: Stack) -> None:
+    asked = {"id": "n", "input": {"summary": "pick a number", "schema": {
+        "type": "object", "required": ["n"], "properties": {"n": {"type": "integer", "minimum": 1}}}},
+        "args": {"total": {"$ref": "/steps/total/outputs/total"}}}  # fmt: skip
+    double = {"id": "double", "run": {"code": "import execbox\nexecbox.emit('x', execbox.inputs['n'] * 2)\n"},
+              "args": {"n": {"$ref": "/steps/n/outputs/n"}}}  # fmt: skip
+    plan = {"format": "plan/v1", "steps": [{"id": "total", "run": {"code": FIXED}}, asked, double]}
+
+    async def body(session: ClientSession) -> tuple[Any, Any, Any, Any]:
+        waiting = tool_json(await session.call_tool("run_plan", {"plan": plan}))
+        supply = {"run_id": waiting["id"], "step_id": "n", "supplied_by": "the agent"}
+        refused = tool_json(await session.call_tool("supply_input", {**supply, "value": {"n": 0}}))
+        done = tool_json(await session.call_tool("supply_input", {**supply, "value": {"n": 21}}))
+        usage = tool_json(await session.call_tool("report_usage", {
+            "run_id": waiting["id"], "role": "supplier", "input_tokens": 120, "output_tokens": 8}))  # fmt: skip
+        return waiting, refused, done, usage
+
+    waiting, refused, done, usage = with_session(stack, body)
+    assert waiting["status"] == "awaiting_input" and waiting["steps"]["n"]["context"] == {"total": 42}
+    assert waiting["steps"]["n"]["input"]["summary"] == "pick a number"
+    assert refused["refused"]["code"] == "input.invalid" and refused["refused"]["errors"][0]["field"] == "value.n"
+    assert done["status"] == "succeeded" and done["steps"]["double"]["outputs"] == {"x": 42}
+    assert usage["usage"]["by_role"]["supplier"]["input_tokens"] == 120
+
+
 UNSURE = "import execbox\nexecbox.outcome_unknown('the mail server hung up after DATA')"
 
 

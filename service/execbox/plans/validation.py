@@ -185,6 +185,9 @@ def _step_problems(
         found += [FieldProblem(f"{at}.{name}", "an input step takes only id, input, args and depends_on")
                   for name in sorted(step.model_fields_set - _INPUT_STEP_FIELDS)]  # fmt: skip
         found += schema_problems(step.input.value_schema, f"{at}.input.schema")
+        found += [FieldProblem(f"{at}.{r.path.replace('/', '.')}", "an input step's context is values: refer to "
+                               "outputs with $ref, not to files with $artifact") for r in step_refs(step)
+                  if r.kind == "artifact"]  # fmt: skip
     else:
         assert step.run is not None
         found += rules.run(step.run, step.args, step.policy, at, "run")

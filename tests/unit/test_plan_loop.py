@@ -1,0 +1,145 @@
+"""Plans that hold the whole loop, in-process against a real Redis: what input steps and fallbacks
+may declare (refused up front, each with its path), the fallback's rules beside retries and
+unknown outcomes, and model calls kept whole (pure logic of execbox.plans.usage). The same
+behaviours run against real sandboxes in tests/integration/test_plan_loop.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from execbox.executions.status import ErrorCategory
+from execbox.plans import usage
+from execbox.plans.usage import ModelCall, ModelCallReport, Usage
+from tests.unit.test_plans import Harness, cell, plan
+from tests.unit.test_plans import plans as plans  # the fixture
+
+pytestmark = pytest.mark.redis
+SQL = {"type": "object", "required": ["sql"], "properties": {"sql": {"type": "string"}}}
+
+
+def problems(plans: Harness, document: dict[str, Any]) -> dict[str, str]:
+    answer = plans.http.post("/v1/plans/validate", json=document, headers=plans.headers)
+    assert answer.status_code == 422, answer.text
+    return {e["field"]: e["message"] for e in answer.json()["errors"]}
+
+
+def test_an_input_step_takes_only_its_own_fields_and_a_schema_that_compiles(plans: Harness) -> None:
+    shape = problems(plans, plan({"id": "q", "input": {"schema": SQL}, "run": cell()}, {"id": "u"}))
+    found = problems(plans, plan(
+        {"id": "a", "run": cell()},
+        {"id": "r", "input": {"schema": SQL}, "effect": "write", "retry": {}, "policy": {"name": "large"}},
+        {"id": "s", "input": {"schema": {"type": "nonsense"}}},
+        {"id": "t", "input": {"schema": SQL}, "args": {"f": {"$artifact": "/steps/a/artifacts/x.csv"}}},
+    ))  # fmt: skip
+
+    assert set(shape) == {"steps.0", "steps.1"} and all("either `run`" in m for m in shape.values())
+    assert {f for f, m in found.items() if "takes only" in m} == {
+        "plan.steps.1.effect", "plan.steps.1.retry", "plan.steps.1.policy"
+    }  # fmt: skip
+    assert "plan.steps.2.input.schema" in found
+    assert "not to files" in found["plan.steps.3.args.f"]
+
+
+def test_an_input_step_counts_against_no_step_budget(plans: Harness) -> None:
+    document = plan({"id": "a", "run": cell()}, {"id": "q", "input": {"schema": SQL}, "depends_on": ["a"]},
+                    budgets={"max_steps": 1})  # fmt: skip
+    answer = plans.http.post("/v1/plans/validate", json=document, headers=plans.headers)
+    assert answer.status_code == 200, answer.text
+
+
+def test_a_fallback_is_checked_like_the_step_it_stands_in_for(plans: Harness) -> None:
+    shape = problems(plans, plan(
+        {"id": "b", "run": cell(), "fallback": {"on": [], "run": cell()}},
+        {"id": "c", "run": cell(), "fallback": {"on": ["cancelled"], "run": cell()}},
+    ))  # fmt: skip
+    found = problems(plans, plan(
+        {"id": "a", "run": cell(), "fallback": {"on": ["check.failed"], "run": cell("  \n")}},
+        {"id": "d", "run": cell(), "fallback": {"on": ["check.failed"], "run": cell(),
+                                                "policy": {"memory_mb": 1 << 19}}},
+        {"id": "e", "run": cell(), "fallback": {"on": ["check.failed"], "run": cell(),
+                                                "args": {"x": {"$ref": "/steps/nope/outputs/y"}}}},
+        {"id": "f", "run": cell(), "fallback": {"on": ["check.failed"], "run": {"script": "none.such@proven"}}},
+    ))  # fmt: skip
+
+    assert set(shape) == {"steps.0.fallback.on", "steps.1.fallback.on.0"}, "a cancellation is no failure it answers"
+    assert "blank" in found["plan.steps.0.fallback.run.code"]
+    assert any(f.startswith("plan.steps.1.") and "memory_mb" in f for f in found), found
+    assert "no step 'nope'" in found["plan.steps.2.fallback.args.x"]
+    assert "plan.steps.3.fallback.run.script" in found
+
+
+def test_a_fallback_runs_once_its_steps_retries_are_spent_and_gets_its_own(plans: Harness) -> None:
+    backup = {"name": "backup", "on": ["sandbox.error"], "run": cell("print('backup')")}
+    run = plans.start(plan({"id": "a", "run": cell(), "retry": {"interval_s": 0}, "fallback": backup},
+                           {"id": "b", "run": cell(), "args": {"v": {"$ref": "/steps/a/outputs/v"}}}))  # fmt: skip
+    for _ in range(3):
+        plans.finish(run["id"], "a", category=ErrorCategory.SANDBOX_ERROR)
+    state = plans.run(run["id"])["steps"]["a"]
+    assert len(state["attempts"]) == 4 and state["fallback_at"] == 4 and state["status"] == "running"
+    assert state["fallback_from"]["category"] == "sandbox.error"
+    fallback = plans.store.get(state["attempts"][-1])
+    assert fallback is not None and fallback.code == "print('backup')"
+
+    plans.finish(run["id"], "a", category=ErrorCategory.SANDBOX_ERROR)
+    assert len(plans.run(run["id"])["steps"]["a"]["attempts"]) == 5, "its own retries, counted afresh"
+    plans.finish(run["id"], "a", {"v": 7})
+    done = plans.run(run["id"])
+    assert done["steps"]["a"]["outputs"] == {"v": 7} and done["steps"]["b"]["status"] == "running"
+    second = plans.store.get(done["steps"]["b"]["attempts"][0])
+    assert second is not None and second.inputs == {"v": 7}, "dependents read the fallback's outputs as the step's"
+
+
+def test_no_fallback_after_an_unknown_outcome_or_a_category_it_does_not_name(plans: Harness) -> None:
+    backup = {"on": ["sandbox.error", "check.failed"], "run": cell("print('backup')")}
+    run = plans.start(plan(
+        {"id": "w", "run": cell(), "effect": "write", "idempotency": {"strategy": "none"}, "fallback": backup},
+        {"id": "r", "run": cell(), "fallback": backup},
+    ))  # fmt: skip
+    plans.finish(run["id"], "w", category=ErrorCategory.SANDBOX_ERROR)
+    plans.finish(run["id"], "r", category=ErrorCategory.CODE_EXCEPTION)
+
+    after = plans.run(run["id"])
+    assert after["steps"]["w"]["status"] == "unknown_outcome" and after["steps"]["w"]["fallback_from"] is None
+    assert after["steps"]["r"]["status"] == "failed" and len(after["steps"]["r"]["attempts"]) == 1
+    assert after["status"] == "needs_replan"
+
+
+def report(**fields: Any) -> ModelCallReport:
+    return ModelCallReport.model_validate(fields)
+
+
+def test_model_calls_are_summed_per_role_and_a_call_id_counts_once() -> None:
+    total, calls = Usage(), list[ModelCall]()
+    assert usage.record(total, calls, report(role="planner", input_tokens=10, output_tokens=5, cost_usd=0.5,
+                                             latency_ms=100, call_id="x"), 1.0)  # fmt: skip
+    assert not usage.record(total, calls, report(role="planner", input_tokens=99, call_id="x"), 2.0)
+    assert usage.record(total, calls, report(role="joiner", output_tokens=7), 3.0)
+    assert usage.record(total, calls, report(role="joiner", output_tokens=1), 4.0), "no call_id: every report counts"
+
+    assert (total.tokens, total.input_tokens, total.output_tokens, total.model_calls) == (23, 10, 13, 3)
+    assert total.by_role["planner"].model_dump() == {"calls": 1, "input_tokens": 10, "output_tokens": 5,
+                                                     "cost_usd": 0.5, "latency_ms": 100.0}  # fmt: skip
+    assert total.by_role["joiner"].calls == 2 and total.by_role["joiner"].output_tokens == 8
+    assert [c.at for c in calls] == [1.0, 3.0, 4.0]
+
+
+def test_calls_past_the_listed_thousand_still_count() -> None:
+    total, calls = Usage(), list[ModelCall]()
+    for i in range(usage.MAX_LISTED_CALLS + 5):
+        usage.record(total, calls, report(input_tokens=1, call_id=f"c{i}"), float(i))
+    assert len(calls) == usage.MAX_LISTED_CALLS and total.unlisted_calls == 5
+    assert total.model_calls == usage.MAX_LISTED_CALLS + 5 and total.tokens == usage.MAX_LISTED_CALLS + 5
+
+
+def test_budgets_name_what_was_passed() -> None:
+    assert usage.over_budget(Usage(tokens=11, cost_usd=0.1), 10, None) == "tokens"
+    assert usage.over_budget(Usage(tokens=5, cost_usd=2.0), 10, 1.0) == "cost"
+    assert usage.over_budget(Usage(tokens=10, cost_usd=1.0), 10, 1.0) is None, "reaching a budget is not passing it"
+
+
+@pytest.mark.parametrize("role", ["", "Planner", "a b", "x" * 65, "-lead"])
+def test_a_role_is_a_short_lower_case_word(role: str) -> None:
+    with pytest.raises(ValueError, match="role"):
+        report(role=role)
