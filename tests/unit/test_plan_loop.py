@@ -143,3 +143,28 @@ def test_budgets_name_what_was_passed() -> None:
 def test_a_role_is_a_short_lower_case_word(role: str) -> None:
     with pytest.raises(ValueError, match="role"):
         report(role=role)
+
+
+def test_a_cost_budget_stops_a_run_with_its_reason_and_the_hand_off_shows_the_sums(plans: Harness) -> None:
+    run = plans.start(plan({"id": "a", "run": cell()}, budgets={"max_cost_usd": 0.05}))
+    call = {"model": "m", "role": "replanner", "input_tokens": 10, "output_tokens": 2}
+    within = plans.http.post(f"/v1/runs/{run['id']}/usage", json={**call, "cost_usd": 0.05}, headers=plans.headers)
+    assert within.json()["status"] == "running", "reaching the budget is not passing it"
+    over = plans.http.post(f"/v1/runs/{run['id']}/usage", json={**call, "cost_usd": 0.01}, headers=plans.headers)
+
+    body = over.json()
+    assert body["status"] == "failed" and body["stop_reason"] == "budget_exceeded:cost"
+    assert body["steps"]["a"]["status"] == "cancelled"
+    assert body["usage"]["by_role"]["replanner"]["calls"] == 2
+    late = plans.http.post(f"/v1/runs/{run['id']}/usage", json=call, headers=plans.headers).json()
+    assert late["status"] == "failed" and late["usage"]["model_calls"] == 3, "a stopped run still counts its calls"
+
+
+def test_the_hand_off_carries_the_usage_per_role(plans: Harness) -> None:
+    run = plans.start(plan({"id": "a", "run": cell()}))
+    call = {"role": "planner", "input_tokens": 100, "output_tokens": 40}
+    plans.http.post(f"/v1/runs/{run['id']}/usage", json=call, headers=plans.headers)
+    plans.finish(run["id"], "a", category=ErrorCategory.CODE_EXCEPTION)
+
+    handoff = plans.http.get(f"/v1/runs/{run['id']}/handoff", headers=plans.headers).json()
+    assert handoff["usage"]["by_role"]["planner"]["input_tokens"] == 100 and handoff["usage"]["tokens"] == 140
