@@ -168,3 +168,46 @@ def test_the_hand_off_carries_the_usage_per_role(plans: Harness) -> None:
 
     handoff = plans.http.get(f"/v1/runs/{run['id']}/handoff", headers=plans.headers).json()
     assert handoff["usage"]["by_role"]["planner"]["input_tokens"] == 100 and handoff["usage"]["tokens"] == 140
+
+
+def approve(plans: Harness, run_id: str) -> dict[str, Any]:
+    pending = plans.http.get("/v1/approvals?status=pending", headers=plans.headers).json()
+    (mine,) = [a for a in pending if a["run_id"] == run_id]
+    decided = plans.http.post(f"/v1/approvals/{mine['id']}/decision", json={"decision": "approve"},
+                              headers=plans.headers)  # fmt: skip
+    assert decided.status_code == 200, decided.text
+    plans.executor.advance(run_id)
+    return dict(mine)
+
+
+def test_a_gated_steps_fallback_asks_its_approval_again_showing_its_own_code(plans: Harness) -> None:
+    backup = {
+        "name": "manual mail",
+        "on": ["code.exception", "code.exit_nonzero"],
+        "run": cell("print('the backup mailer')"),
+    }
+    gated = {"id": "send", "run": cell("print('the mailer')"), "approval": {"summary": "mail the report"},
+             "fallback": backup}  # fmt: skip
+    run = plans.start(plan(gated))
+    first = approve(plans, run["id"])
+    plans.finish(run["id"], "send", category=ErrorCategory.CODE_EXCEPTION)
+
+    again = plans.run(run["id"])
+    assert again["status"] == "awaiting_approval" and again["steps"]["send"]["status"] == "awaiting_approval"
+    assert len(again["steps"]["send"]["attempts"]) == 1, "the fallback waits for its own decision"
+    second = approve(plans, run["id"])
+    assert first["code"] == "print('the mailer')" and second["code"] == "print('the backup mailer')"
+    assert "manual mail" in second["summary"]
+    assert plans.run(run["id"])["steps"]["send"]["status"] == "running"
+
+
+def test_a_gated_script_step_asks_its_approval(plans: Harness) -> None:
+    script = {"name": "reports.gated", "version": "1.0.0", "language": "python",
+              "code": "import execbox\nexecbox.emit('n', 1)\n", "input_schema": {"type": "object"}}  # fmt: skip
+    assert plans.http.post("/v1/scripts", json=script, headers=plans.headers).status_code == 201
+    run = plans.start(plan({"id": "s", "run": {"script": "reports.gated@1.0.0"}, "approval": {"summary": "go"}}))
+
+    assert run["status"] == "awaiting_approval", run["events"]
+    asked = approve(plans, run["id"])
+    assert "reports.gated@1.0.0" in asked["code"]
+    assert plans.run(run["id"])["steps"]["s"]["status"] == "running"

@@ -9,17 +9,24 @@ from dataclasses import dataclass
 
 from execbox.executions.effects import Approval
 from execbox.executions.record import ExecutionRecord
+from execbox.plans import fallback
 from execbox.plans.schemas import ApprovalPublic, ApprovalStatus, CodeCell, StepState, StoredRun
 from execbox.plans.store import RunStore, new_id
 
 
 def request(store: RunStore, run: StoredRun, step_id: str, state: StepState, now: float) -> ApprovalPublic:
-    """A pending approval for the step, showing its resolved arguments and code."""
+    """A pending approval for the step, showing its resolved arguments and the code that will run:
+    its own, or its fallback's (which is asked for again), or the script it names."""
     spec = run.spec(step_id)
-    assert spec.approval is not None and isinstance(spec.run, CodeCell)
+    assert spec.approval is not None
+    what = fallback.what_runs(spec, state)[0]
+    code = what.code if isinstance(what, CodeCell) else f"# the script {what.script}, as registered in the library"
+    summary = spec.approval.summary
+    if spec.fallback is not None and fallback.active(spec, state) is not None:
+        summary = f"{summary} (its fallback {spec.fallback.name}, after: {state.error.message if state.error else ''})"
     approval = ApprovalPublic(
         id=new_id("apr_"), run_id=run.id, step_id=step_id, status=ApprovalStatus.PENDING,
-        summary=spec.approval.summary, args=state.args or {}, code=spec.run.code, requested_at=now,
+        summary=summary[:1000], args=state.args or {}, code=code, requested_at=now,
         expires_at=now + spec.approval.expires_in_s, tenant=run.tenant, by=spec.approval.by,
     )  # fmt: skip
     store.put_approval(approval)

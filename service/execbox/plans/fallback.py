@@ -3,8 +3,9 @@ category it names (`fallback.on`), so a foreseen failure costs no re-plan.
 
 The fallback is the same step: its attempts join the step's, its outputs are the step's (its
 dependents and postconditions are unchanged), its retries are counted afresh, and the step's
-preconditions do not apply to it. It never runs for a step whose effect may have happened (a write
-whose code started); such a failure stays the step's, for a reconcile or a re-plan.
+preconditions do not apply to it, and a step gated by an approval asks for it again, showing the
+fallback's code. It never runs for a step whose effect may have happened (a write whose code
+started); such a failure stays the step's, for a reconcile or a re-plan.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ def answers(spec: StepSpec, state: StepState, category: str, side_effects: str |
 
 
 def begin(state: StepState, failure: StepError) -> None:
+    """The fallback runs next; a gated step asks its approval again (the code it showed is not what runs now)."""
     state.fallback_from, state.fallback_at = failure, len(state.attempts) + 1
-    state.error, state.passed, state.due_at = failure, 0, None
+    state.error, state.passed, state.due_at, state.approval_id = failure, 0, None, None
 
 
 def tries(state: StepState) -> int:
