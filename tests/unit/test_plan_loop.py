@@ -111,12 +111,14 @@ def report(**fields: Any) -> ModelCallReport:
 
 
 def test_model_calls_are_summed_per_role_and_a_call_id_counts_once() -> None:
-    total, calls = Usage(), list[ModelCall]()
-    assert usage.record(total, calls, report(role="planner", input_tokens=10, output_tokens=5, cost_usd=0.5,
+    total, calls, recent = Usage(), list[ModelCall](), list[str]()
+    assert usage.record(total, calls, recent, report(role="planner", input_tokens=10, output_tokens=5, cost_usd=0.5,
                                              latency_ms=100, call_id="x"), 1.0)  # fmt: skip
-    assert not usage.record(total, calls, report(role="planner", input_tokens=99, call_id="x"), 2.0)
-    assert usage.record(total, calls, report(role="joiner", output_tokens=7), 3.0)
-    assert usage.record(total, calls, report(role="joiner", output_tokens=1), 4.0), "no call_id: every report counts"
+    assert not usage.record(total, calls, recent, report(role="planner", input_tokens=99, call_id="x"), 2.0)
+    assert usage.record(total, calls, recent, report(role="joiner", output_tokens=7), 3.0)
+    assert usage.record(total, calls, recent, report(role="joiner", output_tokens=1), 4.0), (
+        "no call_id: every report counts"
+    )
 
     assert (total.tokens, total.input_tokens, total.output_tokens, total.model_calls) == (23, 10, 13, 3)
     assert total.by_role["planner"].model_dump() == {"calls": 1, "input_tokens": 10, "output_tokens": 5,
@@ -126,9 +128,9 @@ def test_model_calls_are_summed_per_role_and_a_call_id_counts_once() -> None:
 
 
 def test_calls_past_the_listed_thousand_still_count() -> None:
-    total, calls = Usage(), list[ModelCall]()
+    total, calls, recent = Usage(), list[ModelCall](), list[str]()
     for i in range(usage.MAX_LISTED_CALLS + 5):
-        usage.record(total, calls, report(input_tokens=1, call_id=f"c{i}"), float(i))
+        usage.record(total, calls, recent, report(input_tokens=1, call_id=f"c{i}"), float(i))
     assert len(calls) == usage.MAX_LISTED_CALLS and total.unlisted_calls == 5
     assert total.model_calls == usage.MAX_LISTED_CALLS + 5 and total.tokens == usage.MAX_LISTED_CALLS + 5
 
@@ -139,10 +141,14 @@ def test_budgets_name_what_was_passed() -> None:
     assert usage.over_budget(Usage(tokens=10, cost_usd=1.0), 10, 1.0) is None, "reaching a budget is not passing it"
 
 
-@pytest.mark.parametrize("role", ["", "Planner", "a b", "x" * 65, "-lead"])
-def test_a_role_is_a_short_lower_case_word(role: str) -> None:
+@pytest.mark.parametrize("role", ["a b", "x" * 65, "-lead", "plan!"])
+def test_a_role_is_a_short_word(role: str) -> None:
     with pytest.raises(ValueError, match="role"):
         report(role=role)
+
+
+def test_a_role_is_read_in_lower_case_and_an_empty_one_is_the_agent() -> None:
+    assert (report(role="Planner").role, report(role="").role, report().role) == ("planner", "agent", "agent")
 
 
 def test_a_cost_budget_stops_a_run_with_its_reason_and_the_hand_off_shows_the_sums(plans: Harness) -> None:
@@ -211,3 +217,108 @@ def test_a_gated_script_step_asks_its_approval(plans: Harness) -> None:
     asked = approve(plans, run["id"])
     assert "reports.gated@1.0.0" in asked["code"]
     assert plans.run(run["id"])["steps"]["s"]["status"] == "running"
+
+
+def test_a_value_too_deep_or_too_large_is_refused_and_dispatches_nothing(plans: Harness) -> None:
+    run = plans.start(plan({"id": "q", "input": {"schema": {"type": "object"}}},
+                           {"id": "b", "run": cell(), "args": {"v": {"$ref": "/steps/q/outputs/v"}}}))  # fmt: skip
+    deep: Any = 1
+    for _ in range(250):
+        deep = [deep]
+    url = f"/v1/runs/{run['id']}/steps/q/input"
+    refused = [plans.http.post(url, json={"value": v}, headers=plans.headers)
+               for v in ({"v": deep}, {"v": "x" * (64 * 1024)})]  # fmt: skip
+    assert [r.status_code for r in refused] == [422, 422]
+    assert all(r.json()["errors"][0]["field"] == "value" for r in refused), [r.json() for r in refused]
+    assert plans.run(run["id"])["steps"]["b"]["attempts"] == [], "nothing was dispatched on a refused value"
+
+    plans.http.post(url, json={"value": {"v": 1}}, headers=plans.headers)
+    (attempt,) = plans.executions_of(run["id"], "b")
+    record = plans.store.get(attempt)
+    assert record is not None and record.inputs == {"v": 1}
+
+
+def test_the_same_value_means_the_same_json(plans: Harness) -> None:
+    run = plans.start(plan({"id": "q", "input": {"schema": {"type": "object"}}}))
+    url = f"/v1/runs/{run['id']}/steps/q/input"
+    assert plans.http.post(url, json={"value": {"ok": True}}, headers=plans.headers).status_code == 200
+    again = plans.http.post(url, json={"value": {"ok": True}}, headers=plans.headers)
+    other = [plans.http.post(url, json={"value": {"ok": v}}, headers=plans.headers).status_code for v in (1, 1.0)]
+    assert again.status_code == 200 and other == [409, 409], "1 and 1.0 are not true"
+
+
+def test_a_key_that_may_not_supply_an_input_may_not_remove_it_either(plans: Harness) -> None:
+    run = plans.start(plan({"id": "q", "input": {"schema": {"type": "object"}, "by": ["key_someone_else"]}},
+                           {"id": "use", "run": cell(), "args": {"v": {"$ref": "/steps/q/outputs/v"}}}))  # fmt: skip
+    revision = {"base_revision": 1, "reason": "mine instead", "remove": ["q", "use"],
+                "add": [{"id": "use2", "run": cell(), "args": {"v": "my value"}}]}  # fmt: skip
+    refused = plans.http.post(f"/v1/runs/{run['id']}/revisions", json=revision, headers=plans.headers)
+
+    assert refused.status_code == 403 and refused.json()["code"] == "input.forbidden"
+    assert refused.json()["errors"][0]["field"] == "remove.0"
+    assert plans.statuses(run["id"]) == {"q": "awaiting_input", "use": "pending"}
+
+
+def test_no_fallback_once_an_earlier_attempt_of_a_write_may_have_applied(plans: Harness) -> None:
+    gate = {"name": "open", "run": cell(), "expect": {"required": ["open"], "properties": {"open": {"const": True}}}}
+    write = {
+        "id": "w",
+        "run": cell(),
+        "effect": "write",
+        "idempotency": {"strategy": "key"},
+        "preconditions": [gate],
+        "retry": {"interval_s": 0},
+        "fallback": {"on": ["precondition.failed", "expired"], "run": cell()},
+    }
+    run = plans.start(plan(write))
+    plans.finish(run["id"], "w", {"open": True})  # the precondition holds
+    plans.finish(run["id"], "w", category=ErrorCategory.SANDBOX_ERROR)  # its code started, then the worker died
+    plans.finish(run["id"], "w", {"open": False})  # before the retry the precondition no longer holds
+
+    state = plans.run(run["id"])["steps"]["w"]
+    assert state["status"] == "failed" and state["error"]["category"] == "precondition.failed"
+    assert state["fallback_from"] is None and len(state["attempts"]) == 1, "the fallback did not run"
+    assert state["side_effects"] == "possible" and state["may_have_applied"]
+
+
+def test_a_fallback_and_a_compensation_do_not_go_together(plans: Harness) -> None:
+    found = problems(
+        plans,
+        plan(
+            {
+                "id": "w",
+                "run": cell(),
+                "effect": "write",
+                "idempotency": {"strategy": "key"},
+                "compensation": {"run": cell()},
+                "fallback": {"on": ["check.failed"], "run": cell()},
+            }
+        ),
+    )
+    assert "takes no fallback" in found["plan.steps.0.fallback"]
+
+
+def test_a_run_counts_at_most_32_roles() -> None:
+    total, calls, recent = Usage(), list[ModelCall](), list[str]()
+    for i in range(usage.MAX_ROLES):
+        usage.record(total, calls, recent, report(role=f"r{i}"), 0.0)
+    assert usage.role_problem(total, "r0") is None and usage.role_problem(total, "another")
+
+
+def test_a_retried_report_past_the_listed_thousand_counts_once() -> None:
+    total, calls, recent = Usage(), list[ModelCall](), list[str]()
+    for i in range(usage.MAX_LISTED_CALLS):
+        usage.record(total, calls, recent, report(call_id=f"c{i}"), 0.0)
+    counted = [usage.record(total, calls, recent, report(input_tokens=100, call_id="retry-me"), 1.0) for _ in range(3)]
+    assert counted == [True, False, False] and total.input_tokens == 100 and len(recent) == usage.RECENT_IDS
+
+
+def test_what_a_step_stores_reads_back_in_the_previous_version_and_answers_schema() -> None:
+    from execbox.plans.schemas import InputWait, StepSpec
+
+    plain = StepSpec.model_validate({"id": "a", "run": cell()}).model_dump(mode="json")
+    assert "input" not in plain and "fallback" not in plain, "unset new fields are not stored"
+    asked = StepSpec.model_validate({"id": "q", "input": {"schema": SQL}}).model_dump(mode="json")
+    wait = InputWait(value_schema=SQL, expires_at=1.0).model_dump(mode="json")
+    assert asked["input"]["schema"] == SQL and wait["schema"] == SQL, "the wire name everywhere, webhooks included"
+    assert InputWait.model_validate(wait).value_schema == SQL

@@ -211,10 +211,11 @@ def build(server: FastMCP, connect: Connect) -> FastMCP:
         value the schema refuses is answered with each problem; the step keeps waiting."""
         async with connect(ctx) as box:
             try:
+                seen = len((await box.get_run(run_id))["events"])  # only what follows the value is news
                 await box.supply_input(run_id, step_id, value, supplied_by)
             except ExecboxError as exc:
                 return _problem(exc)
-            return await _follow(ctx, box, run_id, wait_s, 0)
+            return await _follow(ctx, box, run_id, wait_s, seen)
 
     @server.tool()
     async def report_usage(ctx: Context[Any, Any, Any], run_id: str, role: str, input_tokens: int,
@@ -246,11 +247,12 @@ def build(server: FastMCP, connect: Connect) -> FastMCP:
         body: dict[str, Any] = {"base_revision": base_revision, "reason": reason, "add": add or [],
                                 "remove": remove or [], **({"goal": goal} if goal else {})}  # fmt: skip
         async with connect(ctx) as box:
+            seen = len((await box.get_run(run_id))["events"])  # only what follows the revision is news
             try:
                 await box.revise_run(run_id, body)
             except ExecboxError as exc:
                 return _problem(exc)
-            return await _follow(ctx, box, run_id, wait_s, 0)
+            return await _follow(ctx, box, run_id, wait_s, seen)
 
     @server.tool()
     async def cancel_run(ctx: Context[Any, Any, Any], run_id: str, compensate: bool = False,

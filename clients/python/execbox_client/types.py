@@ -501,6 +501,7 @@ class StepState(TypedDict):
     input: NotRequired[InputWait | None]
     fallback_from: NotRequired[StepError | None]
     fallback_at: NotRequired[int | None]
+    may_have_applied: NotRequired[bool]
 
 
 class RunPublic(TypedDict):

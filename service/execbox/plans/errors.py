@@ -44,8 +44,9 @@ class InputForbidden(RequestError):
     code = "input.forbidden"
     http_status = 403
 
-    def __init__(self, step_id: str) -> None:
-        super().__init__(f"input step {step_id} names the API keys that may supply it; this key is not one")
+    def __init__(self, step_id: str, field: str | None = None) -> None:
+        message = f"input step {step_id} names the API keys that may supply it; this key is not one"
+        super().__init__(message, (FieldProblem(field, message),) if field else ())
 
 
 class InvalidInputValue(RequestError):

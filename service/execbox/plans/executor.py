@@ -30,7 +30,7 @@ from execbox.executions.status import ExecutionStatus
 from execbox.executions.submit import Submissions
 from execbox.files.blobs import ArtifactStore
 from execbox.library.service import Library
-from execbox.plans import approvals, compensation, fallback, step_keys
+from execbox.plans import approvals, compensation, fallback, inputs, step_keys
 from execbox.plans.dispatch import Dispatcher, MissingArtifact, StepRefused, script_request
 from execbox.plans.metrics import PlanMetrics
 from execbox.plans.refs import RefError, resolve
@@ -38,7 +38,6 @@ from execbox.plans.schemas import (
     ApprovalStatus,
     Check,
     CodeCell,
-    InputWait,
     Postconditions,
     RunEvent,
     RunStatus,
@@ -173,6 +172,7 @@ class Executor:
         writes = spec.effect == "write" or (
             spec.effect is None and isinstance(execution.policy.network, NetworkAllowlist)
         )  # an undeclared step that can reach the world may have written: never retried blindly
+        state.may_have_applied = state.may_have_applied or (writes and started)  # by any attempt, not only this one
         safe = not writes or strategy == "key" or not started  # never started: nothing happened
         unknown = writes and not safe and started and category in ("sandbox.error", "limit.timeout", UNSURE)
         if transient and safe and fallback.tries(state) < max_attempts:
@@ -185,7 +185,7 @@ class Executor:
             why = f"{category} after its code started; its effect may or may not have happened"
             self.set_step(run, step_id, StepStatus.UNKNOWN_OUTCOME, why, failure)
         else:
-            state.side_effects = "possible" if writes and started else "none"
+            state.side_effects = "possible" if state.may_have_applied else "none"
             self._give_up(run, step_id, state, failure)
 
     def _give_up(self, run: StoredRun, step_id: str, state: StepState, failure: StepError) -> None:
@@ -221,6 +221,8 @@ class Executor:
             holds = not any(Draft202012Validator(check.expect).iter_errors(execution.outputs))
         if phase == "status_read":
             max_attempts = spec.retry.max_attempts if spec.retry else 3
+            if holds is False:
+                state.may_have_applied = False  # the status check says the effect did not happen
             if holds:
                 state.outputs, state.side_effects = execution.outputs, "none"
                 self.set_step(run, step_id, StepStatus.SUCCEEDED, f"{check.name}: the effect happened (applied)")
@@ -237,7 +239,7 @@ class Executor:
             state.passed += 1
             self.set_step(run, step_id, StepStatus.PENDING, f"precondition {check.name} holds")
         else:
-            state.side_effects = "none"
+            state.side_effects = "possible" if state.may_have_applied else "none"  # an earlier attempt's code ran
             outcome = "does not hold" if holds is False else f"could not be checked ({execution.status.value})"
             message = f"precondition {check.name} {outcome}"
             self._give_up(run, step_id, state, StepError(category="precondition.failed", message=message))
@@ -411,13 +413,10 @@ class Executor:
 
     def _ask(self, run: StoredRun, step_id: str, state: StepState, now: float) -> None:
         """An input step is ready: it waits for its value, its resolved `args` shown as the context."""
-        asked = run.spec(step_id).input
-        assert asked is not None
-        state.input = InputWait(summary=asked.summary, value_schema=asked.value_schema,
-                                expires_at=now + asked.expires_in_s, by=asked.by)  # fmt: skip
+        state.input = inputs.ask(run.spec(step_id), now)
         state.due_at = state.input.expires_at
         run.notify("input.requested", step=step_id)
-        self.set_step(run, step_id, StepStatus.AWAITING_INPUT, asked.summary or "waiting for its value")
+        self.set_step(run, step_id, StepStatus.AWAITING_INPUT, state.input.summary or "waiting for its value")
 
     def _request_approval(self, run: StoredRun, step_id: str, state: StepState, now: float) -> None:
         approval = approvals.request(self.store, run, step_id, state, now)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from execbox.executions.record import ExecutionRecord
-from execbox.plans.schemas import Budgets, CodeCell, RunStatus, StepError, StepStatus, StoredRun
+from execbox.plans.schemas import Budgets, CodeCell, RunStatus, StepError, StepSpec, StepState, StepStatus, StoredRun
 from execbox.plans.usage import Usage
 
 
@@ -68,6 +68,12 @@ CONSTRAINTS = [
 ]
 
 
+def _code(spec: StepSpec, state: StepState) -> str | None:
+    """The code the step ran last: its own, or its fallback's once that ran (none for a script or an input)."""
+    what = spec.fallback.run if spec.fallback is not None and state.fallback_from is not None else spec.run
+    return what.code if isinstance(what, CodeCell) else None
+
+
 def build(run: StoredRun, execution: Callable[[str], ExecutionRecord | None]) -> Handoff:
     groups: dict[str, list[HandoffStep]] = {k: [] for k in ("completed", "failed", "unknown", "invalidated", "rest")}
     for spec in run.plan.steps:
@@ -76,7 +82,7 @@ def build(run: StoredRun, execution: Callable[[str], ExecutionRecord | None]) ->
         item = HandoffStep(
             step_id=spec.id,
             status=state.status,
-            code=spec.run.code if isinstance(spec.run, CodeCell) else None,
+            code=_code(spec, state),
             args=state.args,
             outputs=state.outputs,
             artifacts=[f"/steps/{spec.id}/artifacts/{a.name}" for a in last.artifacts] if last else [],

@@ -87,6 +87,14 @@ def refs_in(value: Any, path: str = "", depth: int = 0) -> Iterator[Ref]:
             yield from refs_in(item, f"{path}/{index}", depth + 1)
 
 
+def nesting(value: Any, depth: int = 0) -> int:
+    """How deep a JSON value nests (stops counting past MAX_DEPTH + 1)."""
+    if depth > MAX_DEPTH or not isinstance(value, dict | list):
+        return depth
+    items = value.values() if isinstance(value, dict) else value
+    return max((nesting(item, depth + 1) for item in items), default=depth + 1)
+
+
 def artifact_path(ref: Ref) -> str:
     """Where a referenced artifact is placed in the step's working directory."""
     return f"artifacts/{ref.pointer[1]}/{ref.pointer[3]}"

@@ -14,17 +14,16 @@ from jsonschema import Draft202012Validator
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.catalog.webhook_hosts import host_allowed
-from execbox.core.errors import FieldProblem, ServiceError
+from execbox.core.errors import FieldProblem, InvalidRequest, ServiceError
+from execbox.core.readable import readable
 from execbox.core.tracing import from_traceparent
 from execbox.executions.record import ExecutionRecord
 from execbox.library.schemas import ScriptVersion
-from execbox.library.service import input_problems
-from execbox.plans import compensation, handoff, usage
+from execbox.plans import compensation, handoff, inputs, usage
 from execbox.plans.errors import (
     ApprovalForbidden,
     ApprovalNotFound,
     InputForbidden,
-    InvalidInputValue,
     InvalidPlan,
     RunConflict,
     RunNotFound,
@@ -170,33 +169,28 @@ class Runs:
                 state.outputs, state.side_effects = body.outputs, "none"
                 self.executor.set_step(run, step_id, StepStatus.SUCCEEDED, f"reconciled as applied: {body.reason}")
             elif body.retry:
+                state.may_have_applied = False
                 self.executor.set_step(
                     run, step_id, StepStatus.PENDING, f"reconciled as not applied, retried: {body.reason}"
                 )
             else:
-                state.side_effects = "none"
+                state.side_effects, state.may_have_applied = "none", False
                 self.executor.set_step(run, step_id, StepStatus.FAILED, f"reconciled as not applied: {body.reason}")
         return run
 
     def supply(self, tenant: str, run_id: str, step_id: str, body: InputSupply, key_id: str) -> StoredRun:
         """The value an input step waits for, from API key `key_id`: checked against its schema
-        (InvalidInputValue, nothing changes), then the step's outputs; the same value again is a no-op."""
+        (InvalidInputValue, nothing changes), then the step's outputs; the same value again is a no-op.
+        The check runs before the run's lock is taken (a costly schema holds no one else up), and
+        what it relied on is checked again under the lock."""
+        wait = inputs.asked(self.get(tenant, run_id), step_id, key_id, body.value)
+        if wait is not None:
+            inputs.check(wait, step_id, body.value)
         with self._change(tenant, run_id) as run:
-            state = run.steps.get(step_id)
-            wait = state.input if state is not None else None
-            if state is None or wait is None:
-                raise RunConflict(f"step {step_id!r} is not an input step that was asked for")
-            if state.status is StepStatus.SUCCEEDED and state.outputs == body.value:
+            wait = inputs.asked(run, step_id, key_id, body.value)
+            if wait is None:
                 return run  # the same value again (a retried request)
-            if state.status is not StepStatus.AWAITING_INPUT:
-                raise RunConflict(f"step {step_id!r} is {state.status.value}; it takes no value now")
-            if wait.by and key_id not in wait.by:
-                raise InputForbidden(step_id)
-            if time.time() >= wait.expires_at:
-                raise RunConflict(f"step {step_id!r}'s request expired; the run goes on without it")
-            found = input_problems(wait.value_schema, body.value, "value")
-            if found:
-                raise InvalidInputValue(step_id, tuple(found))
+            state = run.steps[step_id]
             wait.supplied_by = f"{body.supplied_by or 'unnamed'} (key {key_id})"
             wait.supplied_at, state.due_at = time.time(), None
             state.outputs, state.side_effects = body.value, "none"
@@ -261,9 +255,13 @@ class Runs:
         """Record one model call of the agent's; a run whose reported tokens or cost pass its budget
         stops (failed, `budget_exceeded:tokens` or `:cost`). A call_id seen before changes nothing."""
         with self._change(tenant, run_id) as run:
-            if not usage.record(run.usage, run.model_calls, report, time.time()):
+            problem = usage.role_problem(run.usage, report.role)
+            if problem:
+                raise InvalidRequest(f"role: {problem}", (FieldProblem("role", problem),))
+            if not usage.record(run.usage, run.model_calls, run.recent_call_ids, report, time.time()):
                 return run
-            self.executor.record(run, "usage.reported", None, report.role, usage.describe(report))
+            if not run.usage.unlisted_calls:  # the listed calls' events; the rest only count
+                self.executor.record(run, "usage.reported", None, report.role, usage.describe(report))
             over = usage.over_budget(run.usage, run.budgets.max_tokens, run.budgets.max_cost_usd)
             if over and not run.status.terminal:
                 limit = run.budgets.max_tokens if over == "tokens" else run.budgets.max_cost_usd
@@ -294,6 +292,7 @@ class Runs:
             if run is None:
                 raise RunNotFound(run_id)
             yield run
+            readable(StoredRun, run)  # a change its reader would refuse is refused before anything is dispatched
             if run.queue != self.executor.queue:  # another deployment's run: its executor advances it now
                 done = run.status.terminal and not compensation.running(run)
                 self.executor.store.put(run, None if done else time.time())
@@ -342,17 +341,20 @@ class Runs:
         self.executor.set_run_status(run, RunStatus.RUNNING, None, f"revision {run.revision} applied")
 
     def _check_gates(self, run: StoredRun, body: RevisionCreate, key_id: str | None) -> None:
-        """A step gated by an approval that names who may decide it can be removed only by one of
-        them: otherwise a key refused the decision could remove the step and add its code again
-        without the gate."""
+        """A step gated by an approval (or an input step) that names who may decide it (or supply
+        it) can be removed only by one of them: otherwise a key refused the decision could remove
+        the step and add its code again without the gate, or replace the value it may not give."""
         for step_id in body.remove:
             state = run.steps.get(step_id)
             if state is None or state.status.settled:
                 continue
-            gate = run.spec(step_id).approval
+            spec, where = run.spec(step_id), f"remove.{body.remove.index(step_id)}"
+            if spec.input is not None and spec.input.by and key_id not in spec.input.by:
+                raise InputForbidden(step_id, where)
+            gate = spec.approval
             if gate is None or not gate.required or not gate.by or key_id in gate.by:
                 continue
-            raise ApprovalForbidden(state.approval_id or step_id, f"remove.{body.remove.index(step_id)}")
+            raise ApprovalForbidden(state.approval_id or step_id, where)
 
     def _withdraw(self, run: StoredRun, approval_id: str, reason: str, key_id: str | None) -> None:
         """The removed step's pending approval is closed as rejected, the revision recorded as why."""

@@ -12,13 +12,15 @@ reads back, the requests that act on a run) is one vocabulary best read in one p
 from __future__ import annotations
 
 import enum
+import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from execbox.catalog.schemas import PolicyRequest
 from execbox.executions.effects import Approval
 from execbox.executions.schemas import InputFile, Labels, StoredWebhook, Webhook
+from execbox.plans.refs import MAX_DEPTH, nesting
 from execbox.plans.usage import ModelCall, Usage
 
 STEP_ID_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
@@ -27,6 +29,10 @@ APPROVAL_ID_PATTERN = r"^apr_[a-z0-9]{26}$"
 MAX_PLAN_STEPS = 1000
 """Most steps a plan (all its revisions together) may hold."""
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)  # a float that is not finite is stored as null
+
+
+def _unset(value: object) -> bool:
+    return value is None
 
 
 class TransientCategory(enum.StrEnum):
@@ -153,7 +159,7 @@ class StepInput(BaseModel):
     """A value supplied from outside the sandbox (an agent's model call, a person) while the run
     waits: POST /v1/runs/{id}/steps/{step}/input. It becomes the step's outputs."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True, serialize_by_alias=True)
 
     value_schema: dict[str, Any] = Field(
         alias="schema", description="JSON Schema the value (an object: the step's outputs) must satisfy."
@@ -168,13 +174,18 @@ class StepSpec(BaseModel):
     model_config = _STRICT
 
     id: str = Field(pattern=STEP_ID_PATTERN, description="Unique within the run, across all its revisions.")
+    # Fields added later are left out of a stored plan while unset, so a process of the previous
+    # version (whose steps forbid unknown fields) still reads the runs this one stores.
     run: CodeCell | ScriptRef | None = Field(
-        None, description="What the step runs: a code cell or a script (give `run` or `input`, not both)."
+        None,
+        description="What the step runs: a code cell or a script (give `run` or `input`, not both).",
+        exclude_if=_unset,
     )
     input: StepInput | None = Field(
         None,
         description="Instead of `run`: a value supplied from outside while the run waits (`awaiting_input`); "
         "its `args` are the context shown to the supplier.",
+        exclude_if=_unset,
     )
     args: dict[str, Any] = Field(
         default_factory=dict,
@@ -203,7 +214,9 @@ class StepSpec(BaseModel):
     approval: Approval | None = Field(None, description="A human or agent decision before the step runs.")
     compensation: Compensation | None = Field(None, description="For a write: what undoes it (POST .../compensate).")
     retry: Retry | None = Field(None, description="In-place retries of transient failures (default: none).")
-    fallback: Fallback | None = Field(None, description="What runs instead when its run fails with given categories.")
+    fallback: Fallback | None = Field(
+        None, description="What runs instead when its run fails with given categories.", exclude_if=_unset
+    )
     policy: PolicyRequest = Field(default_factory=PolicyRequest, description="Limits, as for an execution.")
 
     @model_validator(mode="after")
@@ -328,7 +341,7 @@ class InputWait(BaseModel):
     """An input step's request, once asked: what the supplier needs (the step's `args` are its
     context, resolved), until when, and who supplied it."""
 
-    model_config = ConfigDict(populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
 
     summary: str = Field("", description="What is asked.")
     value_schema: dict[str, Any] = Field(alias="schema", description="JSON Schema the value must satisfy.")
@@ -369,6 +382,9 @@ class StepState(BaseModel):
         None, description="When its fallback ran: the failure of its own run that made it run."
     )
     fallback_at: int | None = Field(None, description="When its fallback ran: the attempt number it began at.")
+    may_have_applied: bool = Field(
+        False, description="A write: an attempt's code started and no status check said it did not apply."
+    )
 
 
 class RunEvent(BaseModel):
@@ -408,6 +424,9 @@ class StoredRun(RunPublic):
     queue: str = Field(description="The queue its steps go to: API processes of that queue advance it.")
     webhook: StoredWebhook | None = Field(None, description="Where its events are POSTed, and the secret.")
     keys: dict[str, str] = Field(default_factory=dict, description="Idempotency keys used -> their arguments' digest.")
+    recent_call_ids: list[str] = Field(
+        default_factory=list, description="The call_ids of the latest reported model calls (a retried report)."
+    )
     _notices: list[dict[str, str]] = PrivateAttr(default_factory=list)
     """Events for its webhook, appended to the outbox when the run is next saved."""
 
@@ -459,11 +478,26 @@ class ReconcileRequest(BaseModel):
     retry: bool = Field(False, description="With not_applied: run the step again (same idempotency key).")
 
 
+MAX_INPUT_BYTES = 64 * 1024
+"""Largest input value (as JSON): it is copied into every step that refers to it."""
+
+
 class InputSupply(BaseModel):
     model_config = _STRICT
 
-    value: dict[str, Any] = Field(description="The value: an object, which becomes the step's outputs.")
+    value: dict[str, Any] = Field(
+        description="The value: an object, which becomes the step's outputs (at most 64 KiB as JSON, 32 levels deep)."
+    )
     supplied_by: str = Field("", max_length=200, description="Who supplies it (informational).")
+
+    @field_validator("value")
+    @classmethod
+    def _bounded(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if nesting(value) > MAX_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+        if len(json.dumps(value)) > MAX_INPUT_BYTES:
+            raise ValueError(f"larger than {MAX_INPUT_BYTES} bytes as JSON; pass large data as a file or an artifact")
+        return value
 
 
 class ApprovalStatus(enum.StrEnum):

@@ -3,15 +3,22 @@ and the model calls the agent reports (POST /v1/runs/{id}/usage), each kept whol
 tokens in and out, latency, cost) and summed per role, so that a run's cost is complete and its
 token and cost budgets can stop it.
 
-A report may carry a `call_id`: the same id reported again (a client retrying) is counted once.
+A report may carry a `call_id`: the same id reported again (a client retrying) is counted once,
+checked against the listed calls and the latest RECENT_IDS ids (so a retry is caught past the list
+too). A run keeps at most MAX_ROLES roles, so that what it stores stays bounded.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_LISTED_CALLS = 1000
-"""Calls kept one by one in the run; later ones still count in the sums (`unlisted_calls`)."""
+"""Calls kept one by one in the run (each with a `usage.reported` event); later ones still count in
+the sums (`unlisted_calls`)."""
+RECENT_IDS = 100
+MAX_ROLES = 32
 ROLE_PATTERN = r"^[a-z][a-z0-9_.-]{0,63}$"
 
 
@@ -29,6 +36,12 @@ class ModelCallReport(BaseModel):
     call_id: str | None = Field(
         None, min_length=1, max_length=200, description="The agent's id for the call: reported twice, counted once."
     )
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _word(cls, role: Any) -> Any:
+        """`Planner` is `planner`, and an empty role is `agent` (as reports without one always were)."""
+        return (role.strip().lower() or "agent") if isinstance(role, str) else role
 
 
 class ModelCall(ModelCallReport):
@@ -63,10 +76,23 @@ class Usage(BaseModel):
     unlisted_calls: int = Field(0, description="Calls counted here but not listed in `model_calls` (past 1000).")
 
 
-def record(usage: Usage, calls: list[ModelCall], report: ModelCallReport, now: float) -> bool:
-    """Add one reported call to the sums and the list; False when its call_id was counted before."""
-    if report.call_id is not None and any(c.call_id == report.call_id for c in calls):
-        return False
+def role_problem(usage: Usage, role: str) -> str | None:
+    """Why a call of `role` cannot be counted in this run, if it cannot."""
+    if role not in usage.by_role and len(usage.by_role) >= MAX_ROLES:
+        return (
+            f"the run already counts {MAX_ROLES} roles ({', '.join(sorted(usage.by_role))}); report under one of them"
+        )
+    return None
+
+
+def record(usage: Usage, calls: list[ModelCall], recent: list[str], report: ModelCallReport, now: float) -> bool:
+    """Add one reported call to the sums and the list (and its call_id to the `recent` ones); False
+    when its call_id was counted before."""
+    if report.call_id is not None:
+        if report.call_id in recent or any(c.call_id == report.call_id for c in calls):
+            return False
+        recent.append(report.call_id)
+        del recent[:-RECENT_IDS]
     tokens = report.input_tokens + report.output_tokens
     latency = report.latency_ms or 0.0
     role = usage.by_role.setdefault(report.role, RoleUsage())

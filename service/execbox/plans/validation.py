@@ -191,6 +191,9 @@ def _step_problems(
     else:
         assert step.run is not None
         found += rules.run(step.run, step.args, step.policy, at, "run")
+    if step.fallback is not None and step.compensation is not None:
+        found.append(FieldProblem(f"{at}.fallback", "a step with a compensation takes no fallback: the compensation "
+                                  "undoes the step's own write, not another"))  # fmt: skip
     if step.fallback is not None:
         fallback_policy = step.fallback.policy or step.policy
         found += rules.run(step.fallback.run, step.fallback.args, fallback_policy, at, "fallback.run")
