@@ -5,12 +5,14 @@ behaviours run against real sandboxes in tests/integration/test_plan_loop.py."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 
 from execbox.executions.status import ErrorCategory
 from execbox.plans import usage
+from execbox.plans.errors import RunBusy
 from execbox.plans.usage import ModelCall, ModelCallReport, Usage
 from tests.unit.test_plans import Harness, cell, plan
 from tests.unit.test_plans import plans as plans  # the fixture
@@ -322,3 +324,27 @@ def test_what_a_step_stores_reads_back_in_the_previous_version_and_answers_schem
     wait = InputWait(value_schema=SQL, expires_at=1.0).model_dump(mode="json")
     assert asked["input"]["schema"] == SQL and wait["schema"] == SQL, "the wire name everywhere, webhooks included"
     assert InputWait.model_validate(wait).value_schema == SQL
+
+
+def test_a_holder_whose_lock_lapsed_stores_nothing(plans: Harness) -> None:
+    run = plans.start(plan({"id": "q", "input": {"schema": {"type": "object"}}}))
+    store = plans.executor.store
+    with store.locked(run["id"]):
+        stale = store.get(run["id"])
+        assert stale is not None
+        plans.client.delete(plans.keys.run_lock(run["id"]))  # the lease lapsed while it stalled
+
+        def later_holder() -> None:  # another request takes the lock and changes the run
+            with store.locked(run["id"]):
+                fresh = store.get(run["id"])
+                assert fresh is not None
+                fresh.labels = {"changed": "by the later holder"}
+                store.put(fresh, None)
+
+        other = threading.Thread(target=later_holder)
+        other.start()
+        other.join()
+        stale.labels = {"changed": "by the stalled holder"}
+        with pytest.raises(RunBusy):
+            store.put(stale, None)
+    assert plans.run(run["id"])["labels"] == {"changed": "by the later holder"}, "the later change was not lost"

@@ -2,7 +2,9 @@
 
 Every change to a run happens under the run's lock (redis-py's Lock: a token with a lease), so
 advancing a run is serialised across every API process; the lock is what makes "each step attempt
-is dispatched at most once" hold together with the idempotency key of each dispatch.
+is dispatched at most once" hold together with the idempotency key of each dispatch. A holder
+whose lease lapsed (it stalled past LOCK_S) stores nothing: `put` commits only while the lock still
+holds its token (WATCH on the lock's key), else RunBusy, so a later holder's change is never lost.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import base64
 import json
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +21,7 @@ from typing import TypeVar
 
 import redis
 from pydantic import ValidationError
-from redis.exceptions import LockError
+from redis.exceptions import LockError, WatchError
 
 from execbox.core.readable import readable
 from execbox.core.redis import redis_errors, text
@@ -45,6 +48,8 @@ class RunStore:
         self.keys = keys
         self._retention_s = retention_s
         self.events = EventStream(client, keys.events)
+        self._held = threading.local()
+        """This thread's locks: run id -> the token its lock holds."""
 
     @contextmanager
     def locked(self, run_id: str) -> Iterator[None]:
@@ -53,9 +58,12 @@ class RunStore:
             acquired = lock.acquire()
         if not acquired:
             raise RunBusy(run_id)
+        held: dict[str, bytes] = self._held.__dict__.setdefault("tokens", {})
+        held[run_id] = lock.local.token
         try:
             yield
         finally:
+            held.pop(run_id, None)
             try:
                 lock.release()
             except LockError:
@@ -80,7 +88,14 @@ class RunStore:
         Its webhook's events go to the outbox in the same transaction. A change its reader would
         refuse is not stored (InvalidRequest, 422): the run stays as it was."""
         raw = readable(StoredRun, record)
+        token = self._held.__dict__.get("tokens", {}).get(record.id)
         with redis_errors(), self.redis.pipeline() as pipe:
+            if token is not None:  # fenced: only while this thread's lock still holds the run
+                lock_key = self.keys.run_lock(record.id)
+                pipe.watch(lock_key)  # type: ignore[no-untyped-call]
+                if pipe.get(lock_key) != token:
+                    raise RunBusy(record.id)
+                pipe.multi()
             pipe.set(self.keys.run(record.id), raw, ex=self._retention_s)
             for notice in record.take_notices():
                 self.events.append(pipe, notice)
@@ -89,7 +104,10 @@ class RunStore:
             else:
                 pipe.zadd(self.keys.active_runs, {record.id: due_at})
             pipe.publish(self.keys.done(record.id), record.status.value)
-            pipe.execute()
+            try:
+                pipe.execute()
+            except WatchError as exc:  # the lease lapsed and another holder took the lock meanwhile
+                raise RunBusy(record.id) from exc
 
     def due(self, limit: int = 64) -> list[str]:
         with redis_errors():
