@@ -348,3 +348,19 @@ def test_a_holder_whose_lock_lapsed_stores_nothing(plans: Harness) -> None:
         with pytest.raises(RunBusy):
             store.put(stale, None)
     assert plans.run(run["id"])["labels"] == {"changed": "by the later holder"}, "the later change was not lost"
+
+
+def test_a_script_steps_postconditions_hold_beside_the_scripts_own_output_schema(plans: Harness) -> None:
+    counted = {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}
+    script = {"name": "reports.counted", "version": "1.0.0", "language": "python", "output_schema": counted,
+              "code": "import execbox\nexecbox.emit('n', 1)\n", "input_schema": {"type": "object"}}  # fmt: skip
+    assert plans.http.post("/v1/scripts", json=script, headers=plans.headers).status_code == 201
+    post = {"outputs_schema": {"properties": {"n": {"minimum": 5}}}}
+    run = plans.start(plan({"id": "s", "run": {"script": "reports.counted@1.0.0"}, "postconditions": post}))
+
+    record = plans.store.get(plans.executions_of(run["id"], "s")[0])
+    assert record is not None and record.expect is not None
+    assert record.expect.outputs_schema == {"allOf": [counted, post["outputs_schema"]]}
+    plans.finish(run["id"], "s", {"n": 1})
+    state = plans.run(run["id"])["steps"]["s"]
+    assert state["status"] == "failed" and state["error"]["category"] == "output.invalid", state

@@ -73,6 +73,19 @@ def script_request(
     return body, f"{name}@{script.version}"
 
 
+def with_postconditions(body: ExecutionCreate, post: Postconditions | None) -> ExecutionCreate:
+    """A prepared request (a script's) that must also meet the step's postconditions: both output
+    schemas hold (allOf), and the step's exit code when it names one."""
+    if post is None or (post.outputs_schema is None and post.exit_code is None):
+        return body
+    expect = body.expect or Expect()
+    schemas = [s for s in (expect.outputs_schema, post.outputs_schema) if s is not None]
+    combined = schemas[0] if len(schemas) == 1 else {"allOf": schemas}
+    exit_code = post.exit_code if post.exit_code is not None else expect.exit_code
+    return body.model_copy(update={"expect": expect.model_copy(update={"outputs_schema": combined,
+                                                                       "exit_code": exit_code})})  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Dispatcher:
     submissions: Submissions
@@ -104,7 +117,7 @@ class Dispatcher:
                     raise MissingArtifact(f"step {ref.pointer[1]} has no artifact {ref.pointer[3]!r}") from exc
         origin = Origin(run=run.id, step=step_id)
         if isinstance(cell, ExecutionCreate):
-            body = cell
+            body = with_postconditions(cell, post)
             if isinstance(cell, ScriptRun):
                 origin = cell.origin.model_copy(update={"run": run.id, "step": step_id})
         else:
