@@ -6,12 +6,15 @@ behaviours run against real sandboxes in tests/integration/test_plan_loop.py."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
 
-from execbox.executions.status import ErrorCategory
+from execbox.executions.status import ErrorCategory, ExecutionStatus
+from execbox.plans import store as store_module
 from execbox.plans import usage
+from execbox.plans.consumer import PlanConsumer
 from execbox.plans.errors import RunBusy
 from execbox.plans.usage import ModelCall, ModelCallReport, Usage
 from tests.unit.test_plans import Harness, cell, plan
@@ -364,3 +367,42 @@ def test_a_script_steps_postconditions_hold_beside_the_scripts_own_output_schema
     plans.finish(run["id"], "s", {"n": 1})
     state = plans.run(run["id"])["steps"]["s"]
     assert state["status"] == "failed" and state["error"]["category"] == "output.invalid", state
+
+
+def test_another_deployments_run_is_neither_locked_nor_ended_from_here(plans: Harness) -> None:
+    run = plans.start(plan({"id": "q", "input": {"schema": {"type": "object"}}}))
+    store = plans.executor.store
+    stored = store.get(run["id"])
+    assert stored is not None
+    stored.queue = "another-deployment"
+    store.put(stored, time.time())
+    plans.client.set(plans.keys.run_lock(run["id"]), b"its owner's token", px=60_000)  # its owner is changing it
+
+    started = time.monotonic()
+    seen = plans.executor.advance(run["id"])
+    ended = plans.executor.abandon(run["id"], "set aside after its last attempt: (test)")
+    assert time.monotonic() - started < 1.0, "no lock was waited for"
+    assert seen is not None and ended is not None and ended.status.value == "awaiting_input"
+    assert plans.run(run["id"])["status"] == "awaiting_input", "another deployment's run is never ended from here"
+
+
+def test_a_run_another_holder_is_changing_is_looked_at_again_and_never_set_aside(
+    plans: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "LOCK_WAIT_S", 0.05)
+    run = plans.start(plan({"id": "a", "run": cell()}, {"id": "b", "run": cell(), "depends_on": ["a"]}))
+    consumer = PlanConsumer(plans.executor, "test", idle_s=1.0)
+    lock = plans.keys.run_lock(run["id"])
+    plans.client.set(lock, b"another holder", px=60_000)
+    (first,) = plans.executions_of(run["id"], "a")
+    plans.store.transition(first, {ExecutionStatus.QUEUED}, "test", lambda r: ExecutionStatus.RUNNING)
+    plans.store.transition(first, {ExecutionStatus.RUNNING}, "test", lambda r: ExecutionStatus.SUCCEEDED)
+    for _ in range(8):  # more than the guard's attempts: contention is no poison
+        consumer.handle({"type": "execution.terminal", "id": first})
+        consumer.advance_due()
+    assert plans.client.zscore(plans.keys.active_runs, run["id"]) is not None, "still due, never set aside"
+    assert plans.run(run["id"])["status"] == "running" and plans.statuses(run["id"])["a"] == "running"
+
+    plans.client.delete(lock)
+    consumer.advance_due()
+    assert plans.statuses(run["id"]) == {"a": "succeeded", "b": "running"}, "advanced once the holder let go"

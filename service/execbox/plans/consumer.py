@@ -6,6 +6,9 @@ that run. Entries a dead process took and never acknowledged are claimed by anot
 Between events the thread also advances runs whose retry, approval expiry or wall budget fell due
 (`runs:active`). An event or a due run that fails is retried with backoff and, after its last
 attempt, set aside as a dead letter (execbox.core.poison): one broken run never stops the others.
+A run whose lock another holder has is not a failure (it is made due again, uncounted), and a run
+of another queue's deployment is never locked here: every deployment on a Redis sees every due
+run, and their contending for its lock would starve, then set aside, its owner's.
 The executor runs here, in the API, because submitting executions is the API
 role's right; workers, which sit next to untrusted code, gain nothing.
 """
@@ -21,6 +24,7 @@ from execbox.core.poison import Guard, consume
 from execbox.core.streams import TERMINAL
 from execbox.executions.events import consumer_group
 from execbox.plans.dispatch import awaited_by
+from execbox.plans.errors import RunBusy
 from execbox.plans.executor import Executor
 
 log = logging.getLogger(__name__)
@@ -51,20 +55,30 @@ class PlanConsumer:
             self.guard.record(active, run_id, partial(self._advance, run_id), on_dead=partial(self._abandon, run_id))
 
     def handle(self, event: dict[str, str]) -> None:
-        """An execution ended: advance the run it belongs to. Raises when that cannot be done now
-        (the run's lock is held by a process that may have died, Redis failed, the run is
-        unreadable): the guard tries the event again later."""
+        """An execution ended: advance the run it belongs to. A run another holder is changing is
+        made due now (the due loop looks again, uncounted); raises when it cannot be done now for
+        another reason (Redis failed, the run is unreadable): the guard tries the event again later."""
         if event.get("type") != TERMINAL:
             return
         record = self._executor.submissions.store.get(event["id"])
         if record is None:
             return
-        run_id = awaited_by(self._executor.store, record)  # its service link, checked
+        try:
+            run_id = awaited_by(self._executor.store, record, self._executor.queue)  # its service link, checked
+        except RunBusy as busy:  # being changed: looked at again from the due set (it is this queue's run)
+            self._executor.store.due_now(busy.run_id)
+            return
         if run_id is not None:
             self._advance(run_id)
 
     def _advance(self, run_id: str) -> None:
-        self._executor.advance(run_id)
+        """Advance the run; while another holder changes it (RunBusy), it is made due now instead,
+        uncounted: contention is not a poison, and the holder may have read the run before this
+        event's execution ended, so it is looked at again."""
+        try:
+            self._executor.advance(run_id)
+        except RunBusy:
+            self._executor.store.due_now(run_id)
 
     def _abandon(self, run_id: str, why: str) -> None:
         self._executor.abandon(run_id, f"set aside after its last attempt: {why}")

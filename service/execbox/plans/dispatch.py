@@ -140,11 +140,12 @@ class Dispatcher:
         return submitted.record.id
 
 
-def awaited_by(store: RunStore, record: ExecutionRecord) -> str | None:
+def awaited_by(store: RunStore, record: ExecutionRecord, queue: str | None = None) -> str | None:
     """The run an ended execution advances: the one its origin names, when that run is the same
     tenant's and lists the execution as an attempt or check of the origin's step; None otherwise.
     The run is read under its lock, so an execution that ended before its dispatch was saved is seen
-    listed; raises RunBusy or QueueUnavailable when that cannot be read now.
+    listed; raises RunBusy or QueueUnavailable when that cannot be read now. With `queue`, a run of
+    another queue's deployment is not followed (and its lock is not taken).
 
     An execution stored before origins existed names its run in the labels `execbox.run` and
     `execbox.step`; those are followed under the same check (the run must list this very
@@ -155,6 +156,10 @@ def awaited_by(store: RunStore, record: ExecutionRecord) -> str | None:
         run_id, step = record.labels.get(_LEGACY_RUN), record.labels.get(_LEGACY_STEP)
     if run_id is None or step is None or not re.match(RUN_ID_PATTERN, run_id):
         return None
+    if queue is not None:  # another deployment's run is its own to follow, without taking its lock
+        peeked = store.get(run_id)
+        if peeked is None or peeked.queue != queue:
+            return None
     with store.locked(run_id):
         run = store.get(run_id)
     state = run.steps.get(step) if run is not None and run.tenant == record.tenant else None

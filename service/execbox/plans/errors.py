@@ -62,6 +62,7 @@ class RunBusy(InfrastructureError):
 
     def __init__(self, run_id: str) -> None:
         super().__init__(f"run {run_id} is being changed by another request; retry shortly")
+        self.run_id = run_id
 
 
 __all__ = [

@@ -74,7 +74,12 @@ class Executor:
         return self.submissions.settings.queue.name
 
     def advance(self, run_id: str) -> StoredRun | None:
-        """Reconcile the run (a run of another queue's deployment is left to that deployment)."""
+        """Reconcile the run. A run of another queue's deployment is left to that deployment without
+        taking its lock (a run's queue never changes, so a read without the lock tells): every
+        deployment on a Redis sees every due run, and their locking it would starve its owner."""
+        peeked = self.store.get(run_id)
+        if peeked is None or peeked.queue != self.queue:
+            return peeked
         with self.store.locked(run_id):
             run = self.store.get(run_id)
             if run is None or (run.status.terminal and not compensation.running(run)) or run.queue != self.queue:
@@ -87,6 +92,9 @@ class Executor:
         """End a run whose reconciliation raised what nobody foresaw: failed (`internal_error`), so it
         neither stays `running` for ever nor fails every later round of the consumer."""
         try:
+            peeked = self.store.get(run_id)
+            if peeked is None or peeked.queue != self.queue:
+                return peeked  # another deployment's run: never ended from here
             with self.store.locked(run_id):
                 run = self.store.get(run_id)
                 if run is None or run.status.terminal:

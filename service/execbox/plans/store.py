@@ -109,6 +109,11 @@ class RunStore:
             except WatchError as exc:  # the lease lapsed and another holder took the lock meanwhile
                 raise RunBusy(record.id) from exc
 
+    def due_now(self, run_id: str) -> None:
+        """Make an active run due now (a run no longer active is left so)."""
+        with redis_errors():
+            self.redis.zadd(self.keys.active_runs, {run_id: time.time()}, xx=True)
+
     def due(self, limit: int = 64) -> list[str]:
         with redis_errors():
             return [text(m) for m in self.redis.zrangebyscore(self.keys.active_runs, "-inf", time.time(), 0, limit)]
