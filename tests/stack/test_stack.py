@@ -63,6 +63,19 @@ def test_outcomes_through_the_stack(api: httpx.Client) -> None:
     assert run(api, "echo hi >&2; exit 3", language="bash")["error"]["category"] == "code.exit_nonzero"
 
 
+def test_the_service_image_serves_the_console(api: httpx.Client) -> None:
+    """The templates and stylesheet are in the wheel the image installs (package data), and a key signs in."""
+    key = api.headers["Authorization"].removeprefix("Bearer ")
+    with httpx.Client(base_url=URL, timeout=30) as web:
+        form = web.get("/console/signin")
+        assert form.status_code == 200 and 'name="key"' in form.text
+        assert "default-src 'none'" in form.headers["content-security-policy"]
+        assert web.get("/console/static/console.css").headers["content-type"].startswith("text/css")
+        signed = web.post("/console/signin", data={"key": key}, headers={"Origin": URL})
+        assert signed.status_code == 303 and signed.headers["location"] == "/console/approvals"
+        assert "Approvals" in web.get("/console/approvals").text
+
+
 def test_warm_pool_and_egress_proxy_are_up(api: httpx.Client) -> None:
     assert compose_containers("egress"), "the egress service is not running"
     health = subprocess.run(["docker", "inspect", "-f", "{{.State.Health.Status}}", "execbox-egress"],

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from rq import Queue
 
 from execbox import __version__
-from execbox.api import mcp, problems
+from execbox.api import console, mcp, problems
 from execbox.api.deps import Services
 from execbox.api.metrics import HttpMetrics, SharedStateCollector, api_metrics
 from execbox.api.routes import admin, e2b, executions, files, health, languages, runs, schedules, scripts
@@ -61,6 +61,7 @@ from execbox.sessions.store import SessionStore
 from execbox.settings import Settings
 from execbox.tenancy.apikeys import ApiKeys
 from execbox.tenancy.quotas import Quotas, Slots
+from execbox.tenancy.signins import SignIns
 
 __all__ = ["create_app"]
 
@@ -134,6 +135,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     executor = Executor(run_store, submissions, artifacts, metrics.plans, library)
     allowed = lambda tenant: quotas.quota(tenant).policies  # noqa: E731
     plan_runs = Runs(executor, language_set, policies, allowed, settings.webhooks.allow_hosts)
+    api_keys = ApiKeys(client, settings.redis.key_prefix)
     app.state.services = Services(
         settings=settings,
         store=store,
@@ -148,7 +150,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         registry=registry,
         spans=spans,
         idempotency=idempotency,
-        keys=ApiKeys(client, settings.redis.key_prefix),
+        keys=api_keys,
         quotas=quotas,
         waiters=waiters,
         runs=plan_runs,
@@ -170,6 +172,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ),  # fmt: skip
         envd=Envd(sessions.store, waiters.streams, keys, settings.e2b.max_file_bytes, settings.e2b.call_timeout_s),
         watchers=WatcherBook(client, keys, settings.sessions.max_lifetime_s + settings.retention_s),
+        console=SignIns(client, keys, api_keys),
     )
     foreign = {"/e2b/": e2b.error_response} if settings.e2b.enabled else {}
     problems.install(app, settings.api.max_json_body_bytes, settings.api.max_body_bytes, foreign)
@@ -184,6 +187,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(admin.router)
     app.include_router(languages.router)
     app.include_router(health.router)
+    console.install(app)
     if settings.e2b.enabled:
         app.include_router(e2b.control)
         app.include_router(e2b.sandbox)

@@ -33,6 +33,7 @@ from execbox.sessions.service import Sessions
 from execbox.settings import Settings
 from execbox.tenancy.apikeys import DEFAULT_TENANT, ApiKeys
 from execbox.tenancy.quotas import Quotas
+from execbox.tenancy.signins import SignIns
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class Services:
     interpreter: Interpreter
     envd: Envd
     watchers: WatcherBook
+    console: SignIns
 
 
 def _services(request: Request) -> Services:

@@ -66,6 +66,7 @@ def roles(prefix: str) -> dict[str, Role]:
                 f"~{p}:t:rate:*",
                 f"~{p}:apikey:*",
                 f"~{p}:apikeys",
+                f"~{p}:console:*",
                 f"~{p}:t:idem:*",
                 f"~{p}:run:*",
                 f"~{p}:runlock:*",

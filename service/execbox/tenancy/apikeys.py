@@ -27,7 +27,7 @@ TENANT_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 DEFAULT_TENANT = "default"
 KEY_WORDS = frozenset(
     {"active", "answers", "apikey", "apikeys", "approval", "approvals", "asks", "cancel", "cells", "contexts",
-     "dead", "deadlines", "denied", "done", "drained", "due", "e2b", "egress", "events", "exe", "file",
+     "console", "dead", "deadlines", "denied", "done", "drained", "due", "e2b", "egress", "events", "exe", "file",
      "finished", "firings", "idem", "lease", "live", "members", "nodes", "open", "pending", "poison", "q",
      "rate", "replay", "ring", "rule", "run", "runlock", "running", "runs", "schedule", "schedules",
      "script", "scripts", "scriptuse", "secret", "ses", "slot", "starts", "surprise", "surprises",
@@ -130,6 +130,10 @@ class ApiKeys:
         with redis_errors():
             raw = self._redis.get(redis_key)
         return self.tenant_from(raw)
+
+    def digest_key(self, digest: str) -> str:
+        """Where the key whose SHA-256 is `digest` is stored."""
+        return self._key(digest)
 
     def lookup_key(self, authorization: str | None) -> str:
         """Where the key of an `Authorization: Bearer` header is stored (for an async lookup)."""

@@ -16,6 +16,7 @@ SCHEMA: tuple[KeySpec, ...] = (
     ),
     KeySpec("apikey:{digest}", "string (JSON)", "none", ("api", "admin"), (), "an API key, by its SHA-256"),
     KeySpec("apikeys", "set of digests", "none", ("api", "admin"), (), "every API key, for listing"),
+    KeySpec("console:{digest}", "string (JSON)", "8 h", ("api",), (), "a console sign-in, by its cookie's SHA-256"),
 )
 
 
@@ -32,6 +33,9 @@ class TenancyKeys(KeyBuilder):
     @property
     def api_keys(self) -> str:
         return self._k("apikeys")
+
+    def console_signin(self, digest: str) -> str:
+        return self._k("console", digest)
 
 
 __all__ = ["SCHEMA", "TenancyKeys"]

@@ -81,6 +81,14 @@ class Slots:
             )
         return text(verdict), int(count)
 
+    def use(self, tenant: str, minute: int) -> tuple[int, int]:
+        """(queued or running executions, submissions in `minute`) of a tenant now."""
+        with redis_errors(), self.redis.pipeline(transaction=False) as pipe:
+            pipe.zcard(self.keys.active(tenant))
+            pipe.get(self.keys.rate(tenant, minute))
+            running, submitted = pipe.execute()
+        return int(running), int(submitted or 0)
+
     def release(self, tenant: str, execution_id: str) -> None:
         with redis_errors():
             free(self.redis, self.keys, tenant, execution_id)
@@ -121,6 +129,10 @@ class Quotas:
 
     def quota(self, tenant: str) -> _Quota:
         return self._quotas.tenants.get(tenant, self._quotas.default)
+
+    def named(self) -> list[str]:
+        """The tenants the quota file names (the others take its default)."""
+        return sorted(self._quotas.tenants)
 
     def admit(self, tenant: str, policy_name: str, execution_id: str, queue_depth: int) -> Admission:
         """Check every limit and take a running slot for execution_id, atomically; raise when one is
