@@ -279,3 +279,29 @@ def test_a_wrong_key_is_refused_and_signed_out_pages_send_to_the_sign_in(stack: 
     WebDriverWait(browser, 10).until(lambda b: b.find_elements(By.ID, "problem"), "the sign-in page's answer")
     assert "not a valid API key" in text_of(browser, "problem")
     assert not browser.get_cookies()
+
+
+def test_a_running_executions_output_shows_live_and_a_long_one_is_paged(
+    api: httpx.Client, stack: Stack, browser: WebDriver
+) -> None:
+    code = "import time\nfor i in range(120):\n    print('tick', i, flush=True)\n    time.sleep(0.5)\n"
+    running = api.post("/v1/executions", json={"language": "python", "code": code, "policy": {"timeout_s": 90}}).json()
+    sign_in(browser, stack.base_url, stack.keys["alpha"])
+    browser.get(f"{stack.base_url}/console/executions/{running['id']}")
+
+    def ticked(b: WebDriver) -> bool:
+        found = b.find_elements(By.ID, "stdout")
+        return bool(found) and "tick 2" in found[0].text
+
+    WebDriverWait(browser, 60, poll_frequency=0.5).until(ticked, "live output on the page")
+    assert text_of(browser, "execution-status") == "running", "shown while it runs, before the record has it"
+    shot(browser, "execution-live")
+    api.post(f"/v1/executions/{running['id']}/cancel")
+
+    long = run_code(api, "print('x' * 200_000)")
+    assert long["status"] == "succeeded" and len(long["stdout"]) == 200_001
+    browser.get(f"{stack.base_url}/console/executions/{long['id']}")
+    assert "page 1 of 4" in browser.find_element(By.TAG_NAME, "main").text
+    assert len(text_of(browser, "stdout")) == 64 * 1024
+    browser.find_element(By.ID, "stdout-next").click()
+    WebDriverWait(browser, 10).until(lambda b: "page 2 of 4" in b.find_element(By.TAG_NAME, "main").text)

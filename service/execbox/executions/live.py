@@ -47,6 +47,21 @@ def append(
     pipe.expire(key, ttl_s)
 
 
+def so_far(client: redis.Redis, keys: ExecutionKeys, execution_id: str, limit: int = 1 << 20) -> dict[str, str]:
+    """The stdout and stderr a running execution has written so far (from its live events), each
+    cut at `limit` characters: what a page shows before the record has the output."""
+    found: dict[str, str] = dict.fromkeys(STREAMS.values(), "")
+    with redis_errors():
+        entries = client.xrange(keys.stream(execution_id), count=STREAM_MAXLEN)
+    for _, raw in entries or []:
+        fields = {text(k): text(v) for k, v in (raw or {}).items()}
+        name = fields.get("event", "")
+        if name in found and len(found[name]) < limit:
+            piece = str(json.loads(fields.get("data", "{}")).get("text", ""))
+            found[name] = (found[name] + piece)[:limit]
+    return found
+
+
 class LiveOutput:
     """The worker's writer of one run's stdout and stderr events: coalesced, capped, flushed by a
     thread of its own (a slow Redis never blocks the reader of the sandbox's streams)."""

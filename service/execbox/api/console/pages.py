@@ -37,7 +37,9 @@ from execbox.api.console.web import (
     tenant_of,
 )
 from execbox.api.deps import ServicesDep
-from execbox.executions.schemas import EXECUTION_ID_PATTERN, ExecutionPublic
+from execbox.executions import live
+from execbox.executions.record import ExecutionRecord, RunRecord
+from execbox.executions.schemas import EXECUTION_ID_PATTERN
 from execbox.files.collect import RICH_DIR
 from execbox.plans.schemas import ApprovalStatus, Decision, RunStatus
 from execbox.plans.validation import dependencies
@@ -167,11 +169,10 @@ def find_execution(request: Request, signin: SignInDep, id: Annotated[str, Query
     return page(request, "find.html")
 
 
-def _owned(request: Request, services: ServicesDep, tenant: str, execution_id: str) -> ExecutionPublic:
+def _owned(services: ServicesDep, tenant: str, execution_id: str) -> ExecutionRecord:
     if not EXECUTION_ID.match(execution_id):
         raise PageError(404, "execution.not_found", "no such execution")
-    record = answer_errors(services.executions.owned, tenant, execution_id)
-    return record.public()
+    return answer_errors(services.executions.owned, tenant, execution_id)
 
 
 def _pages(text: str) -> int:
@@ -181,14 +182,18 @@ def _pages(text: str) -> int:
 @router.get("/executions/{execution_id}", response_class=HTMLResponse)
 def execution(request: Request, execution_id: str, signin: SignInDep, services: ServicesDep,
               out: Annotated[int, Query(ge=1)] = 1, err: Annotated[int, Query(ge=1)] = 1) -> HTMLResponse:  # fmt: skip
-    found = _owned(request, services, tenant_of(signin), execution_id)
+    stored = _owned(services, tenant_of(signin), execution_id)
+    found = stored.public()
     results = [
         {"media_type": media, "url": f"{PATH}/executions/{found.id}/results/{quote(d.url.rsplit('/', 1)[-1])}",
          "text": d.text, "inline": media in INLINE_IMAGES, "sha256": d.sha256, "size": d.size}
         for r in found.results for media, d in r.data.items()
     ]  # fmt: skip
-    record = found.model_dump_json(indent=2, exclude={"stdout", "stderr"})
+    record = RunRecord.of(stored).model_dump_json(indent=2)
     stdout, stderr = found.stdout, found.stderr
+    if found.finished_at is None:  # the record has no output yet: what the run wrote so far
+        written = live.so_far(services.store.redis, services.store.keys, found.id, PAGE_BYTES * 16)
+        stdout, stderr = written["stdout"], written["stderr"]
     return page(request, "execution.html", e=found, results=results, record=record,
                 out=stdout[(out - 1) * PAGE_BYTES: out * PAGE_BYTES], out_page=out, out_pages=_pages(stdout),
                 err=stderr[(err - 1) * PAGE_BYTES: err * PAGE_BYTES], err_page=err, err_pages=_pages(stderr),
@@ -210,7 +215,7 @@ def _download(services: ServicesDep, execution_id: str, name: str, media_type: s
 
 @router.get("/executions/{execution_id}/artifacts/{name:path}")
 def artifact(request: Request, execution_id: str, name: str, signin: SignInDep, services: ServicesDep) -> Response:
-    found = _owned(request, services, tenant_of(signin), execution_id)
+    found = _owned(services, tenant_of(signin), execution_id)
     one = next((a for a in found.artifacts if a.name == name), None)
     if one is None:
         raise PageError(404, "artifact.not_found", "no such artifact")
@@ -219,7 +224,7 @@ def artifact(request: Request, execution_id: str, name: str, signin: SignInDep, 
 
 @router.get("/executions/{execution_id}/results/{file}")
 def result(request: Request, execution_id: str, file: str, signin: SignInDep, services: ServicesDep) -> Response:
-    found = _owned(request, services, tenant_of(signin), execution_id)
+    found = _owned(services, tenant_of(signin), execution_id)
     suffix = f"/results/{quote(file)}"
     data = next((d for r in found.results for d in r.data.values() if d.url.endswith(suffix)), None)
     if data is None:
