@@ -305,3 +305,51 @@ def test_a_running_executions_output_shows_live_and_a_long_one_is_paged(
     assert len(text_of(browser, "stdout")) == 64 * 1024
     browser.find_element(By.ID, "stdout-next").click()
     WebDriverWait(browser, 10).until(lambda b: "page 2 of 4" in b.find_element(By.TAG_NAME, "main").text)
+
+
+def http_sign_in(web: httpx.Client, key: str) -> None:
+    assert (
+        web.post("/console/signin", data={"key": key}, headers={"Origin": str(web.base_url).rstrip("/")}).status_code
+        == 303
+    )
+
+
+def test_a_failed_run_a_scripts_code_and_bad_parameters_are_pages(api: httpx.Client, stack: Stack) -> None:
+    failing = {"format": "plan/v1", "steps": [{"id": "boom", "run": {"code": "raise SystemExit(3)"}}]}
+    run = api.post("/v1/runs", json={"plan": failing}).json()
+    while run["status"] == "running":
+        run = api.get(f"/v1/runs/{run['id']}?wait=30&after={len(run['events'])}").json()
+    api.post(f"/v1/runs/{run['id']}/cancel")
+    name = f"console-{secrets.token_hex(3)}"
+    code = "import execbox\nexecbox.emit('shown', '<b>the code</b>')\n"
+    created = api.post("/v1/scripts", json={"name": name, "version": "1.0.0", "code": code, "description": "d"})
+    assert created.status_code == 201, created.text
+    with httpx.Client(base_url=stack.base_url, timeout=60) as web:
+        http_sign_in(web, stack.keys["alpha"])
+        page = web.get(f"/console/runs/{run['id']}")
+        assert page.status_code == 200 and "code.exit_nonzero" in page.text, page.text[:500]
+        script = web.get(f"/console/scripts/{name}")
+        assert (
+            script.status_code == 200
+            and "execbox.emit(&#39;shown&#39;, &#39;&lt;b&gt;the code&lt;/b&gt;&#39;)" in script.text
+        )
+        for path, status in ((f"/console/executions/exe_{'a' * 26}?out=0", 422), ("/console/nowhere", 404)):
+            answer = web.get(path)
+            assert answer.status_code == status and answer.headers["content-type"].startswith("text/html"), path
+            assert "default-src 'none'" in answer.headers["content-security-policy"], path
+        assert web.get("/v1/nowhere").headers["content-type"].startswith("application/problem+json"), "the API's own"
+
+
+def test_an_approval_that_outlived_its_run_does_not_stop_the_inbox(
+    api: httpx.Client, stack: Stack, redis_server: Redis
+) -> None:
+    run = awaiting(api, api.post("/v1/runs", json={"plan": gated_plan("outlives its run")}).json()["id"])
+    approval_id = run["steps"]["send"]["approval_id"]
+    harness = redis.Redis.from_url(redis_server.url)
+    assert harness.delete(f"{stack.prefix}:run:{run['id']}") == 1, "the run passed its retention"
+    with httpx.Client(base_url=stack.base_url, timeout=60) as web:
+        http_sign_in(web, stack.keys["alpha"])
+        inbox = web.get("/console/approvals")
+    assert inbox.status_code == 200 and approval_id in inbox.text
+    card = inbox.text[inbox.text.index(f'id="approval-{approval_id}"') :].split("</section>")[0]
+    assert "The run has ended (gone)" in card and "/decision" not in card, "no decision is offered for it"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import redis
 
@@ -31,6 +33,13 @@ def test_unknown_dependencies_and_long_ids_do_not_break_the_layout() -> None:
     assert len(drawn.edges) == 1
 
 
+def test_a_thousand_chained_steps_are_laid_out_in_a_thousand_columns() -> None:
+    chain = {f"s{i}": ({f"s{i + 1}"} if i < 999 else set()) for i in range(1000)}
+    drawn = layout(chain, {})
+    assert sorted(n.x for n in drawn.nodes) == sorted({n.x for n in drawn.nodes}), "one step per column"
+    assert {n.id: n.x for n in drawn.nodes}["s999"] < {n.id: n.x for n in drawn.nodes}["s0"]
+
+
 def _signins(client: redis.Redis, settings: Settings) -> tuple[SignIns, ApiKeys]:
     keys = ApiKeys(client, settings.redis.key_prefix)
     return SignIns(client, Keys(settings.redis.key_prefix), keys), keys
@@ -57,6 +66,9 @@ def test_the_admin_token_signs_in_the_operator_until_it_changes(client: redis.Re
     assert started.operator and started.key_id == OPERATOR and started.tenant == ""
     assert signins.read(token, "the-admin-token") is not None
     assert signins.read(token, "a-new-admin-token") is None and signins.read(token, None) is None
+    (stored,) = client.scan_iter(match=f"{settings.redis.key_prefix}:console:*")
+    at_rest = str(client.get(stored))
+    assert hashlib.sha256(b"the-admin-token").hexdigest() not in at_rest and "the-admin-token" not in at_rest
 
 
 def test_unknown_tokens_keys_and_ended_sign_ins_are_refused(client: redis.Redis, settings: Settings) -> None:

@@ -50,16 +50,18 @@ def append(
 def so_far(client: redis.Redis, keys: ExecutionKeys, execution_id: str, limit: int = 1 << 20) -> dict[str, str]:
     """The stdout and stderr a running execution has written so far (from its live events), each
     cut at `limit` characters: what a page shows before the record has the output."""
-    found: dict[str, str] = dict.fromkeys(STREAMS.values(), "")
+    parts: dict[str, list[str]] = {name: [] for name in STREAMS.values()}
+    sizes = dict.fromkeys(parts, 0)
     with redis_errors():
         entries = client.xrange(keys.stream(execution_id), count=STREAM_MAXLEN)
     for _, raw in entries or []:
         fields = {text(k): text(v) for k, v in (raw or {}).items()}
         name = fields.get("event", "")
-        if name in found and len(found[name]) < limit:
-            piece = str(json.loads(fields.get("data", "{}")).get("text", ""))
-            found[name] = (found[name] + piece)[:limit]
-    return found
+        if name in parts and sizes[name] < limit:
+            piece = str(json.loads(fields.get("data", "{}")).get("text", ""))[: limit - sizes[name]]
+            parts[name].append(piece)
+            sizes[name] += len(piece)
+    return {name: "".join(pieces) for name, pieces in parts.items()}
 
 
 class LiveOutput:

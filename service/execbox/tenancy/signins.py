@@ -2,14 +2,18 @@
 
 The browser holds only the token; Redis holds, under the token's SHA-256, who signed in (tenant,
 key id, or the operator), the form token that every form of the console must echo (CSRF), and
-the digest of the credential used. Each read checks that credential again: a key revoked since,
-or an admin token changed since, ends the sign-in at its next request. A sign-in lasts
+what proves the credential used: for a key, the SHA-256 Redis already names the key by; for the
+admin token, an HMAC of the cookie's token under it (Redis never holds anything from which the
+admin token could be guessed offline: the cookie's token is not stored). Each read checks that
+credential again: a key revoked since, or an admin token changed since, ends the sign-in at its
+next request. A sign-in lasts
 `SIGNIN_TTL_S` from its start, whatever is done with it (no sliding renewal).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import secrets
 import time
@@ -31,6 +35,10 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _operator_proof(admin_token: str, token: str) -> str:
+    return hmac.new(admin_token.encode(), token.encode(), hashlib.sha256).hexdigest()
+
+
 @dataclass(frozen=True)
 class SignIn:
     tenant: str
@@ -38,7 +46,8 @@ class SignIn:
     key_id: str
     form_token: str
     credential: str
-    """SHA-256 of the key or admin token signed in with, checked again at each read."""
+    """The key's SHA-256, or the operator's HMAC of the cookie's token under the admin token:
+    checked again at each read."""
     started_at: float
 
     @property
@@ -60,7 +69,8 @@ class SignIns:
             info = self._api_keys.key_from(self._stored_key(credential))
             tenant, key_id = info.tenant, info.key_id
         token = secrets.token_urlsafe(32)
-        signin = SignIn(tenant, key_id, secrets.token_urlsafe(32), _digest(credential), time.time())
+        proof = _operator_proof(credential, token) if key_id == OPERATOR else _digest(credential)
+        signin = SignIn(tenant, key_id, secrets.token_urlsafe(32), proof, time.time())
         with redis_errors():
             self._redis.set(self._keys.console_signin(_digest(token)), json.dumps(asdict(signin)), ex=SIGNIN_TTL_S)
         return token, signin
@@ -78,8 +88,10 @@ class SignIns:
         except (ValueError, TypeError):
             return None
         if signin.operator:
-            current = _digest(admin_token) if admin_token else None
-            return signin if current is not None and secrets.compare_digest(current, signin.credential) else None
+            held = admin_token is not None and secrets.compare_digest(
+                _operator_proof(admin_token, token), signin.credential
+            )
+            return signin if held else None
         try:
             with redis_errors():
                 raw_key = self._redis.get(self._api_keys.digest_key(signin.credential))

@@ -6,6 +6,7 @@ step ids as (escaped) text, so nothing a plan names ever becomes markup or scrip
 
 from __future__ import annotations
 
+import graphlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -42,20 +43,21 @@ class Graph:
 
 def layout(depends: Mapping[str, set[str]], statuses: Mapping[str, str]) -> Graph:
     """Steps in plan order (`depends` keeps it), each in the column after its deepest dependency.
-    A dependency that names no step of the plan is ignored; a cycle cannot reach here (validation
-    refuses it), and would only stop deepening."""
-    depth: dict[str, int] = {}
-
-    def depth_of(step: str, seen: frozenset[str] = frozenset()) -> int:
-        if step not in depth:
-            known = [d for d in depends.get(step, set()) if d in depends and d not in seen]
-            depth[step] = 1 + max((depth_of(d, seen | {step}) for d in known), default=-1)
-        return depth[step]
+    A dependency that names no step of the plan is ignored. Depths are found in a topological
+    order, without recursion (a plan may chain a thousand steps); a cycle cannot reach here
+    (validation refuses it), and would put every step in the first column."""
+    known = {step: {d for d in deps if d in depends and d != step} for step, deps in depends.items()}
+    depth: dict[str, int] = dict.fromkeys(depends, 0)
+    try:
+        for step in graphlib.TopologicalSorter(known).static_order():
+            depth[step] = 1 + max((depth[d] for d in known[step]), default=-1)
+    except graphlib.CycleError:
+        depth = dict.fromkeys(depends, 0)
 
     rows: dict[int, int] = {}
     nodes: dict[str, Node] = {}
     for step in depends:
-        column = depth_of(step)
+        column = depth[step]
         row = rows.get(column, 0)
         rows[column] = row + 1
         x, y = MARGIN + column * (BOX_W + GAP_X), MARGIN + row * (BOX_H + GAP_Y)

@@ -1,6 +1,6 @@
 """The console's operator page (a sign-in with the admin token): workers and nodes, the warm pool,
 the queue, the background loops' dead letters (inspect, replay, drop) and each tenant's use of
-its quotas. The operator sees no tenant's executions or runs here: counts, never contents."""
+its quotas. The operator sees no tenant's executions or runs here."""
 
 from __future__ import annotations
 

@@ -37,6 +37,7 @@ from execbox.api.console.web import (
     tenant_of,
 )
 from execbox.api.deps import ServicesDep
+from execbox.core.errors import ServiceError
 from execbox.executions import live
 from execbox.executions.record import ExecutionRecord, RunRecord
 from execbox.executions.schemas import EXECUTION_ID_PATTERN
@@ -100,14 +101,23 @@ def approvals(request: Request, signin: SignInDep, services: ServicesDep) -> HTM
     pending = [a for a in found if a.status is ApprovalStatus.PENDING]
     decided = sorted((a for a in found if a.status is not ApprovalStatus.PENDING),
                      key=lambda a: a.decided_at or a.expires_at, reverse=True)[:50]  # fmt: skip
-    plans = {}
+    plans: dict[str, tuple[str, list[tuple[str, str]]]] = {}
     for approval in pending:
         if approval.run_id and approval.run_id not in plans:
-            run = answer_errors(services.runs.get, tenant, approval.run_id)
-            plans[approval.run_id] = [(s.id, run.steps[s.id].status.value if s.id in run.steps else "pending")
-                                      for s in run.plan.steps]  # fmt: skip
+            plans[approval.run_id] = _around(services, tenant, approval.run_id)
     return page(request, "approvals.html", pending=pending, decided=decided, plans=plans,
                 pretty=lambda v: json.dumps(v, indent=2, sort_keys=True))  # fmt: skip
+
+
+def _around(services: ServicesDep, tenant: str, run_id: str) -> tuple[str, list[tuple[str, str]]]:
+    """(the run's status, each step's id and status); ("gone", []) for a run past its retention
+    (its approval may outlive it), so that one such approval never stops the page."""
+    try:
+        run = services.runs.get(tenant, run_id)
+    except ServiceError:
+        return "gone", []
+    steps = [(s.id, run.steps[s.id].status.value if s.id in run.steps else "pending") for s in run.plan.steps]
+    return run.status.value, steps
 
 
 @router.post("/approvals/{approval_id}/decision")
@@ -149,7 +159,7 @@ def run(request: Request, run_id: str, signin: SignInDep, services: ServicesDep)
     statuses = {step_id: state.status.value for step_id, state in stored.steps.items()}
     drawn = graph.layout({s.id: dependencies(s) for s in stored.plan.steps}, statuses)
     handoff = None
-    if stored.status in (RunStatus.NEEDS_REPLAN, RunStatus.GOAL_FAILED, RunStatus.FAILED):
+    if stored.status in (RunStatus.NEEDS_REPLAN, RunStatus.GOAL_FAILED):  # the only ones that have one
         handoff = answer_errors(services.runs.handoff, tenant, run_id)
     return page(request, "run.html", run=stored, graph=drawn, box=(graph.BOX_W, graph.BOX_H),
                 handoff=handoff.model_dump_json(indent=2) if handoff else None,
@@ -250,8 +260,12 @@ def scripts(request: Request, signin: SignInDep, services: ServicesDep) -> HTMLR
 
 @router.get("/scripts/{name}", response_class=HTMLResponse)
 def script(request: Request, name: str, signin: SignInDep, services: ServicesDep) -> HTMLResponse:
-    detail = answer_errors(services.scripts.detail, tenant_of(signin), name)
-    return page(request, "script.html", detail=detail)
+    tenant = tenant_of(signin)
+    detail = answer_errors(services.scripts.detail, tenant, name)
+    versions = [
+        (v, answer_errors(services.scripts.resolve, tenant, name, v.version)) for v in reversed(detail.versions)
+    ]
+    return page(request, "script.html", script=detail.name, versions=versions)
 
 
 __all__ = ["router"]
