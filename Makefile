@@ -1,5 +1,5 @@
 # execbox: `make up` starts the service, `make test` runs every check and test.
-.PHONY: install venv engine images up down up-host down-host test check unit integration stack-test cluster-up cluster-down cluster-test bench clean
+.PHONY: install venv engine images up down up-host down-host test check unit integration stack-test cluster-up cluster-down cluster-test bench bench-peers clean
 
 # Each set-up phase says how long it took (scripts/phase); `make up` ends with the list. .ci/run
 # sets EXECBOX_PHASES and EXECBOX_T0 itself, to list the whole run's phases.
@@ -103,8 +103,16 @@ else
 	.venv/bin/python bench/closed_loop.py --runs 30 --clients 1 8 $$(curl -fsS -o /dev/null http://127.0.0.1:8000/readyz 2>/dev/null && echo --stack)
 endif
 
+# execbox beside its peers (issue 35): llm-sandbox (fresh and pooled), epicbox, `docker run` and
+# native Python on the same image, closed and paced (about 10 min on 2 cores). The peers go into
+# .venv-peers (bench/peers.py makes it from PyPI); their containers are removed at the end.
+# PEERS_ARGS passes options, e.g. PEERS_ARGS="--runs 3".
+bench-peers: images
+	.venv/bin/pip install -q -e '.[bench]'
+	.venv/bin/python bench/peers.py $(PEERS_ARGS)
+
 # Everything execbox built and started: the stack, host services, its images, run state, wheels and
-# the conformance virtualenv (.venv, the development environment, stays).
+# the conformance and peers virtualenvs (.venv, the development environment, stays).
 clean: down
 	scripts/prune-images --all
-	rm -rf .run .venv-conformance .venv-conformance.log deploy/docker/wheels build sandbox-images/*/wheels sandbox-images/*/versions.json
+	rm -rf .run .venv-conformance .venv-conformance.log .venv-peers deploy/docker/wheels build sandbox-images/*/wheels sandbox-images/*/versions.json

@@ -2,7 +2,7 @@
 benchmark: it prints figures and asserts nothing.
 
 For each --clients N: N clients post code that sleeps --sleep seconds with ?wait=--wait at once,
-while /healthz is probed every 50 ms from its own thread (as an orchestrator would). Prints the
+while /healthz is probed every 50 ms from a process of its own (as an orchestrator would). Prints the
 answers' latency p50/p99 and their status codes, /healthz p50/p99/max, and the API's resident
 memory and open file descriptors before and after. The bench starts its own Redis, API and
 --workers workers (auth off, a quota that does not throttle), like bench/compare.py.
@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,6 +28,22 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import Service, redis_server, rss_mib, summary
+
+PROBE = """
+import json, sys, threading, time
+import httpx
+stopped = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stopped.set()), daemon=True).start()
+probes = []
+with httpx.Client(base_url=sys.argv[1], timeout=30) as health:
+    print("ready", flush=True)
+    while not stopped.wait(0.05):
+        start = time.monotonic()
+        health.get("/healthz")
+        probes.append((time.monotonic() - start) * 1000)
+print(json.dumps(probes))
+"""
+"""/healthz probed every 50 ms until stdin closes, then every probe's milliseconds as JSON."""
 
 
 def open_fds(pid: int) -> int:
@@ -49,15 +66,11 @@ def idle_probes(service: Service, seconds: float) -> dict[str, float]:
 def one_round(service: Service, clients: int, wait_s: float, sleep_s: float) -> dict[str, Any]:
     api_pid = service.procs[0].pid
     before = {"rss_mib": rss_mib(api_pid), "fds": open_fds(api_pid)}
-    probes: list[float] = []
-    stop = threading.Event()
-
-    def probe() -> None:
-        with httpx.Client(base_url=service.url, timeout=30) as health:
-            while not stop.wait(0.05):
-                start = time.monotonic()
-                health.get("/healthz")
-                probes.append((time.monotonic() - start) * 1000)
+    # The probe runs in a process of its own: in this one it would share the GIL with the
+    # clients' event loop and time that, not the API (the first figures of issue 35 did).
+    prober = subprocess.Popen([sys.executable, "-c", PROBE, service.url], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert prober.stdout is not None and prober.stdout.readline().strip() == "ready"
 
     async def waiters() -> list[tuple[float, int | str]]:
         limits = httpx.Limits(max_connections=clients + 10, max_keepalive_connections=clients + 10)
@@ -75,13 +88,11 @@ def one_round(service: Service, clients: int, wait_s: float, sleep_s: float) -> 
 
             return list(await asyncio.gather(*(one() for _ in range(clients))))
 
-    prober = threading.Thread(target=probe)
-    prober.start()
     try:
         answers = asyncio.run(waiters())
     finally:
-        stop.set()
-        prober.join()
+        probed, _ = prober.communicate("")  # its stdin closes: it stops and prints its probes
+    probes = json.loads(probed)
     after = {"rss_mib": rss_mib(api_pid), "fds": open_fds(api_pid)}
     return {
         "clients": clients,
