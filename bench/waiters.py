@@ -46,6 +46,14 @@ print(json.dumps(probes))
 """/healthz probed every 50 ms until stdin closes, then every probe's milliseconds as JSON."""
 
 
+def cpu_ticks(pid: int) -> tuple[int, int, int]:
+    """(the machine's busy ticks, all its ticks, the process's user + system ticks)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    own = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(fields) - idle, sum(fields), int(own[11]) + int(own[12])
+
+
 def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -88,17 +96,23 @@ def one_round(service: Service, clients: int, wait_s: float, sleep_s: float) -> 
 
             return list(await asyncio.gather(*(one() for _ in range(clients))))
 
+    busy0, all0, api0 = cpu_ticks(api_pid)
     try:
         answers = asyncio.run(waiters())
     finally:
         probed, _ = prober.communicate("")  # its stdin closes: it stops and prints its probes
+    busy1, all1, api1 = cpu_ticks(api_pid)
     probes = json.loads(probed)
+    cores = os.cpu_count() or 1
     after = {"rss_mib": rss_mib(api_pid), "fds": open_fds(api_pid)}
     return {
         "clients": clients,
         "answers": summary([ms for ms, _ in answers]),
         "statuses": dict(Counter(str(status) for _, status in answers)),
         "healthz": {**summary(probes), "max_ms": max(probes) if probes else None},
+        # What bounds /healthz: a machine with no idle core delays every process, the API's included.
+        "machine_busy_pct": round(100 * (busy1 - busy0) / max(all1 - all0, 1), 1),
+        "api_cpu_pct_of_one_core": round(100 * cores * (api1 - api0) / max(all1 - all0, 1), 1),
         "api_before": before,
         "api_after": after,
     }
@@ -122,7 +136,8 @@ def main() -> int:
                 a, h = row["answers"], row["healthz"]
                 print(f"{clients} waiting clients: answers p50 {a['p50_ms']:.0f} ms p99 {a['p99_ms']:.0f} ms "
                       f"{row['statuses']}; /healthz p50 {h['p50_ms']:.1f} ms p99 {h['p99_ms']:.1f} ms "
-                      f"max {h['max_ms']:.1f} ms over {h['n']} probes; API {row['api_before']} -> {row['api_after']}",
+                      f"max {h['max_ms']:.1f} ms over {h['n']} probes; machine busy {row['machine_busy_pct']}%, "
+                      f"API {row['api_cpu_pct_of_one_core']}% of a core; API {row['api_before']} -> {row['api_after']}",
                       flush=True)  # fmt: skip
                 print(f"  ratio /healthz p99 under load / idle: {h['p99_ms'] / idle['p99_ms']:.1f}", flush=True)
         finally:
