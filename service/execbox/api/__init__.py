@@ -111,7 +111,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     queue = make_queue(client, settings)
     fleet = WorkerRegistry(client, keys)
     registry.register(SharedStateCollector(lambda: shared_state(store, fleet, queue)))
-    registry.register(DeadLetterCollector(DeadLetters(client, keys).counts))
+    dead_letters = DeadLetters(client, keys)
+    registry.register(DeadLetterCollector(dead_letters.counts))
     metrics.loops.initialise(LOOPS)
     app.state.loops = Loops(stop, metrics.loops)
     artifacts = open_store(settings.artifacts, settings.artifacts_dir)
@@ -173,6 +174,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         envd=Envd(sessions.store, waiters.streams, keys, settings.e2b.max_file_bytes, settings.e2b.call_timeout_s),
         watchers=WatcherBook(client, keys, settings.sessions.max_lifetime_s + settings.retention_s),
         console=SignIns(client, keys, api_keys),
+        dead_letters=dead_letters,
     )
     foreign = {"/e2b/": e2b.error_response} if settings.e2b.enabled else {}
     problems.install(app, settings.api.max_json_body_bytes, settings.api.max_body_bytes, foreign)

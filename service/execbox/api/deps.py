@@ -12,6 +12,7 @@ from rq import Queue
 from execbox.api.metrics import ApiMetrics
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
+from execbox.core.deadletters import DeadLetters
 from execbox.core.redis import redis_errors
 from execbox.core.tracing import Spans
 from execbox.e2b.envd import Envd
@@ -64,6 +65,7 @@ class Services:
     envd: Envd
     watchers: WatcherBook
     console: SignIns
+    dead_letters: DeadLetters
 
 
 def _services(request: Request) -> Services:

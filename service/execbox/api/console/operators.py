@@ -15,16 +15,10 @@ from fastapi.responses import HTMLResponse, Response
 from execbox.api.bodies import OffLoopRoute
 from execbox.api.console.web import PATH, PageError, SignInDep, checked_form, operator_only, page, redirect
 from execbox.api.deps import ServicesDep
-from execbox.core.deadletters import DeadLetters
 from execbox.executions.queue import depth
 from execbox.fleet.nodes import Nodes
-from execbox.keyschema import Keys
 
 router = APIRouter(prefix=f"{PATH}/operators", include_in_schema=False, route_class=OffLoopRoute)
-
-
-def _letters(services: ServicesDep) -> DeadLetters:
-    return DeadLetters(services.fleet.redis, Keys(services.settings.redis.key_prefix))
 
 
 @router.get("", response_class=HTMLResponse)
@@ -39,13 +33,13 @@ def overview(request: Request, signin: SignInDep, services: ServicesDep) -> HTML
         tenants.append({"tenant": tenant, "running": running, "running_quota": quota.running,
                         "minute": this_minute, "per_minute": quota.per_minute})  # fmt: skip
     return page(request, "operators.html", workers=workers, nodes=nodes, queue_depth=depth(services.queue),
-                letters=_letters(services).list(), tenants=tenants)  # fmt: skip
+                letters=services.dead_letters.list(), tenants=tenants)  # fmt: skip
 
 
 @router.get("/dead-letters/{loop}/{letter_id}", response_class=HTMLResponse)
 def letter(request: Request, loop: str, letter_id: str, signin: SignInDep, services: ServicesDep) -> HTMLResponse:
     operator_only(signin)
-    found = _letters(services).get(loop, letter_id)
+    found = services.dead_letters.get(loop, letter_id)
     if found is None:
         raise PageError(404, "dead_letter.not_found", f"no dead letter {letter_id} of loop {loop}")
     return page(request, "letter.html", letter=found, shown=json.dumps(dataclasses.asdict(found), indent=2))
@@ -63,7 +57,7 @@ def act(
 ) -> Response:
     checked_form(request, signin, form_token)
     operator_only(signin)
-    letters = _letters(services)
+    letters = services.dead_letters
     if action not in ("replay", "drop"):
         raise PageError(422, "console.action", "action must be replay or drop")
     done = letters.replay(loop, letter_id) if action == "replay" else letters.drop(loop, letter_id)

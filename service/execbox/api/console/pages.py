@@ -26,6 +26,7 @@ from execbox.api.console.web import (
     PATH,
     PageError,
     SignInDep,
+    admin_token,
     answer_errors,
     checked_form,
     current,
@@ -33,7 +34,6 @@ from execbox.api.console.web import (
     redirect,
     same_origin,
     set_cookie,
-    signins,
     tenant_of,
 )
 from execbox.api.deps import ServicesDep
@@ -71,9 +71,8 @@ def signin_form(request: Request) -> HTMLResponse:
 @router.post("/signin", response_class=HTMLResponse)
 def signin(request: Request, services: ServicesDep, key: Annotated[str, Form(max_length=200)] = "") -> Response:
     same_origin(request)
-    token = services.settings.auth.admin_token
     try:
-        cookie, started = signins(services).start(key.strip(), token.get_secret_value() if token else None)
+        cookie, started = services.console.start(key.strip(), admin_token(services))
     except InvalidKey:
         return page(request, "signin.html", 401, problem="That key is not a valid API key or admin token.")
     response = redirect(f"{PATH}/operators" if started.operator else f"{PATH}/approvals")
@@ -85,7 +84,7 @@ def signin(request: Request, services: ServicesDep, key: Annotated[str, Form(max
 def signout(request: Request, signin: SignInDep, services: ServicesDep,
             form_token: Annotated[str, Form(max_length=100)] = "") -> Response:  # fmt: skip
     checked_form(request, signin, form_token)
-    signins(services).end(request.cookies.get(COOKIE))
+    services.console.end(request.cookies.get(COOKIE))
     response = redirect(f"{PATH}/signin")
     response.delete_cookie(COOKIE, path=PATH)
     return response

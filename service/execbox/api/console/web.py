@@ -26,7 +26,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from execbox.api.deps import Services, ServicesDep
 from execbox.core.errors import ServiceError
-from execbox.tenancy.signins import SIGNIN_TTL_S, SignIn, SignIns
+from execbox.tenancy.signins import SIGNIN_TTL_S, SignIn
 
 T = TypeVar("T")
 COOKIE = "execbox_console"
@@ -65,12 +65,7 @@ _env.filters["from_now"] = _in
 templates = Jinja2Templates(env=_env)
 
 
-def signins(services: Services) -> SignIns:
-    found: SignIns = services.console
-    return found
-
-
-def _admin_token(services: Services) -> str | None:
+def admin_token(services: Services) -> str | None:
     token = services.settings.auth.admin_token
     return token.get_secret_value() if token is not None else None
 
@@ -89,7 +84,7 @@ class SignedOut(Exception):
 
 def current(request: Request, services: Services) -> SignIn | None:
     """The request's sign-in, or None."""
-    return signins(services).read(request.cookies.get(COOKIE), _admin_token(services))
+    return services.console.read(request.cookies.get(COOKIE), admin_token(services))
 
 
 def _signed_in(request: Request, services: ServicesDep) -> SignIn:
