@@ -354,18 +354,18 @@ def test_losing_a_node_ends_its_executions_retryable_and_the_rest_carry_on(survi
     api_before = running_on("api")
     assert lost in api_before, api_before
     api = next(iter(survivors.values()))
-    # Long runs until one is running on the node to lose (the workers take them in turn), then a
-    # queue of short ones behind them.
+    # Long runs, each submitted once the one before is taken, until one runs on the node to lose:
+    # one worker per node, each busy with its own, so at most one per node (a run submitted before
+    # the one before it was taken could wait behind them all and never be taken). Then a queue of
+    # short ones behind them.
     long_ids: list[str] = []
-
-    def on_lost_node() -> bool:
-        long_ids.append(api.submit("import time\ntime.sleep(100)", policy={"timeout_s": 120}))
-        time.sleep(0)  # the submission is acknowledged; whether it runs on n3 is what we poll for
-        records = [api.record(i) for i in long_ids]
-        return any(r["status"] == "running" and node_of(r) == lost for r in records if r.get("worker"))
-
-    wait_for(on_lost_node, 60, f"a long execution running on {lost}", step_s=1)
-    wait_for(lambda: all(api.record(i).get("worker") for i in long_ids), 30, "every long run taken")
+    for _ in running_on("worker"):
+        execution_id = api.submit("import time\ntime.sleep(100)", policy={"timeout_s": 120})
+        long_ids.append(execution_id)
+        record = wait_for(lambda: (r := api.record(execution_id)).get("worker") and r, 30, "the long run taken")  # noqa: B023
+        if node_of(record) == lost:
+            break
+    assert any(node_of(api.record(i)) == lost for i in long_ids), f"no long run reached {lost}"
     on_lost = [i for i in long_ids if node_of(api.record(i)) == lost]
     queued = [api.submit("print('after')") for _ in range(6)]
     lost_at = time.monotonic()

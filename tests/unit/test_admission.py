@@ -9,7 +9,16 @@ from typing import Any
 import pytest
 import redis
 
-from execbox.executions.queue import depth, enqueue, make_queue, restore_tickets, take_next
+from execbox.executions.queue import (
+    depth,
+    enqueue,
+    make_queue,
+    restore_tickets,
+    return_lost_takes,
+    take_next,
+    taken,
+)
+from execbox.executions.status import ExecutionStatus
 from execbox.keyschema import Keys
 from execbox.settings import Settings
 from execbox.tenancy.errors import PolicyNotAllowed, QueueFull, RateLimited
@@ -121,3 +130,44 @@ def test_a_ticket_lost_by_a_stopping_worker_is_restored_and_its_entry_runs(
         taken.append(entry.execution_id)
     assert sorted(taken) == sorted(r.id for r in records)
     assert restore_tickets(queue, settings, backstop_s=60) == 0, "no entry waits, so no ticket is added"
+
+
+def test_an_entry_whose_take_a_fail_over_lost_goes_back_and_runs(settings: Settings, client: redis.Redis) -> None:
+    """The take popped the entry (and reached the replica Sentinel promotes); the worker's move to
+    running did not. The record is queued with no entry: the reaper puts the entry back, at the
+    head of its tenant's list, and restores its ticket."""
+    queue = make_queue(client, settings)
+    first, second = make_record(settings, "a"), make_record(settings, "a")
+    records = {r.id: r for r in (first, second)}
+    for record in (first, second):
+        enqueue(queue, record, f"00-{record.trace_id}-{'1' * 16}-01", settings, backstop_s=60)
+    client.lpop(queue.key)  # the ticket the worker took
+    lost = take_next(client, settings)
+    assert lost is not None and lost.execution_id == first.id
+
+    assert return_lost_takes(client, settings, records.get, grace_s=60) == 0, "a take within its grace is left"
+    assert return_lost_takes(client, settings, records.get, grace_s=0) == 1
+    assert return_lost_takes(client, settings, records.get, grace_s=0) == 0, "put back once"
+    assert restore_tickets(queue, settings, backstop_s=60) == 1
+    again = take_next(client, settings)
+    assert again is not None and again.execution_id == first.id, "back at the head of its tenant's list"
+    assert again.traceparent == lost.traceparent
+
+
+def test_a_taken_entry_whose_record_left_queued_or_is_unreadable_is_dropped_not_put_back(
+    settings: Settings, client: redis.Redis
+) -> None:
+    queue = make_queue(client, settings)
+    running, cancelled, acknowledged = (make_record(settings, "a") for _ in range(3))
+    for record in (running, cancelled, acknowledged):
+        enqueue(queue, record, f"00-{record.trace_id}-{'1' * 16}-01", settings, backstop_s=60)
+    entries = [take_next(client, settings) for _ in range(3)]
+    assert entries[2] is not None
+    running.status, cancelled.status = ExecutionStatus.RUNNING, ExecutionStatus.CANCELLED
+    taken(client, settings, entries[2])  # the worker saw it running and said so
+    client.zadd(Keys(settings.redis.key_prefix).taken(settings.queue.name), {"{not json": 0, '{"id": 1}': 0})
+    records = {r.id: r for r in (running, cancelled)}
+
+    assert return_lost_takes(client, settings, records.get, grace_s=0) == 0
+    assert client.zcard(Keys(settings.redis.key_prefix).taken(settings.queue.name)) == 0, "each one dropped"
+    assert take_next(client, settings) is None, "nothing was put back"

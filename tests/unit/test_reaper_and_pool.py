@@ -13,7 +13,9 @@ from prometheus_client import CollectorRegistry
 from execbox.catalog.languages import Languages
 from execbox.core.tracing import setup as setup_tracing
 from execbox.egress.store import EgressStore
+from execbox.executions import lifecycle
 from execbox.executions.metrics import worker_metrics
+from execbox.executions.queue import enqueue, make_queue, take_next
 from execbox.executions.store import ExecutionStore
 from execbox.files.blobs import LocalArtifactStore
 from execbox.files.store import FileStore
@@ -30,6 +32,7 @@ from execbox.tenancy.quotas import Slots
 from execbox.worker import reaper
 from execbox.worker.context import WorkerContext
 from tests.conftest import wait_until
+from tests.unit.conftest import make_record
 from tests.unit.fake_engine import FakeEngine
 
 pytestmark = pytest.mark.redis
@@ -69,6 +72,32 @@ def test_an_unowned_container_is_removed_on_the_second_sweep_only(
     second = reaper.sweep(ctx, unowned)
     assert second["containers"] == 1 and engine.removed == [orphan]
     assert set(engine.containers) == {leased, young}
+
+
+def test_a_sweep_puts_back_an_entry_taken_by_a_worker_that_never_marked_it_running(
+    settings: Settings, client: redis.Redis, tmp_path: Path
+) -> None:
+    """A fail-over lost the worker's move to running after its take: the sweep puts the entry back
+    and restores its ticket, and the next take runs it."""
+    ctx = context(settings, client, FakeEngine(), tmp_path)
+    queue = make_queue(client, settings)
+    record = make_record(settings)
+    ctx.store.create(record)
+    enqueue(queue, record, f"00-{record.trace_id}-{'1' * 16}-01", settings, backstop_s=60)
+    client.lpop(queue.key)  # the worker's ticket
+    lost = take_next(client, settings)  # ... and its take; nothing after it reached Redis
+    assert lost is not None
+    taken_at = client.zscore(Keys(settings.redis.key_prefix).taken(settings.queue.name), lost.raw)
+    assert taken_at is not None
+    client.zadd(Keys(settings.redis.key_prefix).taken(settings.queue.name),
+                {lost.raw: taken_at - settings.worker.lease_s - 1})  # a lease ago: past the grace  # fmt: skip
+
+    counts = reaper.sweep(ctx)
+
+    assert (counts["entries"], counts["tickets"]) == (1, 1)
+    again = take_next(client, settings)
+    assert again is not None and again.execution_id == record.id
+    assert lifecycle.take(ctx, record.id) is not None, "the record was still queued"
 
 
 def test_a_container_owned_again_between_sweeps_is_kept(

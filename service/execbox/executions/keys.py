@@ -71,6 +71,14 @@ SCHEMA: tuple[KeySpec, ...] = (
     KeySpec("q:{queue}:ring:members", "set of tenants", "none", ("api", "worker"), (), "tenants on the ring"),
     KeySpec("q:{queue}:pending:{tenant}", "list of ids", "none", ("api", "worker"), (), "a tenant's queued entries"),
     KeySpec(
+        "q:{queue}:taken",
+        "sorted set of entries by time taken",
+        "none",
+        ("worker",),
+        (),
+        "entries a worker took whose record it has not yet seen leave queued (the reaper puts back lost ones)",
+    ),
+    KeySpec(
         "t:idem:{tenant}:{route}:{key}",
         "string (JSON) + pub/sub",
         "api.idempotency_ttl_s",
@@ -113,6 +121,10 @@ class ExecutionKeys(TenancyKeys, FileKeys, FleetKeys, EgressKeys, SandboxKeys, L
         """Fair dispatch of one queue: the ring of tenants, its member set, the prefix of the pending lists."""
         base = self._k("q", queue)
         return f"{base}:ring", f"{base}:ring:members", f"{base}:pending:"
+
+    def taken(self, queue: str) -> str:
+        """A queue's entries taken by a worker and not yet seen running."""
+        return self._k("q", queue, "taken")
 
     def idempotency(self, tenant: str, route: str, key: str) -> str:
         return self._t("idem", tenant, route, key)

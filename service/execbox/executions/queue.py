@@ -21,12 +21,23 @@ run by every worker's reaper, puts back one ticket for each entry beyond the tic
 spare ticket costs one empty take ("nothing to run"); a missing one leaves an execution queued
 until it expires.
 
+An entry can be lost too, and so is never simply popped. The take moves it, in the same script,
+to the queue's *taken* set (stamped with Redis's clock), and the worker drops it from there once
+the record says running (`taken`). Between the two, a Sentinel fail-over can lose what the worker
+did: the pop reached the replica that is promoted, the worker's move to running did not (or its
+reply never came), and the record stays queued with no entry. `return_lost_takes`, also run by
+every reaper, puts back each entry taken longer ago than a grace whose record is still queued (and
+drops the rest). An entry put back twice, or whose worker was only slow, does nothing: a take
+moves a record only out of queued.
+
 The record in the store stays the single source of truth, so a stale entry does nothing.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
@@ -37,7 +48,9 @@ from execbox.core.redis import redis_errors
 from execbox.executions.keys import ExecutionKeys
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.settings import ExecutionsConfig
+from execbox.executions.status import ExecutionStatus
 
+log = logging.getLogger(__name__)
 TASK = "execbox.worker.tasks.run_next"
 JOB_FUNCTIONS = frozenset({TASK})
 """The only functions a worker runs from the queue (RQ would import any dotted path it is given)."""
@@ -48,10 +61,17 @@ def make_queue(client: redis.Redis, settings: ExecutionsConfig) -> Queue:
 
 
 # Keys, under <prefix>:q:<queue>: pending:<tenant> (JSON entries, oldest first), ring (tenants with
-# work, in turn order) and ring:members (the same tenants as a set, so each is in the ring once).
+# work, in turn order), ring:members (the same tenants as a set, so each is in the ring once) and
+# taken (entries a worker took and has not yet seen running, scored by when).
 _PUSH = """
 redis.call('RPUSH', KEYS[3], ARGV[2])
 if redis.call('SADD', KEYS[2], ARGV[1]) == 1 then redis.call('RPUSH', KEYS[1], ARGV[1]) end
+"""
+_PUT_BACK = """
+if redis.call('ZREM', KEYS[4], ARGV[2]) == 0 then return 0 end
+redis.call('LPUSH', KEYS[3], ARGV[2])
+if redis.call('SADD', KEYS[2], ARGV[1]) == 1 then redis.call('RPUSH', KEYS[1], ARGV[1]) end
+return 1
 """
 _TAKE = """
 for _ = 1, redis.call('LLEN', KEYS[1]) do
@@ -63,7 +83,11 @@ for _ = 1, redis.call('LLEN', KEYS[1]) do
   else
     redis.call('SREM', KEYS[2], tenant)
   end
-  if entry then return entry end
+  if entry then
+    local now = redis.call('TIME')
+    redis.call('ZADD', KEYS[3], now[1] + now[2] / 1000000, entry)
+    return entry
+  end
 end
 return false
 """
@@ -75,12 +99,18 @@ class Entry:
 
     execution_id: str
     traceparent: str | None
+    raw: str
+    """The entry as queued: its name in the taken set."""
 
 
 def _keys(settings: ExecutionsConfig) -> tuple[str, str, str]:
     return ExecutionKeys(settings.redis.key_prefix).queue(
         settings.queue.name
     )  # a queue's tickets serve its own entries
+
+
+def _taken_key(settings: ExecutionsConfig) -> str:
+    return ExecutionKeys(settings.redis.key_prefix).taken(settings.queue.name)
 
 
 def _ticket(
@@ -124,14 +154,52 @@ def requeue(client: redis.Redis, record: ExecutionRecord, traceparent: str, sett
 
 
 def take_next(client: redis.Redis, settings: ExecutionsConfig) -> Entry | None:
-    """The next execution in tenant round-robin order, or None when no tenant has one waiting."""
+    """The next execution in tenant round-robin order, or None when no tenant has one waiting; the
+    caller calls `taken` with it once its record has left queued (or when it skips it)."""
     ring, members, pending = _keys(settings)
     with redis_errors():
-        raw = client.register_script(_TAKE)(keys=[ring, members], args=[pending])
+        raw = client.register_script(_TAKE)(keys=[ring, members, _taken_key(settings)], args=[pending])
     if not raw:
         return None
-    data = json.loads(raw)
-    return Entry(str(data["execution_id"]), data.get("traceparent"))
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    data = json.loads(text)
+    return Entry(str(data["execution_id"]), data.get("traceparent"), text)
+
+
+def taken(client: redis.Redis, settings: ExecutionsConfig, entry: Entry) -> None:
+    """The entry's record has left queued (or was skipped): it needs no putting back."""
+    with redis_errors():
+        client.zrem(_taken_key(settings), entry.raw)
+
+
+def return_lost_takes(
+    client: redis.Redis, settings: ExecutionsConfig, lookup: Callable[[str], ExecutionRecord | None], grace_s: float
+) -> int:
+    """Put back on its tenant's list each entry taken more than `grace_s` ago whose record
+    (`lookup`) is still queued, and forget the others; returns how many went back. Their tickets
+    are `restore_tickets`' to add."""
+    ring, members, pending = _keys(settings)
+    key = _taken_key(settings)
+    put_back = client.register_script(_PUT_BACK)
+    returned = 0
+    with redis_errors():
+        seconds, micros = client.time()
+        stale = client.zrangebyscore(key, "-inf", seconds + micros / 1e6 - grace_s)
+        for raw in stale:
+            text = raw.decode() if isinstance(raw, bytes) else str(raw)
+            try:
+                record = lookup(str(json.loads(text)["execution_id"]))
+            except (ValueError, KeyError, TypeError):
+                log.warning("dropping an unreadable taken entry: %.200r", text)
+                record = None
+            if record is None or record.status is not ExecutionStatus.QUEUED:
+                client.zrem(key, text)
+                continue
+            log.warning(
+                "execution %s was taken over %.0f s ago and is still queued: its entry goes back", record.id, grace_s
+            )
+            returned += put_back(keys=[ring, members, pending + record.tenant, key], args=[record.tenant, text])
+    return returned
 
 
 def restore_tickets(queue: Queue, settings: ExecutionsConfig, backstop_s: int) -> int:
@@ -173,5 +241,7 @@ __all__ = [
     "make_queue",
     "requeue",
     "restore_tickets",
+    "return_lost_takes",
     "take_next",
+    "taken",
 ]

@@ -1,11 +1,12 @@
 """The reaper: settles what dead workers and idle queues leave behind.
 
 Each worker runs it at start-up and then periodically. It expires queued executions past their
-deadline, puts back the dispatch tickets RQ lost (see execbox.executions.queue), fails running
-executions whose worker stopped renewing its lease (sandbox.error, retryable; a declared effect
-may instead run again in place or end unknown_outcome: execbox.executions.effects), ends sessions whose
-worker was lost, and removes execbox containers and egress networks on its own engine that no
-live worker (or live session) owns.
+deadline, puts back the queue entries a fail-over lost and the dispatch tickets RQ lost (see
+execbox.executions.queue), fails running executions whose worker stopped renewing its lease
+(sandbox.error, retryable; a declared effect may instead run again in place or end
+unknown_outcome: execbox.executions.effects), ends sessions whose worker was lost, and removes
+execbox containers and egress networks on its own engine that no live worker (or live session)
+owns.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from functools import partial
 from execbox.core.errors import ServiceError
 from execbox.core.poison import Guard
 from execbox.core.tracing import TraceContext
-from execbox.executions.queue import make_queue, requeue, restore_tickets
+from execbox.executions.queue import make_queue, requeue, restore_tickets, return_lost_takes
 from execbox.executions.status import ExecutionStatus
 from execbox.fleet.registry import Heartbeat
 from execbox.sandbox.runtime import ContainerInfo
@@ -63,6 +64,7 @@ def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[st
     (the periodic loop passes its own set); None removes unowned containers at once (`execbox reap`)."""
     counts = {
         "expired": 0,
+        "entries": 0,
         "tickets": 0,
         "lost": 0,
         "sessions": 0,
@@ -89,6 +91,8 @@ def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[st
 
     for execution_id in ctx.store.due_for_expiry():
         guard.item(f"execution {execution_id}", partial(settle, ctx.store.expire_if_due, execution_id, "expired"))
+    # Entries before tickets: an entry put back is counted among those lacking a ticket.
+    counts["entries"] = return_lost_takes(ctx.store.redis, ctx.settings, ctx.store.get, ctx.settings.worker.lease_s)
     counts["tickets"] = restore_tickets(make_queue(ctx.store.redis, ctx.settings), ctx.settings, ctx.backstop_s)
 
     def lost(execution_id: str) -> None:

@@ -4,14 +4,18 @@ and stores everything else."""
 
 from __future__ import annotations
 
+import logging
 from secrets import token_hex
 from typing import Any
 
 from execbox.core import logs
+from execbox.core.errors import ServiceError
 from execbox.core.tracing import TraceContext, parse_traceparent
 from execbox.executions.lifecycle import run_and_finish, take
-from execbox.executions.queue import take_next
+from execbox.executions.queue import take_next, taken
 from execbox.worker.context import current
+
+log = logging.getLogger(__name__)
 
 
 def run_next(_: dict[str, Any]) -> str:
@@ -22,6 +26,10 @@ def run_next(_: dict[str, Any]) -> str:
         # too; the worker's per-job scope ends the binding.
         logs.bind(None, entry.execution_id)
         record = take(ctx, entry.execution_id)
+        try:
+            taken(ctx.store.redis, ctx.settings, entry)
+        except ServiceError as exc:  # the run goes on: the reaper drops the entry, finding it not queued
+            log.warning("could not drop the taken entry: %s", exc.message)
         if record is None:
             continue
         logs.bind(record.trace_id, entry.execution_id)
