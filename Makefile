@@ -94,7 +94,7 @@ cluster-test: images
 # also measure the stack `make up` started when it answers on :8000.
 BENCH ?= short
 bench: images
-	.venv/bin/pip install -q -e '.[bench]'
+	.venv/bin/pip install -q -c constraints.txt -e '.[bench]'
 ifeq ($(BENCH),full)
 	.venv/bin/python bench/compare.py
 	.venv/bin/python bench/closed_loop.py --runs 200 --orderings --preload-off $$(curl -fsS -o /dev/null http://127.0.0.1:8000/readyz 2>/dev/null && echo --stack)
@@ -108,7 +108,7 @@ endif
 # .venv-peers (bench/peers.py makes it from PyPI); their containers are removed at the end.
 # PEERS_ARGS passes options, e.g. PEERS_ARGS="--runs 3".
 bench-peers: images
-	.venv/bin/pip install -q -e '.[bench]'
+	.venv/bin/pip install -q -c constraints.txt -e '.[bench]'
 	.venv/bin/python bench/peers.py $(PEERS_ARGS)
 
 # Everything execbox built and started: the stack, host services, its images, run state, wheels and

@@ -119,7 +119,7 @@ def _db(query: str) -> int:
     return db
 
 
-def _kwargs(target: SentinelTarget, socket_timeout_s: float) -> dict[str, object]:
+def _kwargs(target: SentinelTarget, socket_timeout_s: float) -> dict[str, Any]:
     return {
         "username": target.username,
         "password": target.password,
@@ -165,8 +165,8 @@ class AsyncFollowingConnection(AsyncManagedConnection):
 def sync_client(target: SentinelTarget, *, socket_timeout_s: float, health_check_interval_s: int = 30) -> redis.Redis:
     """A client of the current primary, for the API's threads, the workers and RQ."""
     common = _kwargs(target, socket_timeout_s)
-    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=common, **common)  # type: ignore[no-untyped-call]
-    client = sentinel.master_for(  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=common, **common)
+    client = sentinel.master_for(
         target.master, db=target.db, health_check_interval=health_check_interval_s, connection_class=FollowingConnection
     )
     return cast(redis.Redis, client)
@@ -192,7 +192,7 @@ def async_client(
     (max_connections, timeout, retry, retry_on_error; a socket_timeout of its own for blocking
     reads): the Sentinels themselves are always asked with socket_timeout_s."""
     common = _kwargs(target, socket_timeout_s)
-    sentinel = AsyncSentinel(list(target.sentinels), sentinel_kwargs=common, **common)  # type: ignore[no-untyped-call]
+    sentinel = AsyncSentinel(list(target.sentinels), sentinel_kwargs=common, **common)
     options: dict[str, Any] = {"connection_pool_class": BlockingSentinelPool, **pool} if pool else {}
     options["connection_class"] = AsyncFollowingConnection
     client = sentinel.master_for(target.master, db=target.db, health_check_interval=health_check_interval_s, **options)

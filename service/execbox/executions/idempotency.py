@@ -138,7 +138,7 @@ class IdempotencyKeys:
     def _await(self, redis_key: str, key: str, request_hash: str, deadline: float) -> str | None:
         """The resource id once the first attempt finishes; None if it gave the key up."""
         with redis_errors():
-            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
                 pubsub.subscribe(redis_key)
                 while True:
