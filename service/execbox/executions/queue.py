@@ -22,13 +22,14 @@ spare ticket costs one empty take ("nothing to run"); a missing one leaves an ex
 until it expires.
 
 An entry can be lost too, and so is never simply popped. The take moves it, in the same script,
-to the queue's *taken* set (stamped with Redis's clock), and the worker drops it from there once
+to the queue's *taken* set (stamped with the worker's clock), and the worker drops it from there once
 the record says running (`taken`). Between the two, a Sentinel fail-over can lose what the worker
 did: the pop reached the replica that is promoted, the worker's move to running did not (or its
 reply never came), and the record stays queued with no entry. `return_lost_takes`, also run by
 every reaper, puts back each entry taken longer ago than a grace whose record is still queued (and
 drops the rest). An entry put back twice, or whose worker was only slow, does nothing: a take
-moves a record only out of queued.
+moves a record only out of queued. So the hosts' clocks need not agree: one behind the reaper's
+puts an entry back early (a spare), one ahead puts it back late.
 
 The record in the store stays the single source of truth, so a stale entry does nothing.
 """
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -84,8 +86,7 @@ for _ = 1, redis.call('LLEN', KEYS[1]) do
     redis.call('SREM', KEYS[2], tenant)
   end
   if entry then
-    local now = redis.call('TIME')
-    redis.call('ZADD', KEYS[3], now[1] + now[2] / 1000000, entry)
+    redis.call('ZADD', KEYS[3], ARGV[2], entry)
     return entry
   end
 end
@@ -158,7 +159,7 @@ def take_next(client: redis.Redis, settings: ExecutionsConfig) -> Entry | None:
     caller calls `taken` with it once its record has left queued (or when it skips it)."""
     ring, members, pending = _keys(settings)
     with redis_errors():
-        raw = client.register_script(_TAKE)(keys=[ring, members, _taken_key(settings)], args=[pending])
+        raw = client.register_script(_TAKE)(keys=[ring, members, _taken_key(settings)], args=[pending, time.time()])
     if not raw:
         return None
     text = raw.decode() if isinstance(raw, bytes) else str(raw)
@@ -183,8 +184,7 @@ def return_lost_takes(
     put_back = client.register_script(_PUT_BACK)
     returned = 0
     with redis_errors():
-        seconds, micros = client.time()
-        stale = client.zrangebyscore(key, "-inf", seconds + micros / 1e6 - grace_s)
+        stale = client.zrangebyscore(key, "-inf", time.time() - grace_s)
         for raw in stale:
             text = raw.decode() if isinstance(raw, bytes) else str(raw)
             try:
