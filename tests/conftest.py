@@ -245,10 +245,24 @@ def docker_proxy(
 
 
 @pytest.fixture(scope="session")
+def bwrap_helper(processes: Processes, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The host's bubblewrap helper (policy.runtime bwrap), on the engine itself: it reads sandbox
+    images, never the session's containers. Its unpacked images live in the session's temp dir."""
+    path = tmp_path_factory.mktemp("bwrap") / "bwrap.sock"
+    state = tmp_path_factory.mktemp("bwrap-state")
+    processes.spawn("bwrap-helper", [EXECBOX, "bwrap-helper", "--socket", str(path), "--engine", ENGINE, "--state",
+                                     str(state), "--seccomp", str(ROOT / "policies" / "seccomp.json")],
+                    dict(os.environ))  # fmt: skip
+    wait_until(path.exists, 10, "the bubblewrap helper's socket")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
 def stack(
     redis_server: Redis,
     docker_client: docker.DockerClient,
     docker_proxy: str,
+    bwrap_helper: str,
     processes: Processes,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Stack:
@@ -273,6 +287,7 @@ def stack(
         "EXECBOX_LOG_LEVEL": "INFO",
         "EXECBOX_API__SSE_KEEPALIVE_S": "1",
         "EXECBOX_DOCKER__URL": docker_proxy,
+        "EXECBOX_DOCKER__BWRAP_SOCKET": bwrap_helper,
         "EXECBOX_POLICIES_DIR": str(policies_with_tenants(tmp_path_factory.mktemp("stack"), fast_schedules)),
     }
     port = free_port()
@@ -309,9 +324,9 @@ class RuntimeClient(httpx.Client):
         return super().post(url, json=json, **kwargs)
 
 
-@pytest.fixture(params=["runc", "runsc"])
+@pytest.fixture(params=["runc", "runsc", "bwrap"])
 def runtime_api(stack: Stack, request: pytest.FixtureRequest) -> Iterator[httpx.Client]:
-    """The API, once with runc and once under gVisor: the outcome and escape tests run under both."""
+    """The API under runc, gVisor and bubblewrap: the outcome and escape tests run under each."""
     with RuntimeClient(request.param, base_url=stack.base_url, timeout=120, headers=auth(stack.keys["alpha"])) as c:
         yield c
 

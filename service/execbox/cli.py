@@ -1,5 +1,5 @@
-"""The `execbox` command: `api`, `worker`, `egress`, `docker-proxy`, `reap`, `keys`, `secrets`, `egress-key`,
-`redis-acl`, `dead-letters`, `nodes`."""
+"""The `execbox` command: `api`, `worker`, `egress`, `docker-proxy`, `bwrap-helper`, `reap`, `keys`, `secrets`,
+`egress-key`, `redis-acl`, `dead-letters`, `nodes`."""
 
 from __future__ import annotations
 
@@ -68,6 +68,16 @@ def main(argv: list[str] | None = None) -> int:
         "--egress-service",
         help="on a Swarm node: the egress proxy is this service's task here (its container is Swarm-named)",
     )
+    bwrap = sub.add_parser("bwrap-helper", help="run the bubblewrap runtime's root helper on this host (as root)")
+    bwrap.add_argument("--socket", type=Path, default=Path("/run/execbox/bwrap.sock"), help="where workers connect")
+    bwrap.add_argument("--group", default="0", help="the group (name or id) whose members may connect: the workers'")
+    bwrap.add_argument("--uids", default="200000-299999", help="the sandbox uid range (EXECBOX_DOCKER__UID_RANGE)")
+    bwrap.add_argument("--engine", default=_engine_socket(), help="the engine whose sandbox images it runs")
+    bwrap.add_argument("--state", type=Path, default=Path("/var/lib/execbox-bwrap"), help="unpacked images go here")
+    bwrap.add_argument("--seccomp", type=Path, default=Path("policies/seccomp.json"), help="execbox's seccomp profile")
+    bwrap.add_argument(
+        "--oom-score-adj", type=int, default=1000, help="the runs' (the host's OOM killer picks them first)"
+    )
     egress_key = sub.add_parser(
         "egress-key", help="make the egress proxy's key pair (if missing); print the public key"
     )
@@ -94,6 +104,19 @@ def main(argv: list[str] | None = None) -> int:
 
         logs.configure("INFO", "docker-proxy")
         run(args.listen, args.engine, args.deployment, args.egress_container, args.egress_service)
+        return 0
+    if args.command == "bwrap-helper":
+        from execbox.core import logs
+        from execbox.sandbox.bwrap.helper import HelperSettings
+        from execbox.sandbox.bwrap.helper import main as helper_main
+
+        logs.configure("INFO", "bwrap-helper")
+        engine = args.engine if "://" in args.engine else f"unix://{args.engine}"
+        helper_main(
+            HelperSettings(
+                args.socket, args.group, args.uids, engine, args.state, args.seccomp, oom_score_adj=args.oom_score_adj
+            )
+        )
         return 0
     if args.command == "egress-key":
         from execbox.egress.sealing import generate

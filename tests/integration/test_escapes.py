@@ -101,18 +101,30 @@ def host_oom_scores(names: set[str]) -> dict[str, int]:
     return scores
 
 
+def bwrap_run_pids(execution_id: str) -> list[int]:
+    """The host pids of a bwrap run, oldest first, from its cgroup (cgroup v1's pids controller or v2)."""
+    for parent in (Path("/sys/fs/cgroup/pids/execbox-bwrap"), Path("/sys/fs/cgroup/execbox-bwrap")):
+        for run in parent.glob(f"{execution_id}.*"):
+            return sorted(int(p) for p in (run / "cgroup.procs").read_text().split())
+    return []
+
+
 def test_a_sandboxs_host_process_has_the_highest_oom_score_adj(
     api: httpx.Client, docker_client: docker.DockerClient
 ) -> None:
     """The OOM killer kills the process of highest oom_score: the sandbox's host process (the
-    launcher under runc, gVisor's sandbox kernel under runsc), with the configured oom_score_adj of
-    1000, must rank above the engine's daemons and Redis, so a host short of memory kills a
-    sandbox first (the kernel's own ranking, read, not only the adjustment that feeds it)."""
+    launcher under runc, gVisor's sandbox kernel under runsc, bubblewrap's monitor under bwrap), with
+    the configured oom_score_adj of 1000, must rank above the engine's daemons and Redis, so a host
+    short of memory kills a sandbox first (the kernel's own ranking, read, not only the adjustment
+    that feeds it)."""
     exe = api.post("/v1/executions", json={"language": "python", "code": "import time\ntime.sleep(30)"}).json()["id"]
     try:
-        found = wait_until(lambda: docker_client.api.containers(filters={"label": f"{EXECUTION_LABEL}={exe}"}), 30,
-                           "the sandbox")  # fmt: skip
-        pid = docker_client.api.inspect_container(found[0]["Id"])["State"]["Pid"]  # type: ignore[index]
+        if getattr(api, "runtime", None) == "bwrap":  # no container: bubblewrap's monitor, in the run's cgroup
+            pid = wait_until(lambda: next(iter(bwrap_run_pids(exe)), None), 30, "the sandbox")
+        else:
+            found = wait_until(lambda: docker_client.api.containers(filters={"label": f"{EXECUTION_LABEL}={exe}"}),
+                               30, "the sandbox")  # fmt: skip
+            pid = docker_client.api.inspect_container(found[0]["Id"])["State"]["Pid"]  # type: ignore[index]
         assert Path(f"/proc/{pid}/oom_score_adj").read_text().strip() == "1000"
         sandbox = int(Path(f"/proc/{pid}/oom_score").read_text())
         services = host_oom_scores({"dockerd", "containerd", "redis-server"})

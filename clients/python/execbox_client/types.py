@@ -444,7 +444,7 @@ class PolicyRequest(TypedDict):
     disk_mb: NotRequired[int | None]
     output_bytes: NotRequired[int | None]
     queue_timeout_s: NotRequired[float | None]
-    runtime: NotRequired[Literal["runc", "runsc"] | None]
+    runtime: NotRequired[Literal["runc", "runsc", "bwrap"] | None]
     network: NotRequired[Literal["none"] | NetworkAllowlist | None]
     stdin_bytes: NotRequired[int | None]
     input_files: NotRequired[int | None]

@@ -205,6 +205,9 @@ def runtime_problems(policy: AppliedPolicy, available: set[str] | None, network_
         return [FieldProblem("policy.runtime", f"no worker of this deployment has the runtime {wanted!r} (they have: "
                              f"{', '.join(sorted(available)) or 'none'}); install it (`make engine` registers runsc) "
                              "or leave policy.runtime out")]  # fmt: skip
+    if wanted == "bwrap" and isinstance(policy.network, NetworkAllowlist):
+        return [FieldProblem("policy.network", "the bwrap runtime runs without a network; a network allowlist needs "
+                             "runc or runsc (leave policy.runtime out)")]  # fmt: skip
     if wanted == "runsc" and isinstance(policy.network, NetworkAllowlist) and network_runtime not in available:
         return [FieldProblem("policy.network", f"network allowlists under runsc need the engine runtime "
                              f"{network_runtime!r} (gVisor with the run's network namespace passed through), which "

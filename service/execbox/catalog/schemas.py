@@ -58,10 +58,11 @@ class PolicyRequest(BaseModel):
     queue_timeout_s: float | None = Field(
         None, gt=0, le=86400, description="How long the execution may wait in the queue before it becomes `expired`."
     )
-    runtime: Literal["runc", "runsc"] | None = Field(
+    runtime: Literal["runc", "runsc", "bwrap"] | None = Field(
         None,
-        description="OCI runtime: `runc` (the default) or `runsc` (gVisor: a second kernel boundary; 422 when no "
-        "worker has it). The named policy may set a default.",
+        description="Runtime: `runc` (the default), `runsc` (gVisor: a second kernel boundary) or `bwrap` (fresh "
+        "namespaces made by bubblewrap, no container: the fastest start; no network allowlist, no sessions); 422 "
+        "when no worker offers it. The named policy may set a default.",
     )
     network: Literal["none"] | NetworkAllowlist | None = Field(
         None,

@@ -29,6 +29,11 @@ class DockerSettings(BaseModel):
         description="The engine's name for gVisor with the run's network namespace passed through (runsc "
         "--network=host), used for allowlisted runs under policy.runtime runsc; `runsc` itself has no network.",
     )
+    bwrap_socket: str | None = Field(
+        None,
+        description="The unix socket of this host's bubblewrap helper (`execbox bwrap-helper`, run as root): set, "
+        "the worker offers policy.runtime `bwrap` (fresh namespaces per run, no container); unset: it does not.",
+    )
     seccomp_profile: Path | None = Field(
         None, description="execbox's seccomp profile for every sandbox; unset: seccomp.json in the policies directory."
     )

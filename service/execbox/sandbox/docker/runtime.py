@@ -31,6 +31,8 @@ import docker
 import requests
 from docker.errors import APIError, DockerException, NotFound
 
+from execbox.sandbox.bwrap.runtime import NAME as BWRAP
+from execbox.sandbox.bwrap.runtime import BwrapRuntime
 from execbox.sandbox.docker.capture import STDERR, STDOUT, Capture, close, feed
 from execbox.sandbox.docker.cleanup import CLEANUP_DELAY_S, Deferred
 from execbox.sandbox.docker.engine import docker_errors, listed_containers, listed_networks
@@ -44,7 +46,7 @@ from execbox.sandbox.docker.hostconfig import (
 )
 from execbox.sandbox.docker.kernel import KernelContainer
 from execbox.sandbox.docker.networks import EgressNetwork, EgressNetworks
-from execbox.sandbox.errors import ImageUnavailable
+from execbox.sandbox.errors import ImageUnavailable, RuntimeUnavailable
 from execbox.sandbox.pool import WarmPool
 from execbox.sandbox.protocol import GVISOR_LAUNCHER, LAUNCHER, RELEASE_SIGNAL, done_marker, frame_files
 from execbox.sandbox.runtime import (
@@ -92,6 +94,8 @@ class DockerRuntime:
         """Called when the engine's exit status contradicts the launcher's report (a metric)."""
         self._cleanup = Deferred(CLEANUP_DELAY_S)
         self._networks = EgressNetworks(lambda: self.api)
+        self.bwrap = BwrapRuntime(settings.bwrap_socket, self.uids, self.image_id) if settings.bwrap_socket else None
+        """Runs whose policy asks for `bwrap` (execbox.sandbox.bwrap): same images, same uids, no container."""
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Run every pending clean-up now and wait for those under way (the worker is stopping)."""
@@ -117,6 +121,8 @@ class DockerRuntime:
         """The OCI runtimes this worker's engine has registered and the operator offers."""
         with docker_errors():
             registered = set((self.api.info().get("Runtimes") or {}).keys())
+        if self.bwrap is not None:
+            registered.add(BWRAP)
         offered = self._settings.offered_runtimes
         return sorted(registered if offered is None else registered & {*offered, self._settings.runsc_network_runtime})
 
@@ -127,6 +133,10 @@ class DockerRuntime:
         return self._image_ids[image]
 
     def run(self, spec: SandboxSpec, control: SandboxControl) -> SandboxOutcome:
+        if spec.runtime == BWRAP:
+            if self.bwrap is None:
+                raise RuntimeUnavailable("this worker has no bubblewrap helper (EXECBOX_DOCKER__BWRAP_SOCKET)")
+            return self.bwrap.run(spec, control)
         t0 = time.monotonic()
         try:
             image_id = self.image_id(spec.image)

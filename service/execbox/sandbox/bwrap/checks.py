@@ -1,0 +1,90 @@
+"""What the bubblewrap helper accepts of a worker: each field of a run's HEAD checked against the
+helper's own bounds (execbox.sandbox.bwrap.helper), never taken on the worker's word."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from execbox.sandbox.protocol import LAUNCHER
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_LABEL = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_SYSCALL = re.compile(r"^[a-z0-9_]{1,64}$")
+_COLLECT = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$|^$")
+_BOUNDS = {"cpu": (0.01, 64.0), "cpu_time_s": (1, 86_400), "memory_mb": (16, 1 << 20), "pids": (1, 1 << 16),
+           "disk_mb": (1, 1 << 20), "timeout_s": (0.1, 86_400.0)}  # fmt: skip
+
+
+class BadRun(Exception):
+    """The worker's run failed a check; its message goes back in FAILED."""
+
+
+@dataclass(frozen=True)
+class Run:
+    image: str
+    uid: int
+    command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    cpu: float
+    cpu_time_s: int
+    memory_mb: int
+    pids: int
+    disk_mb: int
+    timeout_s: float
+    collect: str
+    seccomp_deny: tuple[str, ...]
+    label: str
+    """The execution's id: in the helper's log lines and the run's cgroup name."""
+
+
+def checked(head: dict[str, Any], uids: range) -> Run:
+    """The run a HEAD asks for, or BadRun naming the field."""
+    limits = head.get("limits")
+    if not isinstance(limits, dict):
+        raise BadRun("limits: an object is required")
+    values: dict[str, Any] = {}
+    for name, (low, high) in _BOUNDS.items():
+        value = limits.get(name)
+        kind = int if isinstance(low, int) else float
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (kind is int and not isinstance(value, int))
+        ):
+            raise BadRun(f"limits.{name}: a number is required")
+        if not low <= value <= high:
+            raise BadRun(f"limits.{name}: {value} is outside {low}..{high}")
+        values[name] = kind(value)
+    uid = head.get("uid")
+    if not isinstance(uid, int) or isinstance(uid, bool) or uid not in uids:
+        raise BadRun(f"uid: must be in {uids.start}-{uids.stop - 1}")
+    command = head.get("command")
+    if (not isinstance(command, list) or not 0 < len(command) <= 32
+            or not all(isinstance(a, str) and "\0" not in a and len(a) <= 512 for a in command)
+            or tuple(command[: len(LAUNCHER)]) != LAUNCHER):  # fmt: skip
+        raise BadRun("command: the launcher's, then the language's (at most 32 arguments)")
+    env = head.get("env", [])
+    if not isinstance(env, list) or len(env) > 64:
+        raise BadRun("env: at most 64 [name, value] pairs")
+    pairs = []
+    for pair in env:
+        if (not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[0], str) or not isinstance(pair[1], str)
+                or not _ENV_NAME.match(pair[0]) or "\0" in pair[1] or len(pair[1]) > 4096):  # fmt: skip
+            raise BadRun("env: each a [NAME, value] pair of strings without NUL")
+        pairs.append((pair[0], pair[1]))
+    deny = head.get("seccomp_deny", [])
+    if not isinstance(deny, list) or len(deny) > 512 or not all(isinstance(d, str) and _SYSCALL.match(d) for d in deny):
+        raise BadRun("seccomp_deny: system call names")
+    collect = head.get("collect", "out")
+    if not isinstance(collect, str) or not _COLLECT.match(collect) or ".." in collect.split("/"):
+        raise BadRun("collect: a relative path under /workspace")
+    image = head.get("image")
+    if not isinstance(image, str):
+        raise BadRun("image: an image id is required")
+    label = head.get("label", "run")
+    if not isinstance(label, str) or not _LABEL.match(label):
+        raise BadRun("label: letters, digits, _ and - (the execution's id)")
+    return Run(image, uid, tuple(command), tuple(pairs), collect=collect, seccomp_deny=tuple(sorted(set(deny))),
+               label=label, **values)  # fmt: skip
