@@ -1,65 +1,162 @@
-"""runc against gVisor (runsc), in one run: cold-start latency and throughput of `print(1)` through
-execbox for each OCI runtime. A benchmark: it prints figures and asserts nothing.
+"""The sandbox runtimes side by side, in one run: runc, gVisor (runsc) and bubblewrap (bwrap), each
+cold (no warm pool: a fresh sandbox per run), and runc with the shipped warm pool for reference.
+A benchmark: it prints figures and asserts nothing.
 
-Both series run cold (gVisor runs never come from the warm pool, so runc is measured cold too);
-latency is --runs back-to-back calls from one client, throughput --seconds with --clients
-clients. Prints p50/p95 per runtime and the ratios runsc/runc. Starts its own Redis, API and
-workers like bench/compare.py; needs `make engine` (which registers runsc) and the images.
+Per series, through execbox's API with `print(1)`: the sandbox's own start (the result's
+`timing.start_ms`, median); closed-loop latency p50/p95 with 1 client and with --clients clients
+(each client sends its next request when the last answers); executions per second at --clients,
+and per core. Then idle memory: the resident memory of what each runtime keeps running on the
+host when nothing runs (dockerd and containerd for the Docker runtimes, the bubblewrap helper for
+bwrap). Ratios are against runc cold, measured in the same process.
 
-Usage: python bench/runtimes.py [--runs 40] [--seconds 20] [--clients 4] [--workers 2]
+Starts its own Redis, API, workers and bubblewrap helper (as root); needs `make engine` (which
+registers runsc), the images, and bubblewrap (scripts/install).
+
+Usage: python bench/runtimes.py [--runs 40] [--seconds 15] [--clients 8] [--workers 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import Service, redis_server, summary, throughput
+from compare import EXECBOX, ROOT, Service, redis_server, summary
+
+ENGINE = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+
+
+def rss_mb(names: set[str]) -> float:
+    """Resident memory of every process whose name is in `names`, in MiB."""
+    total = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        except OSError:
+            continue
+        if fields.get("Name", "").strip() in names:
+            total += int(fields.get("VmRSS", "0 kB").split()[0])
+    return total / 1024
+
+
+def closed_loop(url: str, request: dict[str, Any], clients: int, seconds: float) -> dict[str, Any]:
+    """`clients` clients, each sending its next request when the last answered, for `seconds`."""
+    latencies: list[float] = []
+    errors = [0]
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def client() -> None:
+        with httpx.Client(base_url=url, timeout=120) as http:
+            while time.monotonic() < stop:
+                start = time.perf_counter()
+                answer = http.post("/v1/executions?wait=60", json=request).json()
+                took = (time.perf_counter() - start) * 1000
+                with lock:
+                    if answer.get("stdout") == "1\n":
+                        latencies.append(took)
+                    else:
+                        errors[0] += 1
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    began = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.monotonic() - began
+    return {**summary(latencies), "per_s": len(latencies) / elapsed, "errors": errors[0]}
+
+
+def series(service: Service, runtime: str | None, args: argparse.Namespace) -> dict[str, Any]:
+    request: dict[str, Any] = {"language": "python", "code": "print(1)"}
+    if runtime:
+        request["policy"] = {"runtime": runtime}
+    starts = []
+    with httpx.Client(base_url=service.url, timeout=300) as http:
+        for _ in range(3):  # warm-up: the first bwrap run of an image waits while the helper unpacks it
+            http.post("/v1/executions?wait=300", json=request)
+        for _ in range(args.runs):
+            answer = http.post("/v1/executions?wait=60", json=request).json()
+            starts.append(float((answer.get("timing") or {}).get("start_ms") or 0.0))
+    one = closed_loop(service.url, request, 1, args.seconds)
+    many = closed_loop(service.url, request, args.clients, args.seconds)
+    return {"start_ms": statistics.median(starts), "one": one, "many": many}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=40)
-    parser.add_argument("--seconds", type=float, default=20)
-    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--runs", type=int, default=40, help="runs whose start is read, per series")
+    parser.add_argument("--seconds", type=float, default=15, help="each closed-loop round's length")
+    parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
-    body = {"language": "python", "code": "print(1)"}
-    rows = {}
+    cores = os.cpu_count() or 1
+    rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="execbox-runtimes-") as tmp, redis_server(Path(tmp)) as redis_url:
-        service = Service(args.workers, 0, Path(tmp), redis_url)
+        socket_path = Path(tmp) / "bwrap.sock"
+        helper = subprocess.Popen([EXECBOX, "bwrap-helper", "--socket", str(socket_path), "--engine", ENGINE,
+                                   "--seccomp", str(ROOT / "policies" / "seccomp.json")],
+                                  stdout=subprocess.DEVNULL, stderr=open(Path(tmp) / "helper.log", "wb"))  # fmt: skip
         try:
-            for runtime in ("runc", "runsc"):
-                request: dict[str, object] = {**body, "policy": {"runtime": runtime}}
-                with httpx.Client(base_url=service.url, timeout=120) as client:
-
-                    def one(client: httpx.Client = client, request: dict[str, object] = request) -> bool:
-                        answer = client.post("/v1/executions?wait=60", json=request).json()
-                        return bool(answer.get("stdout") == "1\n")
-
-                    latencies = []
-                    for _ in range(args.runs):
-                        start = time.perf_counter()
-                        assert one(), f"{runtime}: a run failed"
-                        latencies.append((time.perf_counter() - start) * 1000)
-                    rate = throughput(one, args.clients, args.seconds, None)
-                rows[runtime] = {"latency": summary(latencies), "per_s": rate["per_s"], "errors": rate["errors"]}
-                lat = rows[runtime]["latency"]
-                print(f"{runtime}: cold p50 {lat['p50_ms']:.0f} ms p95 {lat['p95_ms']:.0f} ms; "
-                      f"{rate['per_s']:.1f} executions/s at {args.clients} clients, {rate['errors']} errors",
-                      flush=True)  # fmt: skip
+            deadline = time.monotonic() + 10
+            while not socket_path.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            cold = Service(args.workers, 0, Path(tmp), redis_url, {"EXECBOX_DOCKER__BWRAP_SOCKET": str(socket_path)})
+            try:
+                for runtime in ("runc", "runsc", "bwrap"):
+                    rows[f"{runtime} (cold)"] = series(cold, runtime, args)
+                    print(_line(f"{runtime} (cold)", rows[f"{runtime} (cold)"], args.clients, cores), flush=True)
+            finally:
+                cold.stop()
+            # After their runs, with nothing running: what each runtime keeps resident on the host.
+            idle = {"docker (dockerd, containerd)": rss_mb({"dockerd", "containerd"}),
+                    "bwrap (its helper)": _rss_of(helper.pid)}  # fmt: skip
+            warm = Service(args.workers, 2, Path(tmp), redis_url)
+            try:
+                rows["runc (warm pool of 2 per worker)"] = series(warm, None, args)
+                print(_line("runc (warm pool of 2 per worker)", rows["runc (warm pool of 2 per worker)"],
+                            args.clients, cores), flush=True)  # fmt: skip
+            finally:
+                warm.stop()
         finally:
-            service.stop()
-    ratio_p50 = rows["runsc"]["latency"]["p50_ms"] / rows["runc"]["latency"]["p50_ms"]
-    ratio_rate = rows["runsc"]["per_s"] / rows["runc"]["per_s"]
-    print(f"runsc/runc: cold p50 {ratio_p50:.2f}, throughput {ratio_rate:.2f}")
+            helper.terminate()
+            helper.wait(10)
+    base = rows["runc (cold)"]
+    print(f"\nratios to runc (cold), same process; {cores} cores")
+    for name, row in rows.items():
+        print(f"  {name:34} start {row['start_ms'] / base['start_ms']:.2f}×  p50 at 1 client "
+              f"{row['one']['p50_ms'] / base['one']['p50_ms']:.2f}×  throughput at {args.clients} "
+              f"{row['many']['per_s'] / base['many']['per_s']:.2f}×")  # fmt: skip
+    print("idle memory: " + "; ".join(f"{name} {mb:.0f} MiB" for name, mb in idle.items()))
     return 0
+
+
+def _rss_of(pid: int) -> float:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    return int(next(line for line in text.splitlines() if line.startswith("VmRSS")).split()[1]) / 1024
+
+
+def _line(name: str, row: dict[str, Any], clients: int, cores: int) -> str:
+    one, many = row["one"], row["many"]
+    return (
+        f"{name}: sandbox start {row['start_ms']:.0f} ms; 1 client p50 {one['p50_ms']:.0f} / p95 "
+        f"{one['p95_ms']:.0f} ms; {clients} clients p50 {many['p50_ms']:.0f} / p95 {many['p95_ms']:.0f} ms, "
+        f"{many['per_s']:.1f}/s ({many['per_s'] / cores:.1f}/s per core), errors {one['errors'] + many['errors']}"
+    )
 
 
 if __name__ == "__main__":
