@@ -88,7 +88,7 @@ def series(service: Service, runtime: str | None, args: argparse.Namespace) -> d
             http.post("/v1/executions?wait=300", json=request)
         for _ in range(args.runs):
             answer = http.post("/v1/executions?wait=60", json=request).json()
-            starts.append(float((answer.get("timing") or {}).get("start_ms") or 0.0))
+            starts.append(float((answer.get("timing") or {}).get("sandbox_start_ms") or 0.0))
     one = closed_loop(service.url, request, 1, args.seconds)
     many = closed_loop(service.url, request, args.clients, args.seconds)
     return {"start_ms": statistics.median(starts), "one": one, "many": many}

@@ -101,3 +101,32 @@ class RunCgroup:
         for path in set(self.dirs.values()):
             with contextlib.suppress(OSError):
                 path.rmdir()
+
+
+def sweep_leftovers(root: Path = ROOT, within_s: float = 10.0) -> int:
+    """Kill every process in, and remove, each run cgroup a stopped helper left; returns how many."""
+    v1 = [root / c / PARENT for c in ("freezer", "pids", "memory", "cpu")]
+    parents = [root / PARENT] if (root / "cgroup.controllers").exists() else v1
+    found = 0
+    for parent in parents:
+        for run in [p for p in parent.glob("*") if p.is_dir()] if parent.is_dir() else []:
+            found += 1
+            for thaw, value in ((run / "freezer.state", "THAWED"), (run / "cgroup.freeze", "0")):
+                with contextlib.suppress(OSError):  # a frozen task takes no SIGKILL until thawed
+                    thaw.write_text(value)
+            deadline = time.monotonic() + within_s
+            while (procs := _read_pids(run / "cgroup.procs")) and time.monotonic() < deadline:
+                for pid in procs:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                time.sleep(0.01)
+            with contextlib.suppress(OSError):
+                run.rmdir()
+    return found
+
+
+def _read_pids(path: Path) -> list[int]:
+    try:
+        return [int(p) for p in path.read_text().split()]
+    except OSError:
+        return []

@@ -9,12 +9,16 @@ from typing import Any
 
 from execbox.sandbox.protocol import LAUNCHER
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-_LABEL = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_SYSCALL = re.compile(r"^[a-z0-9_]{1,64}$")
-_COLLECT = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$|^$")
-_BOUNDS = {"cpu": (0.01, 64.0), "cpu_time_s": (1, 86_400), "memory_mb": (16, 1 << 20), "pids": (1, 1 << 16),
-           "disk_mb": (1, 1 << 20), "timeout_s": (0.1, 86_400.0)}  # fmt: skip
+# Matched whole (fullmatch): `$` alone would let a trailing newline through.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_LOADER = re.compile(r"LD_.*|GLIBC_TUNABLES|GCONV_PATH|LOCPATH|NLSPATH|MALLOC_.*|HOSTALIASES|RES_OPTIONS|TZDIR")
+"""Variables glibc's loader and libc read before a program's code runs: never from a worker."""
+_LABEL = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_SYSCALL = re.compile(r"[a-z0-9_]{1,64}")
+COLLECTABLE = ("", "out")
+"""What a run may have collected: the whole workspace or its output directory, nothing deeper."""
+_BOUNDS = {"cpu": (0.01, 64.0), "cpu_time_s": (1, 86_400), "memory_mb": (16, 65_536), "pids": (1, 4096),
+           "disk_mb": (1, 65_536), "timeout_s": (0.1, 86_400.0)}  # fmt: skip
 
 
 class BadRun(Exception):
@@ -71,20 +75,26 @@ def checked(head: dict[str, Any], uids: range) -> Run:
     pairs = []
     for pair in env:
         if (not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[0], str) or not isinstance(pair[1], str)
-                or not _ENV_NAME.match(pair[0]) or "\0" in pair[1] or len(pair[1]) > 4096):  # fmt: skip
+                or not _ENV_NAME.fullmatch(pair[0]) or "\0" in pair[1] or len(pair[1]) > 4096):  # fmt: skip
             raise BadRun("env: each a [NAME, value] pair of strings without NUL")
+        if _LOADER.fullmatch(pair[0]):
+            raise BadRun(f"env: {pair[0]} is read by the loader or libc before the program: not accepted")
         pairs.append((pair[0], pair[1]))
     deny = head.get("seccomp_deny", [])
-    if not isinstance(deny, list) or len(deny) > 512 or not all(isinstance(d, str) and _SYSCALL.match(d) for d in deny):
+    if (
+        not isinstance(deny, list)
+        or len(deny) > 512
+        or not all(isinstance(d, str) and _SYSCALL.fullmatch(d) for d in deny)
+    ):
         raise BadRun("seccomp_deny: system call names")
     collect = head.get("collect", "out")
-    if not isinstance(collect, str) or not _COLLECT.match(collect) or ".." in collect.split("/"):
-        raise BadRun("collect: a relative path under /workspace")
+    if collect not in COLLECTABLE:
+        raise BadRun('collect: "out" (the output directory) or "" (the whole workspace)')
     image = head.get("image")
     if not isinstance(image, str):
         raise BadRun("image: an image id is required")
     label = head.get("label", "run")
-    if not isinstance(label, str) or not _LABEL.match(label):
+    if not isinstance(label, str) or not _LABEL.fullmatch(label):
         raise BadRun("label: letters, digits, _ and - (the execution's id)")
     return Run(image, uid, tuple(command), tuple(pairs), collect=collect, seccomp_deny=tuple(sorted(set(deny))),
                label=label, **values)  # fmt: skip

@@ -23,6 +23,7 @@ import contextlib
 import grp
 import logging
 import os
+import queue
 import secrets
 import shutil
 import socket
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from execbox.sandbox.bwrap import wire
-from execbox.sandbox.bwrap.cgroups import RunCgroup
+from execbox.sandbox.bwrap.cgroups import RunCgroup, sweep_leftovers
 from execbox.sandbox.bwrap.checks import BadRun, Run, checked
 from execbox.sandbox.bwrap.rootfs import Rootfs, RootfsError
 from execbox.sandbox.bwrap.seccomp_bpf import compile_profile
@@ -46,8 +47,17 @@ from execbox.sandbox.uids import parse_range
 log = logging.getLogger(__name__)
 BWRAP = "/usr/bin/bwrap"
 SETPRIV = "/usr/bin/setpriv"
+SHM_BYTES = 64 << 20
+"""/dev/shm's size, as the Docker runtime's shm_size."""
+MASKED_DIRS = ("/proc/acpi", "/proc/asound", "/proc/scsi", "/proc/bus")
 MASKED = ("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/interrupts",
           "/proc/softirqs", "/proc/latency_stats", "/proc/sysrq-trigger")  # fmt: skip
+STDIN_FRAMES = 64
+"""stdin frames (up to 1 MiB each) held for a program that has not read them yet; past that the run ends."""
+HEAD_WAIT_S = 10.0
+"""How long a new connection may take to send its HEAD."""
+PROGRAMS_KEPT = 16
+MOUNT, UMOUNT, PRLIMIT, SH, ENV = "/usr/bin/mount", "/usr/bin/umount", "/usr/bin/prlimit", "/bin/sh", "/usr/bin/env"
 BACKSTOP_S = 30.0
 """How long past its own timeout the helper lets a run go before it ends it itself."""
 
@@ -62,6 +72,8 @@ class HelperSettings:
     seccomp_profile: Path
     image_prefix: str = "execbox/sandbox-"
     oom_score_adj: int = 1000
+    max_runs: int = 32
+    """Runs at once; one more is refused (FAILED), not queued: a worker's own slots bound its runs."""
 
 
 class Helper:
@@ -72,29 +84,72 @@ class Helper:
         self.profiles = SeccompProfiles(settings.seccomp_profile)
         self._programs: dict[tuple[str, ...], bytes] = {}
         self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(settings.max_runs)
+        self._live_uids: set[int] = set()
         self.runs_dir = Path("/run/execbox-bwrap")
         self.runs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        sweep(self.runs_dir)
 
     def seccomp(self, deny: tuple[str, ...]) -> bytes:
         with self._lock:
-            if deny not in self._programs:
-                self._programs[deny] = compile_profile(narrowed(self.profiles.base(), deny))
-            return self._programs[deny]
+            program = self._programs.get(deny)
+        if program is None:  # compiled outside the lock; a few distinct narrowings at most are kept
+            program = compile_profile(narrowed(self.profiles.base(), deny))
+            with self._lock:
+                if len(self._programs) >= PROGRAMS_KEPT:
+                    self._programs.clear()
+                self._programs[deny] = program
+        return program
 
     def serve(self, conn: socket.socket) -> None:
         """One run, start to end; whatever happens, nothing of it is left on the host."""
+        if not self._slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                conn.sendall(
+                    wire.pack_json(wire.FAILED, {"error": f"the helper runs {self.settings.max_runs} already"})
+                )
+            return
+        uid: int | None = None
         try:
+            conn.settimeout(HEAD_WAIT_S)
             frame = wire.read(conn)
             if frame is None or frame[0] != wire.HEAD:
                 raise wire.WireError("the first frame must be HEAD")
             run = checked(wire.parse_json(frame[1], "HEAD"), self.uids)
+            with self._lock:
+                if run.uid in self._live_uids:
+                    raise BadRun(f"uid: {run.uid} is another live run's")
+                self._live_uids.add(run.uid)
+                uid = run.uid
             rootfs = self.rootfs.path(run.image)
-        except (BadRun, RootfsError, wire.WireError) as exc:
+        except (BadRun, RootfsError, wire.WireError, OSError) as exc:
             log.warning("refused a run: %s", exc)
             with contextlib.suppress(OSError):
                 conn.sendall(wire.pack_json(wire.FAILED, {"error": str(exc)}))
+            self._done(uid, conn)
             return
-        RunningSandbox(self, run, rootfs, conn).go()
+        try:
+            RunningSandbox(self, run, rootfs, conn).go()
+        finally:
+            self._done(uid, conn)
+
+    def _done(self, uid: int | None, conn: socket.socket) -> None:
+        with self._lock:
+            if uid is not None:
+                self._live_uids.discard(uid)
+        self._slots.release()
+        with contextlib.suppress(OSError):
+            conn.close()
+
+
+def sweep(runs_dir: Path) -> None:
+    """What a helper that stopped (or crashed) left: every run's processes killed, cgroup removed,
+    workspace unmounted and deleted. At start, before any run of this helper exists."""
+    if left := sweep_leftovers():
+        log.warning("removed %d run cgroup(s) an earlier helper left", left)
+    for run in runs_dir.iterdir():
+        subprocess.run([UMOUNT, "-l", str(run / "workspace")], check=False, capture_output=True)
+        shutil.rmtree(run, ignore_errors=True)
 
 
 class RunningSandbox:
@@ -107,6 +162,7 @@ class RunningSandbox:
         self.cgroup: RunCgroup | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self.mounted = False
+        self.stdin: queue.Queue[bytes | None] = queue.Queue(maxsize=STDIN_FRAMES)
 
     def send(self, data: bytes) -> None:
         with self.send_lock:
@@ -130,7 +186,7 @@ class RunningSandbox:
         run = self.run
         self.dir.mkdir(mode=0o700)
         self.workspace.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={run.disk_mb}m,uid={run.uid},gid={run.uid},mode=0755,"
+        subprocess.run([MOUNT, "-t", "tmpfs", "-o", f"size={run.disk_mb}m,uid={run.uid},gid={run.uid},mode=0755,"
                         "nosuid,nodev", "tmpfs", str(self.workspace)], check=True, capture_output=True)  # fmt: skip
         self.mounted = True
         # The pids cgroup counts bubblewrap's own monitor and the launcher on top of the program's.
@@ -141,21 +197,29 @@ class RunningSandbox:
         assert cgroup is not None
         argv = [BWRAP, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                 "--die-with-parent", "--new-session", "--as-pid-1", "--hostname", "sandbox",
+                # setpriv needs these three to drop to the run's uid; nothing else reaches it.
+                "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP",
                 "--ro-bind", str(self.rootfs), "/", "--bind", str(self.workspace), "/workspace",
                 "--perms", "1777", "--size", str(run.disk_mb << 20), "--tmpfs", "/tmp",
-                "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/sys",
+                "--dev", "/dev", "--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm",
+                "--proc", "/proc", "--tmpfs", "/sys",
                 # Only the run's own memory cgroup, where the launcher reads its OOM count and peak.
                 "--perms", "0755", "--dir", "/sys/fs", "--perms", "0755", "--dir", "/sys/fs/cgroup",
                 "--ro-bind", str(cgroup.memory_dir), "/sys/fs/cgroup" if cgroup.v2 else "/sys/fs/cgroup/memory",
                 "--remount-ro", "/sys", "--chdir", "/workspace", "--clearenv"]  # fmt: skip
         for path in MASKED:
-            if os.path.exists(path):  # what this kernel's /proc has: a sandbox's shows the same files
+            if os.path.isfile(path):  # what this kernel's /proc has: a sandbox's shows the same files
                 argv += ["--ro-bind", "/dev/null", path]
-        for name, value in run.env:
-            argv += ["--setenv", name, value]
+        for path in MASKED_DIRS:
+            if os.path.isdir(path):
+                argv += ["--perms", "0555", "--tmpfs", path, "--remount-ro", path]
+        # The run's environment reaches only the launcher, after the drop: bubblewrap and setpriv
+        # (root, with the three capabilities) run with PATH alone.
+        argv += ["--setenv", "PATH", "/usr/bin:/bin"]
         drop = [SETPRIV, f"--reuid={run.uid}", f"--regid={run.uid}", "--clear-groups", "--inh-caps=-all",
                 "--bounding-set=-all", "--no-new-privs", "--"]  # fmt: skip
-        argv += ["--seccomp", str(seccomp_fd), "--", *drop, *run.command]
+        environ = [f"{name}={value}" for name, value in run.env]
+        argv += ["--seccomp", str(seccomp_fd), "--", *drop, ENV, "-i", *environ, *run.command]
         return argv
 
     def _spawn(self) -> None:
@@ -174,7 +238,7 @@ class RunningSandbox:
             joins = ('echo "$EBX_OOM" > /proc/self/oom_score_adj && '
                      'for f in $EBX_CGROUPS; do echo $$ > "$f" || exit 121; done; exec "$@"')  # fmt: skip
             self.process = subprocess.Popen(
-                ["/bin/sh", "-c", joins, "sh", "prlimit", *limits, "--", *self._argv(read_end)],
+                [SH, "-c", joins, "sh", PRLIMIT, *limits, "--", *self._argv(read_end)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(read_end,),
                 env={"EBX_CGROUPS": " ".join(cgroup.procs_files), "EBX_OOM": str(self.helper.settings.oom_score_adj),
                      "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
@@ -198,14 +262,20 @@ class RunningSandbox:
         for pump in pumps:
             pump.start()
         threading.Thread(target=self._report_exit, args=(pumps,), daemon=True).start()
-        self.conn.settimeout(self.run.timeout_s + BACKSTOP_S)
+        threading.Thread(target=self._feed, daemon=True).start()
+        # Whatever the worker does (or does not), the run ends this long after its timeout.
+        deadline = threading.Timer(self.run.timeout_s + BACKSTOP_S, self._expire)
+        deadline.daemon = True
+        deadline.start()
+        self.conn.settimeout(None)
         try:
             while (frame := wire.read(self.conn)) is not None:
                 kind, payload = frame
-                if kind == wire.STDIN:
-                    self._stdin(payload)
-                elif kind == wire.STDIN_END:
-                    self._stdin(None)
+                if kind in (wire.STDIN, wire.STDIN_END):
+                    try:
+                        self.stdin.put_nowait(payload if kind == wire.STDIN else None)
+                    except queue.Full:
+                        raise wire.WireError("more stdin than the program reads") from None
                 elif kind == wire.KILL:
                     self._kill()
                 elif kind == wire.COLLECT:
@@ -215,20 +285,31 @@ class RunningSandbox:
                     return
                 else:
                     raise wire.WireError(f"unexpected frame kind {kind}")
-        except TimeoutError:
-            log.warning("run %s passed its timeout by %.0f s with no word from its worker: ended", self.token,
-                        BACKSTOP_S)  # fmt: skip
+        finally:
+            deadline.cancel()
+            with contextlib.suppress(queue.Full):
+                self.stdin.put_nowait(None)  # the feeder ends (a full queue: it ends with the program)
 
-    def _stdin(self, data: bytes | None) -> None:
+    def _expire(self) -> None:
+        log.warning("run %s of %s passed its timeout by %.0f s: ended by the helper", self.token, self.run.label,
+                    BACKSTOP_S)  # fmt: skip
+        with contextlib.suppress(RuntimeError):
+            self._kill()
+        with contextlib.suppress(OSError):
+            self.conn.shutdown(socket.SHUT_RDWR)
+
+    def _feed(self) -> None:
+        """The program's stdin, written from a thread of its own: a program that never reads blocks
+        only this thread, never the conversation (KILL, COLLECT, the end of the connection)."""
         stdin = self.process.stdin if self.process else None
-        if stdin is None or stdin.closed:
+        if stdin is None:
             return
-        with contextlib.suppress(OSError):  # the program ended, or closed its stdin
-            if data is None:
-                stdin.close()
-            else:
+        with contextlib.suppress(OSError, ValueError):  # the program ended, or closed its stdin
+            while (data := self.stdin.get()) is not None:
                 stdin.write(data)
                 stdin.flush()
+        with contextlib.suppress(OSError, ValueError):
+            stdin.close()
 
     def _report_exit(self, pumps: list[threading.Thread]) -> None:
         process = self.process
@@ -254,8 +335,16 @@ class RunningSandbox:
                 raise OSError(f"/workspace/{self.run.collect} is a link")
             if base.is_dir():
                 writer = _FrameWriter(self)
+                budget = [self.run.disk_mb << 20]  # sizes as tar counts them: sparse files count whole
+
+                def within(member: tarfile.TarInfo) -> tarfile.TarInfo:
+                    budget[0] -= member.size
+                    if budget[0] < 0:
+                        raise OSError(f"the output directory holds more than the run's disk ({self.run.disk_mb} MiB)")
+                    return member
+
                 with tarfile.open(fileobj=cast(Any, writer), mode="w|", format=tarfile.PAX_FORMAT) as archive:
-                    archive.add(base, arcname=base.name or "workspace", recursive=True)
+                    archive.add(base, arcname=base.name or "workspace", recursive=True, filter=within)
                 writer.flush()
         except OSError as exc:
             error = str(exc)
@@ -274,7 +363,7 @@ class RunningSandbox:
         if self.cgroup is not None:
             self.cgroup.remove()
         if self.mounted:
-            subprocess.run(["umount", "-l", str(self.workspace)], check=False, capture_output=True)
+            subprocess.run([UMOUNT, "-l", str(self.workspace)], check=False, capture_output=True)
         shutil.rmtree(self.dir, ignore_errors=True)
         with contextlib.suppress(OSError):
             self.conn.close()

@@ -2,8 +2,9 @@
 from the same Docker engine (and so the same images) the Docker runtime uses.
 
 Only images tagged under the configured prefix (`execbox/sandbox-`) are unpacked, by GNU tar (no
-absolute paths, no `..`), with every setuid and setgid bit cleared after (a sandbox's root file
-system is read-only and runs under no_new_privs anyway). An
+absolute paths, no `..`) into a directory only root may enter, with every setuid and setgid bit
+cleared and every device node removed after (a sandbox's root file system is read-only and runs
+under no_new_privs; /dev is bubblewrap's own). An
 unpacking lands in a temporary directory that is renamed into place, so a helper stopped halfway
 leaves nothing a run could use.
 """
@@ -22,7 +23,7 @@ from typing import cast
 import docker
 from docker.errors import DockerException
 
-IMAGE_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
+IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 class RootfsError(Exception):
@@ -33,6 +34,7 @@ class Rootfs:
     def __init__(self, root: Path, engine_url: str, image_prefix: str) -> None:
         self._root = root / "rootfs"
         self._root.mkdir(parents=True, exist_ok=True)
+        self._root.chmod(0o700)  # the trees are bubblewrap's (root's) to mount; no host user walks them
         self._engine_url = engine_url
         self._prefix = image_prefix
         self._locks: dict[str, threading.Lock] = {}
@@ -40,7 +42,7 @@ class Rootfs:
 
     def path(self, image_id: str) -> Path:
         """The image's tree, unpacked now if it is not yet."""
-        if not IMAGE_ID.match(image_id):
+        if not IMAGE_ID.fullmatch(image_id):
             raise RootfsError(f"image {image_id[:80]!r} is not an image id (sha256:<64 hex>)")
         target = self._root / image_id.removeprefix("sha256:")
         if target.is_dir():
@@ -62,11 +64,11 @@ class Rootfs:
             if not any(tag.startswith(self._prefix) for tag in image.tags):
                 raise RootfsError(f"image {image_id} is not a sandbox image (no tag under {self._prefix!r})")
             container = client.containers.create(image_id, command=["/bin/true"], network_disabled=True)
-            partial.mkdir()
+            partial.mkdir(mode=0o700)
             # GNU tar, for speed (a Python unpacking of the 1.2 GB Python image took 25 s): it drops
             # leading slashes and members with `..`; setuid and setgid bits are cleared after.
             with tempfile.TemporaryFile() as errors:  # a file, not a pipe: tar may say much, and must not block
-                untar = subprocess.Popen(["tar", "-x", "--numeric-owner", "-p", "-C", str(partial)],
+                untar = subprocess.Popen(["/usr/bin/tar", "-x", "--numeric-owner", "-p", "-C", str(partial)],
                                          stdin=subprocess.PIPE, stderr=errors)  # fmt: skip
                 assert untar.stdin is not None
                 try:
@@ -78,8 +80,11 @@ class Rootfs:
                     errors.seek(0)
                     said = errors.read()[-300:].decode(errors="replace")
                     raise RootfsError(f"image {image_id} could not be unpacked: {said}")
-            subprocess.run(["find", str(partial), "-xdev", "-perm", "/6000", "-exec", "chmod", "ug-s", "{}", "+"],
-                           check=True, capture_output=True)  # fmt: skip
+            subprocess.run(["/usr/bin/find", str(partial), "-xdev", "-perm", "/6000", "-exec", "chmod", "ug-s", "{}",
+                            "+"], check=True, capture_output=True)  # fmt: skip
+            subprocess.run(["/usr/bin/find", str(partial), "-xdev", "(", "-type", "b", "-o", "-type", "c", ")",
+                            "-delete"], check=True, capture_output=True)  # fmt: skip
+            partial.chmod(0o755)  # the sandbox's `/`; host users are kept out by rootfs/ (0700) above it
             partial.rename(target)
         except DockerException as exc:
             raise RootfsError(f"image {image_id} could not be exported from the engine ({exc})") from exc

@@ -32,6 +32,8 @@ NAME = "bwrap"
 """The policy's `runtime` that picks this runtime."""
 BASE_ENV = (("PATH", "/usr/local/bin:/usr/bin:/bin"), ("HOME", "/tmp"), ("TMPDIR", "/tmp"), ("LANG", "C.UTF-8"))
 _PIECE = 1 << 20
+COLLECT_WAIT_S = 60.0
+"""Longest pause in the output directory's stream before the collection is given up."""
 START_WAIT_S = 600.0
 """How long a run may wait for the helper to start it (the first run of an image version waits
 while the helper unpacks it: about 10 s for the 1.2 GB Python image here)."""
@@ -110,9 +112,13 @@ class _Session:
         except OSError:
             pass  # the run is over
 
-    def chunks(self) -> Iterator[bytes]:
-        while (chunk := self.tar.get()) is not None:
-            yield chunk
+    def chunks(self, first_within_s: float = COLLECT_WAIT_S) -> Iterator[bytes]:
+        """The TAR frames as they come; each within a bound, else the collection ends there."""
+        try:
+            while (chunk := self.tar.get(timeout=first_within_s)) is not None:
+                yield chunk
+        except queue.Empty:
+            self.tar_error = f"the helper sent nothing of the output directory for {first_within_s:.0f} s"
 
 
 class BwrapRuntime:
@@ -180,7 +186,7 @@ class BwrapRuntime:
             if spec.collector is not None and (not finished or fault is None) and session.failure is None:
                 if capture.produced or spec.collect_path != "out" or not finished:
                     session.send(wire.pack(wire.COLLECT))
-                    first = session.tar.get()
+                    first = next(session.chunks(), None)
                     if first is not None:  # else no such directory (or the connection broke): nothing to collect
                         spec.collector(itertools.chain((first,), session.chunks()))
                     collect_error = session.tar_error

@@ -58,7 +58,7 @@ def read(sock: socket.socket) -> tuple[int, bytes] | None:
 def parse_json(payload: bytes, what: str) -> dict[str, Any]:
     try:
         value = json.loads(payload)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise WireError(f"{what} is not JSON ({exc})") from exc
     if not isinstance(value, dict):
         raise WireError(f"{what} is not a JSON object")
