@@ -29,16 +29,16 @@ import shutil
 import socket
 import socketserver
 import subprocess
-import tarfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO
 
 from execbox.sandbox.bwrap import wire
 from execbox.sandbox.bwrap.cgroups import RunCgroup, sweep_leftovers
 from execbox.sandbox.bwrap.checks import BadRun, Run, checked
+from execbox.sandbox.bwrap.collect import tar_output
 from execbox.sandbox.bwrap.rootfs import Rootfs, RootfsError
 from execbox.sandbox.bwrap.seccomp_bpf import compile_profile
 from execbox.sandbox.seccomp import SeccompProfiles, narrowed
@@ -326,28 +326,9 @@ class RunningSandbox:
             raise RuntimeError("the run's processes did not end within 10 s of SIGKILL")
 
     def _collect(self) -> None:
-        """The output directory as a tar stream, read as root from the host side of a run whose
-        processes are all gone (so nothing can swap a directory for a link meanwhile)."""
-        error = None
-        base = self.workspace / self.run.collect if self.run.collect else self.workspace
-        try:
-            if base.is_symlink():
-                raise OSError(f"/workspace/{self.run.collect} is a link")
-            if base.is_dir():
-                writer = _FrameWriter(self)
-                budget = [self.run.disk_mb << 20]  # sizes as tar counts them: sparse files count whole
-
-                def within(member: tarfile.TarInfo) -> tarfile.TarInfo:
-                    budget[0] -= member.size
-                    if budget[0] < 0:
-                        raise OSError(f"the output directory holds more than the run's disk ({self.run.disk_mb} MiB)")
-                    return member
-
-                with tarfile.open(fileobj=cast(Any, writer), mode="w|", format=tarfile.PAX_FORMAT) as archive:
-                    archive.add(base, arcname=base.name or "workspace", recursive=True, filter=within)
-                writer.flush()
-        except OSError as exc:
-            error = str(exc)
+        """The output directory as TAR frames, read once every process of the run is gone."""
+        error = tar_output(self.workspace, self.run.collect, self.run.disk_mb << 20,
+                           lambda data: self.send(wire.pack(wire.TAR, data)))  # fmt: skip
         self.send(wire.pack_json(wire.TAR_END, {"error": error}))
 
     def _clean_up(self) -> None:
@@ -367,26 +348,6 @@ class RunningSandbox:
         shutil.rmtree(self.dir, ignore_errors=True)
         with contextlib.suppress(OSError):
             self.conn.close()
-
-
-class _FrameWriter:
-    """A write-only file object that sends what tarfile writes as TAR frames."""
-
-    def __init__(self, sandbox: RunningSandbox) -> None:
-        self._sandbox = sandbox
-        self._buffer = bytearray()
-
-    def write(self, data: bytes) -> int:
-        self._buffer += data
-        while len(self._buffer) >= 1 << 16:
-            self._sandbox.send(wire.pack(wire.TAR, bytes(self._buffer[: 1 << 16])))
-            del self._buffer[: 1 << 16]
-        return len(data)
-
-    def flush(self) -> None:
-        if self._buffer:
-            self._sandbox.send(wire.pack(wire.TAR, bytes(self._buffer)))
-            self._buffer.clear()
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
