@@ -4,6 +4,7 @@ runc and under gVisor. Each test names the attack it stands for."""
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ import docker
 import httpx
 import pytest
 
+from execbox.sandbox.bwrap import wire
+from execbox.sandbox.protocol import LAUNCHER
 from execbox.sandbox.runtime import EXECUTION_LABEL
 from tests.conftest import (
     EXECBOX,
@@ -256,3 +259,37 @@ def test_a_runtime_no_worker_offers_is_refused(stack: Stack, processes: Processe
     assert refused.status_code == 422, refused.text
     assert [e["field"] for e in refused.json()["errors"]] == ["policy.runtime"] and "runsc" in refused.text
     assert accepted.status_code == 200 and accepted.json()["policy"]["runtime"] == "runc"
+
+
+def _ask_helper(socket_path: str, head: dict[str, Any]) -> dict[str, Any]:
+    """What the bubblewrap helper answers a HEAD sent straight to its socket (as a taken-over worker would)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(60)
+        conn.connect(socket_path)
+        conn.sendall(wire.pack_json(wire.HEAD, head))
+        frame = wire.read(conn)
+    assert frame is not None and frame[0] == wire.FAILED, frame
+    return wire.parse_json(frame[1], "FAILED")
+
+
+def test_the_bwrap_helper_refuses_what_a_taken_over_worker_asks_beyond_a_sandbox_run(
+    bwrap_helper: str, docker_client: docker.DockerClient
+) -> None:
+    """Straight to the helper's socket: an image that is no sandbox image (the base image every
+    sandbox image is built on), a uid outside the helper's range, a path to collect beyond out/, a
+    command that is not the launcher, a loader variable. Each is refused, naming what, and runs
+    nothing."""
+    sandbox = docker_client.images.get("execbox/sandbox-python").id
+    base = docker_client.images.get("local/debian:trixie").id
+    limits = {"cpu": 1, "cpu_time_s": 5, "memory_mb": 128, "pids": 16, "disk_mb": 16, "timeout_s": 5}
+    good = {"image": sandbox, "uid": 200_001, "label": "exe_attack", "collect": "out", "limits": limits,
+            "command": [*LAUNCHER, "python3", "/opt/execbox/oneshot.py", "main.py"], "env": []}  # fmt: skip
+    asks: dict[str, dict[str, Any]] = {
+        "not a sandbox image": {**good, "image": base},
+        "uid: must be in": {**good, "uid": 0},
+        "collect:": {**good, "collect": "out/../../etc"},
+        "command:": {**good, "command": ["/bin/sh", "-c", "id"]},
+        "LD_PRELOAD": {**good, "env": [["LD_PRELOAD", "/workspace/evil.so"]]},
+    }
+    for expected, head in asks.items():
+        assert expected in _ask_helper(bwrap_helper, head)["error"], expected

@@ -10,6 +10,7 @@ archive is ever unpacked by root.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import queue
@@ -58,6 +59,8 @@ class _Session:
     def __init__(self, conn: socket.socket, capture: Capture, wake: threading.Event) -> None:
         self.conn, self.capture, self.wake = conn, capture, wake
         self.started = threading.Event()
+        self.settled = threading.Event()
+        """Set once the run started, or the helper refused it or went away before."""
         self.start_ms = 0.0
         self.exited = threading.Event()
         self.status: int | None = None
@@ -69,6 +72,11 @@ class _Session:
     def send(self, data: bytes) -> None:
         with self.lock:
             self.conn.sendall(data)
+
+    def tell(self, kind: int) -> None:
+        """A control frame (KILL, COLLECT, RELEASE); a helper already gone needs none."""
+        with contextlib.suppress(OSError):
+            self.send(wire.pack(kind))
 
     def read(self) -> None:
         try:
@@ -91,12 +99,14 @@ class _Session:
         self.capture.eof = True
         self.tar.put(None)
         self.exited.set()
+        self.settled.set()
         self.wake.set()
 
     def _event(self, event: dict[str, Any]) -> None:
         if event.get("event") == "started":
             self.start_ms = float(event.get("start_ms") or 0.0)
             self.started.set()
+            self.settled.set()
         elif event.get("event") == "exited":
             status = event.get("status")
             self.status = 128 - status if isinstance(status, int) and status < 0 else status
@@ -170,22 +180,22 @@ class BwrapRuntime:
             threading.Thread(target=session.feed, args=(payload,), daemon=True).start()
             control.set_killer(wake.set)
             # Not the run's time: the helper may be unpacking the image (once per image version).
-            session.started.wait(timeout=START_WAIT_S)
+            session.settled.wait(timeout=START_WAIT_S)
+            if not session.started.is_set():
+                raise RuntimeUnavailable(session.failure or "the bubblewrap helper did not start the run")
             started = time.monotonic()
             wake.wait(timeout=lim.timeout_s)
             ended = time.monotonic()
-            if session.failure and not session.started.is_set():
-                raise RuntimeUnavailable(session.failure)
             timed_out = not wake.is_set()
             stopped = capture.overflowed or control.cancelled
             finished = capture.done and not (timed_out or stopped)
             fault = capture.fault if finished else None
             collect_error: str | None = None
             if not finished:
-                session.send(wire.pack(wire.KILL))
+                session.tell(wire.KILL)
             if spec.collector is not None and (not finished or fault is None) and session.failure is None:
                 if capture.produced or spec.collect_path != "out" or not finished:
-                    session.send(wire.pack(wire.COLLECT))
+                    session.tell(wire.COLLECT)
                     first = next(session.chunks(), None)
                     if first is not None:  # else no such directory (or the connection broke): nothing to collect
                         spec.collector(itertools.chain((first,), session.chunks()))
@@ -213,8 +223,5 @@ class BwrapRuntime:
                 launcher_fault=fault,
             )  # fmt: skip
         finally:
-            try:
-                session.send(wire.pack(wire.RELEASE))
-            except OSError:
-                pass
+            session.tell(wire.RELEASE)
             conn.close()
