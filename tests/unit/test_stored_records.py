@@ -333,8 +333,10 @@ def test_large_bodies_do_not_hold_healthz(tenant: Tenant, settings: Settings) ->
 
     prober = threading.Thread(target=probe)
     prober.start()
+    began = time.perf_counter()
     try:
         statuses = http._loop.run_until_complete(post_all())
+        took = time.perf_counter() - began
     finally:
         done.set()
         while prober.is_alive():  # its last /healthz needs the loop running
@@ -342,9 +344,15 @@ def test_large_bodies_do_not_hold_healthz(tenant: Tenant, settings: Settings) ->
     worst = max(latencies)
 
     sizes = " and ".join(f"{len(b) / 2**20:.1f} MiB" for b in bodies)
-    sys.stderr.write(f"\n/healthz worst latency during POST /v1/plans/validate of {sizes}: {worst * 1000:.0f} ms\n")
+    sys.stderr.write(
+        f"\n/healthz worst latency during POST /v1/plans/validate of {sizes}: {worst * 1000:.0f} ms "
+        f"(the POSTs took {took * 1000:.0f} ms)\n"
+    )
     assert statuses[0] == 413 and statuses[1] in (200, 422), statuses
-    assert worst < 0.5, f"/healthz waited {worst:.2f} s"
+    # Held by the loop, a probe would wait about as long as the POSTs take (seconds); off the loop
+    # it waits only for the GIL (json.loads is one C call). Half the POSTs' own time, measured in
+    # the same run, tells the two apart on a quiet machine and on CI's busy one alike.
+    assert worst < max(0.5, took / 2), f"/healthz waited {worst:.2f} s while the POSTs took {took:.2f} s"
     assert len(bodies[1]) <= settings.api.max_json_body_bytes < len(bodies[0])
 
 
