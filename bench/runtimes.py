@@ -36,17 +36,19 @@ from compare import EXECBOX, ROOT, Service, redis_server, summary
 ENGINE = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 
 
+def _rss_kib(status: Path) -> tuple[str, int]:
+    """A process's name and resident memory (KiB) from its /proc status; ("", 0) once it is gone."""
+    try:
+        fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+    except OSError:
+        return "", 0
+    return fields.get("Name", "").strip(), int(fields.get("VmRSS", "0 kB").split()[0])
+
+
 def rss_mb(names: set[str]) -> float:
     """Resident memory of every process whose name is in `names`, in MiB."""
-    total = 0
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
-        except OSError:
-            continue
-        if fields.get("Name", "").strip() in names:
-            total += int(fields.get("VmRSS", "0 kB").split()[0])
-    return total / 1024
+    found = (_rss_kib(status) for status in Path("/proc").glob("[0-9]*/status"))
+    return sum(kib for name, kib in found if name in names) / 1024
 
 
 def closed_loop(url: str, request: dict[str, Any], clients: int, seconds: float) -> dict[str, Any]:
@@ -121,7 +123,7 @@ def main() -> int:
                 cold.stop()
             # After their runs, with nothing running: what each runtime keeps resident on the host.
             idle = {"docker (dockerd, containerd)": rss_mb({"dockerd", "containerd"}),
-                    "bwrap (its helper)": _rss_of(helper.pid)}  # fmt: skip
+                    "bwrap (its helper)": _rss_kib(Path(f"/proc/{helper.pid}/status"))[1] / 1024}  # fmt: skip
             warm = Service(args.workers, 2, Path(tmp), redis_url)
             try:
                 rows["runc (warm pool of 2 per worker)"] = series(warm, None, args)
@@ -140,14 +142,6 @@ def main() -> int:
               f"{row['many']['per_s'] / base['many']['per_s']:.2f}×")  # fmt: skip
     print("idle memory: " + "; ".join(f"{name} {mb:.0f} MiB" for name, mb in idle.items()))
     return 0
-
-
-def _rss_of(pid: int) -> float:
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0.0
-    return int(next(line for line in text.splitlines() if line.startswith("VmRSS")).split()[1]) / 1024
 
 
 def _line(name: str, row: dict[str, Any], clients: int, cores: int) -> str:

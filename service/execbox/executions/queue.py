@@ -110,6 +110,10 @@ def _keys(settings: ExecutionsConfig) -> tuple[str, str, str]:
     )  # a queue's tickets serve its own entries
 
 
+def _text(raw: object) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
 def _taken_key(settings: ExecutionsConfig) -> str:
     return ExecutionKeys(settings.redis.key_prefix).taken(settings.queue.name)
 
@@ -162,7 +166,7 @@ def take_next(client: redis.Redis, settings: ExecutionsConfig) -> Entry | None:
         raw = client.register_script(_TAKE)(keys=[ring, members, _taken_key(settings)], args=[pending, time.time()])
     if not raw:
         return None
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    text = _text(raw)
     data = json.loads(text)
     return Entry(str(data["execution_id"]), data.get("traceparent"), text)
 
@@ -186,7 +190,7 @@ def return_lost_takes(
     with redis_errors():
         stale = client.zrangebyscore(key, "-inf", time.time() - grace_s)
         for raw in stale:
-            text = raw.decode() if isinstance(raw, bytes) else str(raw)
+            text = _text(raw)
             try:
                 record = lookup(str(json.loads(text)["execution_id"]))
             except (ValueError, KeyError, TypeError):

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 # cannot load an unreadable binary; there the launcher relies on prctl(PR_SET_DUMPABLE, 0) alone.
 LAUNCHER = ("/usr/bin/python3-launcher", "-I", "-S", "/opt/execbox/launch.py")
 GVISOR_LAUNCHER = ("/usr/bin/python3", "-I", "-S", "/opt/execbox/launch.py")
+BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+"""The launcher's environment in every runtime (a run's own travels in its frame)."""
 RELEASE_SIGNAL = "SIGUSR1"
 """Lets a launcher that holds its finished container exit (with the program's status)."""
 

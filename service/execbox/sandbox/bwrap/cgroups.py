@@ -62,11 +62,7 @@ class RunCgroup:
         return self.dirs["memory"]
 
     def pids(self) -> list[int]:
-        try:
-            text = (self.dirs["pids"] / "cgroup.procs").read_text()
-        except OSError:
-            return []
-        return [int(p) for p in text.split()]
+        return _read_pids(self.dirs["pids"] / "cgroup.procs")
 
     def _freeze(self, frozen: bool) -> None:
         with contextlib.suppress(OSError):

@@ -30,7 +30,6 @@ import socket
 import socketserver
 import subprocess
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -169,11 +168,10 @@ class RunningSandbox:
             self.conn.sendall(data)
 
     def go(self) -> None:
-        started = time.monotonic()
         try:
             self._prepare()
             self._spawn()
-            self.send(wire.pack_json(wire.EXIT, {"event": "started", "start_ms": (time.monotonic() - started) * 1000}))
+            self.send(wire.pack_json(wire.EXIT, {"event": "started"}))
             self._converse()
         except (OSError, wire.WireError, RuntimeError, subprocess.SubprocessError) as exc:
             log.warning("run %s ended early: %s", self.token, exc)

@@ -25,19 +25,18 @@ from typing import Any
 from execbox.sandbox.bwrap import wire
 from execbox.sandbox.capture import STDERR, STDOUT, Capture
 from execbox.sandbox.errors import RuntimeUnavailable
-from execbox.sandbox.protocol import LAUNCHER, done_marker, frame_files
+from execbox.sandbox.protocol import BASE_ENV, LAUNCHER, done_marker, frame_files
 from execbox.sandbox.runtime import SandboxControl, SandboxOutcome, SandboxSpec
 from execbox.sandbox.uids import UidAllocator
 
 NAME = "bwrap"
 """The policy's `runtime` that picks this runtime."""
-BASE_ENV = (("PATH", "/usr/local/bin:/usr/bin:/bin"), ("HOME", "/tmp"), ("TMPDIR", "/tmp"), ("LANG", "C.UTF-8"))
 _PIECE = 1 << 20
 COLLECT_WAIT_S = 60.0
 """Longest pause in the output directory's stream before the collection is given up."""
 START_WAIT_S = 600.0
 """How long a run may wait for the helper to start it (the first run of an image version waits
-while the helper unpacks it: about 10 s for the 1.2 GB Python image here)."""
+while the helper unpacks it: about 20 s for the 1.2 GB Python image here)."""
 
 
 def archive_files(archive: bytes | None) -> tuple[tuple[str, bytes], ...]:
@@ -61,7 +60,6 @@ class _Session:
         self.started = threading.Event()
         self.settled = threading.Event()
         """Set once the run started, or the helper refused it or went away before."""
-        self.start_ms = 0.0
         self.exited = threading.Event()
         self.status: int | None = None
         self.failure: str | None = None
@@ -104,7 +102,6 @@ class _Session:
 
     def _event(self, event: dict[str, Any]) -> None:
         if event.get("event") == "started":
-            self.start_ms = float(event.get("start_ms") or 0.0)
             self.started.set()
             self.settled.set()
         elif event.get("event") == "exited":
@@ -169,7 +166,7 @@ class BwrapRuntime:
         session = _Session(conn, capture, wake)
         try:
             head = {"image": image_id, "uid": uid, "label": spec.execution_id, "command": [*LAUNCHER, *spec.command],
-                    "env": [list(p) for p in (*BASE_ENV, *spec.container_env)],
+                    "env": [list(p) for p in (*BASE_ENV.items(), *spec.container_env)],
                     "limits": {"cpu": lim.cpu, "cpu_time_s": lim.cpu_time_s, "memory_mb": lim.memory_mb,
                                "pids": lim.pids, "disk_mb": lim.disk_mb, "timeout_s": lim.timeout_s},
                     "collect": spec.collect_path.strip("/"), "seccomp_deny": list(spec.seccomp_deny)}  # fmt: skip
@@ -196,9 +193,10 @@ class BwrapRuntime:
             if spec.collector is not None and (not finished or fault is None) and session.failure is None:
                 if capture.produced or spec.collect_path != "out" or not finished:
                     session.tell(wire.COLLECT)
-                    first = next(session.chunks(), None)
+                    chunks = session.chunks()
+                    first = next(chunks, None)
                     if first is not None:  # else no such directory (or the connection broke): nothing to collect
-                        spec.collector(itertools.chain((first,), session.chunks()))
+                        spec.collector(itertools.chain((first,), chunks))
                     collect_error = session.tar_error
             collected_at = time.monotonic()
             if finished:

@@ -18,7 +18,6 @@ MASKED_PATHS = (
     "/proc/softirqs", "/sys/devices/virtual/powercap", "/sys/devices/system/cpu/cpu0/thermal_throttle",
 )  # fmt: skip
 
-BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
 CPU_PERIOD_US = 100_000
 IDLE_CPU_SHARES = 2
 DEFAULT_CPU_SHARES = 1024

@@ -37,7 +37,6 @@ from execbox.sandbox.docker.capture import STDERR, STDOUT, Capture, close, feed
 from execbox.sandbox.docker.cleanup import CLEANUP_DELAY_S, Deferred
 from execbox.sandbox.docker.engine import docker_errors, listed_containers, listed_networks
 from execbox.sandbox.docker.hostconfig import (
-    BASE_ENV,
     CPU_PERIOD_US,
     DEFAULT_CPU_SHARES,
     MASKED_PATHS,
@@ -48,7 +47,7 @@ from execbox.sandbox.docker.kernel import KernelContainer
 from execbox.sandbox.docker.networks import EgressNetwork, EgressNetworks
 from execbox.sandbox.errors import ImageUnavailable, RuntimeUnavailable
 from execbox.sandbox.pool import WarmPool
-from execbox.sandbox.protocol import GVISOR_LAUNCHER, LAUNCHER, RELEASE_SIGNAL, done_marker, frame_files
+from execbox.sandbox.protocol import BASE_ENV, GVISOR_LAUNCHER, LAUNCHER, RELEASE_SIGNAL, done_marker, frame_files
 from execbox.sandbox.runtime import (
     DEPLOYMENT_LABEL,
     EXECUTION_LABEL,
