@@ -2,17 +2,19 @@
 cold (no warm pool: a fresh sandbox per run), and runc with the shipped warm pool for reference.
 A benchmark: it prints figures and asserts nothing.
 
-Per series, through execbox's API with `print(1)`: the sandbox's own start (the result's
+Per series, through execbox's API with `print(1)` (--workload pandas: compare.py's pandas job,
+which the warm pool's preloaded interpreter has imported ahead): the sandbox's own start (the result's
 `timing.start_ms`, median); closed-loop latency p50/p95 with 1 client and with --clients clients
 (each client sends its next request when the last answers); executions per second at --clients,
 and per core. Then idle memory: the resident memory of what each runtime keeps running on the
 host when nothing runs (dockerd and containerd for the Docker runtimes, the bubblewrap helper for
-bwrap). Ratios are against runc cold, measured in the same process.
+bwrap). Ratios are against runc cold (the first series when --runtimes leaves it out), measured in the
+same process.
 
 Starts its own Redis, API, workers and bubblewrap helper (as root); needs `make engine` (which
 registers runsc), the images, and bubblewrap (scripts/install).
 
-Usage: python bench/runtimes.py [--runs 40] [--seconds 15] [--clients 8] [--workers 2]
+Usage: python bench/runtimes.py [--runs 40] [--seconds 15] [--clients 8] [--workers 2] [--workload print]
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import EXECBOX, ROOT, Service, redis_server, summary
+from compare import EXECBOX, ROOT, WORKLOADS, Service, redis_server, summary
 
 ENGINE = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 
@@ -51,7 +53,7 @@ def rss_mb(names: set[str]) -> float:
     return sum(kib for name, kib in found if name in names) / 1024
 
 
-def closed_loop(url: str, request: dict[str, Any], clients: int, seconds: float) -> dict[str, Any]:
+def closed_loop(url: str, request: dict[str, Any], expected: str, clients: int, seconds: float) -> dict[str, Any]:
     """`clients` clients, each sending its next request when the last answered, for `seconds`."""
     latencies: list[float] = []
     errors = [0]
@@ -65,7 +67,7 @@ def closed_loop(url: str, request: dict[str, Any], clients: int, seconds: float)
                 answer = http.post("/v1/executions?wait=60", json=request).json()
                 took = (time.perf_counter() - start) * 1000
                 with lock:
-                    if answer.get("stdout") == "1\n":
+                    if answer.get("stdout") == expected:
                         latencies.append(took)
                     else:
                         errors[0] += 1
@@ -81,7 +83,8 @@ def closed_loop(url: str, request: dict[str, Any], clients: int, seconds: float)
 
 
 def series(service: Service, runtime: str | None, args: argparse.Namespace) -> dict[str, Any]:
-    request: dict[str, Any] = {"language": "python", "code": "print(1)"}
+    code, expected = WORKLOADS[args.workload]
+    request: dict[str, Any] = {"language": "python", "code": code}
     if runtime:
         request["policy"] = {"runtime": runtime}
     starts = []
@@ -91,8 +94,8 @@ def series(service: Service, runtime: str | None, args: argparse.Namespace) -> d
         for _ in range(args.runs):
             answer = http.post("/v1/executions?wait=60", json=request).json()
             starts.append(float((answer.get("timing") or {}).get("sandbox_start_ms") or 0.0))
-    one = closed_loop(service.url, request, 1, args.seconds)
-    many = closed_loop(service.url, request, args.clients, args.seconds)
+    one = closed_loop(service.url, request, expected, 1, args.seconds)
+    many = closed_loop(service.url, request, expected, args.clients, args.seconds)
     return {"start_ms": statistics.median(starts), "one": one, "many": many}
 
 
@@ -102,6 +105,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=15, help="each closed-loop round's length")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workload", choices=list(WORKLOADS), default="print")
+    parser.add_argument("--runtimes", nargs="+", choices=["runc", "runsc", "bwrap"], default=["runc", "runsc", "bwrap"])
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     rows: dict[str, dict[str, Any]] = {}
@@ -116,7 +121,7 @@ def main() -> int:
                 time.sleep(0.05)
             cold = Service(args.workers, 0, Path(tmp), redis_url, {"EXECBOX_DOCKER__BWRAP_SOCKET": str(socket_path)})
             try:
-                for runtime in ("runc", "runsc", "bwrap"):
+                for runtime in args.runtimes:
                     rows[f"{runtime} (cold)"] = series(cold, runtime, args)
                     print(_line(f"{runtime} (cold)", rows[f"{runtime} (cold)"], args.clients, cores), flush=True)
             finally:
@@ -134,8 +139,9 @@ def main() -> int:
         finally:
             helper.terminate()
             helper.wait(10)
-    base = rows["runc (cold)"]
-    print(f"\nratios to runc (cold), same process; {cores} cores")
+    base_name = "runc (cold)" if "runc (cold)" in rows else next(iter(rows))
+    base = rows[base_name]
+    print(f"\nratios to {base_name}, same process; {cores} cores")
     for name, row in rows.items():
         print(f"  {name:34} start {row['start_ms'] / base['start_ms']:.2f}×  p50 at 1 client "
               f"{row['one']['p50_ms'] / base['one']['p50_ms']:.2f}×  throughput at {args.clients} "

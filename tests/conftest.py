@@ -214,12 +214,14 @@ class Processes:
         return proc
 
     def stop_all(self) -> None:
+        """SIGTERM to every process, 15 s for all of them together, then SIGKILL to what is left."""
         for proc in self.procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
         for proc in self.procs:
             try:
-                proc.wait(15)
+                proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(5)

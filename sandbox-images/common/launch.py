@@ -35,6 +35,13 @@ takes the job it is the program (the launcher waits for it as for any program), 
 exits and the program is started fresh, as without it. It never sees the nonce: it is started
 before the frame is read, and the launcher reads the frame itself.
 
+A job may arrive while the preload is still importing. It says a "." as its interpreter is up and
+after each module, then "r". With the expected costs the worker passes (EXECBOX_PRELOAD_COSTS, in
+ms: the start's, then each module's), the launcher weighs the two ways: a fresh start costs the
+start plus the modules up to the last one the program names (a module may need those before it);
+waiting costs what the preload has still to do. It waits when that is no more than the fresh
+start, and never longer than the fresh start would take; else it starts fresh at once.
+
 Uses python3-minimal and ctypes (for ptrace), imports nothing after the program starts, and is
 started with -I -S (no user site, no current directory on sys.path).
 
@@ -50,16 +57,20 @@ stdin carries, in order:
 
 import ctypes
 import os
+import select
 import signal
 import sys
+import time
 
 WORKDIR = "/workspace"
 LAUNCH_FAILED = 120
 FAULTS = {"unpack": 1, "exec": 2, "internal": 3}
 """Marker status "L<n>": the job's files could not be unpacked, the program could not be started,
 or the launcher failed otherwise."""
-PRELOAD_ENV = ("EXECBOX_PRELOAD", "EXECBOX_PRELOAD_MODULES")
+PRELOAD_ENV = ("EXECBOX_PRELOAD", "EXECBOX_PRELOAD_MODULES", "EXECBOX_PRELOAD_COSTS")
 """The container's settings for a preloaded interpreter; never part of the program's environment."""
+PROGRAM_SCAN = 1 << 20
+"""How much of the program's file is searched for the preloaded modules' names."""
 PTRACE_CONT = 7
 PR_SET_DUMPABLE = 4
 _NOT_INJECTED = (signal.SIGTRAP, signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
@@ -228,19 +239,71 @@ def _start_preload(release):
     return pid, job_w, answer_r
 
 
+def _said(answer_r, timeout_s):
+    """Read what the preloaded interpreter says until its "r", its end, or timeout_s (0: only what
+    is there now): (how many "." it said, whether it said "r")."""
+    said = b""
+    deadline = time.monotonic() + timeout_s
+    while b"r" not in said:
+        left = deadline - time.monotonic()
+        if not select.select([answer_r], [], [], max(0.0, left))[0]:
+            break
+        chunk = os.read(answer_r, 64)
+        if not chunk:
+            return said.count(b"."), False  # it is gone
+        said += chunk
+    return said.count(b"."), b"r" in said
+
+
+def _fresh_cost_s(argv):
+    """The expected wall time of a fresh start of this program, and the preload's expected costs
+    per step (its start, then each module), in s; None when the container declares no costs."""
+    modules = [m for m in os.environ.get("EXECBOX_PRELOAD_MODULES", "").split(",") if m]
+    try:
+        costs = [int(ms) / 1000 for ms in os.environ.get("EXECBOX_PRELOAD_COSTS", "").split(",")]
+    except ValueError:
+        return None
+    if len(costs) != len(modules) + 1:
+        return None
+    try:
+        with open(os.path.join(WORKDIR, argv[-1]), "rb") as source:
+            program = source.read(PROGRAM_SCAN)
+    except OSError:
+        program = b""
+    last = max((i + 1 for i, name in enumerate(modules) if _names(program, name.encode())), default=0)
+    return sum(costs[: last + 1]), costs
+
+
+def _names(program, name):
+    """Whether `name` stands in the program as a word (an import, or anything else: a mention costs
+    at most a wait no longer than the fresh start)."""
+    at = program.find(name)
+    while at >= 0:
+        before = program[at - 1 : at] if at else b" "
+        after = program[at + len(name) : at + len(name) + 1] or b" "
+        if not (before.isalnum() or before == b"_" or after.isalnum() or after == b"_"):
+            return True
+        at = program.find(name, at + 1)
+    return False
+
+
 def _hand_over(preloaded, argv, env):
-    """Give the job to the preloaded interpreter if it is ready (never wait for it): its pid when it
-    took the job, else None (it is gone, and the program starts fresh)."""
+    """Give the job to the preloaded interpreter if it is ready, or will be sooner than a fresh
+    start would be (see the module's docstring): its pid when it took the job, else None (it is
+    gone, and the program starts fresh)."""
     pid, job_w, answer_r = preloaded
     job = "\0".join([str(len(argv)), *argv, *("%s=%s" % item for item in env.items())]).encode("utf-8")
     try:
-        os.set_blocking(answer_r, False)
-        ready = os.read(answer_r, 1) == b"r"  # BlockingIOError: still importing
-        os.set_blocking(answer_r, True)
+        done, ready = _said(answer_r, 0)
+        weighed = None if ready else _fresh_cost_s(argv)
+        if weighed is not None:
+            fresh_s, costs = weighed
+            if sum(costs[done:]) <= fresh_s:
+                ready = _said(answer_r, fresh_s)[1]
         while ready and job:
             job = job[os.write(job_w, job) :]
     except OSError:
-        ready = False  # not ready, or it died (e.g. its imports did not fit the memory limit)
+        ready = False  # it died (e.g. its imports did not fit the memory limit)
     os.close(job_w)
     try:
         answer = os.read(answer_r, 1) if ready else b""

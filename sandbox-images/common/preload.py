@@ -9,9 +9,10 @@ It declines when the job's environment sets, differently from the one it started
 that import-time behaviour depends on (PYTHON*, thread pools of the numeric libraries, matplotlib,
 the dynamic loader, PATH, HOME): those were read when the modules were imported.
 
-It says "r" on fd 4 once its imports are done; a job that arrives earlier does not wait for it (the
-launcher starts a fresh interpreter instead). While the container waits in the pool the worker
-gives it the lowest CPU weight, so that its imports never take the CPU from a run in progress.
+It says "." on fd 4 as soon as it runs and after each module, and "r" once its imports are done:
+the launcher weighs from that progress whether a job that arrives earlier waits for it or starts
+a fresh interpreter (launch.py). While the container waits in the pool the worker gives it the
+lowest CPU weight, so that its imports never take the CPU from a run in progress.
 """
 
 import atexit
@@ -51,11 +52,13 @@ def _can_run(argv, env):
 
 
 def main():
+    os.write(4, b".")
     for name in filter(None, os.environ.get("EXECBOX_PRELOAD_MODULES", "").split(",")):
         try:
             importlib.import_module(name)
         except Exception:  # the run imports it again and fails as it would have
             pass
+        os.write(4, b".")
     open(READY, "w").close()
     os.write(4, b"r")
     argv, env = _read_job()

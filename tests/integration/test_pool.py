@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import docker
 import pytest
+import yaml
 
 from execbox.sandbox.runtime import POOL_LABEL, WORKER_LABEL
-from tests.conftest import Side, run_code, wait_until
+from tests.conftest import ROOT, Side, run_code, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
@@ -183,6 +186,43 @@ def test_a_warm_python_run_finds_its_modules_imported_and_keeps_every_limit(
         ended = run(side, code, timeout_s=timeout_s)
         assert ended["timing"]["warm_start"] is True and ended["stdout"].startswith("True\n"), ended
         assert ended["error"]["category"] == category, ended
+
+
+HEAVY = ("numpy", "pandas", "scipy.stats", "sklearn.linear_model", "matplotlib.pyplot", "statsmodels.api")
+
+
+def heavy_preload(directory: Path) -> Path:
+    """sandbox-images' metadata with a python preload of several seconds (under the pool's lowest
+    CPU weight), so that a run can be sure to arrive while it imports."""
+    for meta in (ROOT / "sandbox-images").glob("*/metadata.yaml"):
+        folder = directory / meta.parent.name
+        folder.mkdir(parents=True)
+        for name in ("metadata.yaml", "versions.json"):
+            if (meta.parent / name).exists():
+                shutil.copy(meta.parent / name, folder / name)
+    python = directory / "python" / "metadata.yaml"
+    data = yaml.safe_load(python.read_text())
+    data["preload"] = {"command": data["preload"]["command"], "modules": list(HEAVY),
+                       "costs_ms": {"start": 25, **dict.fromkeys(HEAVY, 400)}}  # fmt: skip
+    python.write_text(yaml.safe_dump(data))
+    return directory
+
+
+def test_a_run_arriving_mid_preload_waits_for_it_only_when_it_names_what_it_imports(
+    pooled: Callable[..., tuple[Side, str]], docker_client: docker.DockerClient, tmp_path: Path
+) -> None:
+    side, worker = pooled(size=1, EXECBOX_IMAGES_DIR=str(heavy_preload(tmp_path / "images")))
+    seen = f"import sys\nprint(sorted(m for m in {HEAVY!r} if m in sys.modules), flush=True)\n"
+    pool = full_pool(docker_client, worker, 1)
+    assert not preloaded(docker_client, pool), "the preload ended before the run could arrive"
+    waited = run(side, seen + "import statsmodels.api")  # names the last module: waiting is shorter
+    assert waited["timing"]["warm_start"] is True and waited["stdout"] == f"{sorted(HEAVY)}\n", waited
+
+    pool = full_pool(docker_client, worker, 1, pool)
+    assert not preloaded(docker_client, pool), "the preload ended before the run could arrive"
+    unnamed = "import sys\nprint(sorted(m for m in sys.modules if m in {'nump' + 'y', 'pand' + 'as'}))"
+    fresh = run(side, unnamed)  # names none of them: a fresh interpreter at once, none imported
+    assert fresh["timing"]["warm_start"] is True and fresh["stdout"] == "[]\n", fresh
 
 
 PRELOADED_JS = "console.log(require.cache['/opt/execbox/preload.js'] !== undefined);\n"  # ran in the preloaded node

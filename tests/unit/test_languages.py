@@ -133,3 +133,30 @@ def test_a_context_language_the_kernel_does_not_keep_is_a_config_error(tmp_path:
     folder(tmp_path, "py", contexts=["ruby"])
     with pytest.raises(LanguageConfigError, match="contexts"):
         Languages.load(tmp_path)
+
+
+def test_a_preloads_costs_reach_the_warm_containers_environment_in_module_order(tmp_path: Path) -> None:
+    folder(tmp_path, "a", preload={"command": ["run", "-p"], "modules": ["big", "small"],
+                                   "costs_ms": {"small": 7, "start": 20, "big": 300}})  # fmt: skip
+    folder(tmp_path, "b", preload={"command": ["run"], "modules": ["m"]})
+    languages = Languages.load(tmp_path)
+    env = dict(languages.get("a").preload_env())
+    assert (env["EXECBOX_PRELOAD_MODULES"], env["EXECBOX_PRELOAD_COSTS"]) == ("big,small", "20,300,7")
+    assert "EXECBOX_PRELOAD_COSTS" not in dict(languages.get("b").preload_env())  # none declared: never waits
+
+
+@pytest.mark.parametrize(
+    ("preload", "says"),
+    [
+        ({"modules": ["m"], "costs_ms": {"m": 1}}, "start"),
+        ({"modules": ["m"], "costs_ms": {"start": 1, "m": 1, "other": 1}}, "nothing else"),
+        ({"modules": ["m"], "costs_ms": {"start": -1, "m": 1}}, "0-60000"),
+        ({"modules": ["m,n"]}, "module name"),
+    ],
+)
+def test_a_preload_whose_modules_or_costs_the_launcher_cannot_read_is_refused(
+    tmp_path: Path, preload: dict[str, object], says: str
+) -> None:
+    folder(tmp_path, "a", preload={"command": ["run"], **preload})
+    with pytest.raises(LanguageConfigError, match=says):
+        Languages.load(tmp_path)

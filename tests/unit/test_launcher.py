@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from execbox.sandbox.docker.capture import STDERR, STDOUT, Capture
@@ -22,13 +24,16 @@ sys.exit(launch.main())
 """
 
 
-def launch(tmp_path: Path, stdin: bytes, *argv: str) -> subprocess.CompletedProcess[bytes]:
+def launch(
+    tmp_path: Path, stdin: bytes, *argv: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
         [sys.executable, "-c", RUN, str(LAUNCHER), str(tmp_path), *argv],
         input=stdin,
         capture_output=True,
         timeout=30,
         check=False,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -142,3 +147,60 @@ def test_capture_reads_a_launcher_fault() -> None:
     for stream in (STDOUT, STDERR):
         capture.take(stream, done_marker("ab") + b"0:L2:0:0:\x00")
     assert capture.done and capture.exit_code is None and capture.fault is not None and "start" in capture.fault
+
+
+FAKE_PRELOAD = """
+import os, sys, time
+os.write(4, b".")  # its interpreter is up
+time.sleep(float(sys.argv[1]))  # one module's import
+os.write(4, b".r")
+while os.read(3, 1 << 16):
+    pass
+os.write(4, b"y")
+print("preloaded", flush=True)
+"""
+
+
+def _preloading(tmp_path: Path, import_s: float, costs: str | None) -> dict[str, str]:
+    """The environment of a warm container whose preload takes import_s for its one module."""
+    script = tmp_path.parent / f"{tmp_path.name}-preload.py"
+    script.write_text(FAKE_PRELOAD)
+    env = {"EXECBOX_PRELOAD": f"{sys.executable} {script} {import_s}", "EXECBOX_PRELOAD_MODULES": "slowmod"}
+    return env if costs is None else {**env, "EXECBOX_PRELOAD_COSTS": costs}
+
+
+def test_a_job_naming_a_module_still_importing_waits_for_the_preload_and_runs_in_it(tmp_path: Path) -> None:
+    frame = frame_files((("main.py", b"import slowmod\nprint('fresh')"), ("slowmod.py", b"")))
+    done = launch(tmp_path, frame, sys.executable, "main.py", env=_preloading(tmp_path, 0.5, "20,5000"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"preloaded\n"
+
+
+def test_a_job_naming_no_preloaded_module_starts_fresh_at_once(tmp_path: Path) -> None:
+    frame = frame_files((("main.py", b"import slowmodule, my_slowmod\nprint('fresh')"),
+                         ("slowmodule.py", b""), ("my_slowmod.py", b"")))  # fmt: skip
+    started = time.monotonic()
+    done = launch(tmp_path, frame, sys.executable, "main.py", env=_preloading(tmp_path, 20, "20,5000"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"fresh\n" and time.monotonic() - started < 20
+
+
+def test_a_preload_slower_than_its_costs_say_is_given_up_after_a_fresh_starts_time(tmp_path: Path) -> None:
+    frame = frame_files((("main.py", b"import slowmod\nprint('fresh')"), ("slowmod.py", b"")))
+    started = time.monotonic()
+    done = launch(tmp_path, frame, sys.executable, "main.py", env=_preloading(tmp_path, 20, "20,300"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"fresh\n" and time.monotonic() - started < 20
+
+
+def test_without_declared_costs_a_job_never_waits_for_the_preload(tmp_path: Path) -> None:
+    frame = frame_files((("main.py", b"import slowmod\nprint('fresh')"), ("slowmod.py", b"")))
+    done = launch(tmp_path, frame, sys.executable, "main.py", env=_preloading(tmp_path, 0.5, None))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"fresh\n"
+
+
+def test_the_preloads_settings_never_reach_the_program(tmp_path: Path) -> None:
+    frame = frame_files((("main.py", b"import os\nprint(sorted(k for k in os.environ if 'PRELOAD' in k))"),))
+    done = launch(tmp_path, frame, sys.executable, "main.py", env=_preloading(tmp_path, 20, "20,5000"))
+    assert done.stdout == b"[]\n", done.stderr

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from execbox.catalog.errors import UnknownLanguage
 from execbox.catalog.schemas import LanguagePublic, RuntimePublic
@@ -56,8 +56,28 @@ class _Preload(BaseModel):
 
     command: list[str] = Field(min_length=1)
     """The interpreter a warm container starts before its code arrives (the launcher's protocol)."""
-    modules: list[str] = []
-    """What it imports ahead of the run."""
+    modules: list[str] = Field([], max_length=32)
+    """What it imports ahead of the run, in this order (a module may need those before it)."""
+    costs_ms: dict[str, int] = Field({}, max_length=33)
+    """The wall time a fresh start spends on its own start (`start`) and on each module's import,
+    measured on a quiet machine: with them the launcher weighs waiting for a preload that is not
+    done against a fresh start (launch.py, _hand_over). Without them it never waits."""
+
+    @field_validator("modules")
+    @classmethod
+    def _module_names(cls, modules: list[str]) -> list[str]:
+        for name in modules:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", name):
+                raise ValueError(f"{name!r} is not a module name")
+        return modules
+
+    @model_validator(mode="after")
+    def _costs_named(self) -> _Preload:
+        if self.costs_ms and set(self.costs_ms) != {"start", *self.modules}:
+            raise ValueError("costs_ms names `start` and every module, and nothing else")
+        if any(ms < 0 or ms > 60_000 for ms in self.costs_ms.values()):
+            raise ValueError("costs_ms are 0-60000 ms")
+        return self
 
 
 class _Metadata(BaseModel):
@@ -110,8 +130,9 @@ class Language:
     variant: str | None = None
     errors: ErrorRules = field(default_factory=lambda: ErrorRules("unknown"))
     versions: Versions | None = None
-    preload: tuple[tuple[str, ...], tuple[str, ...]] | None = None
-    """(command, modules) of the interpreter warm containers start ahead of their run."""
+    preload: tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]] | None = None
+    """(command, modules, costs) of the interpreter warm containers start ahead of their run; the
+    costs, when declared, are the start's then each module's, in ms."""
     contexts: tuple[str, ...] = ()
     """The languages a session's `session_context` may name (none: the session's one context)."""
 
@@ -119,8 +140,9 @@ class Language:
         """A warm container's environment for its preloaded interpreter (none: no preload)."""
         if self.preload is None:
             return ()
-        command, modules = self.preload
-        return (*self.env, ("EXECBOX_PRELOAD", " ".join(command)), ("EXECBOX_PRELOAD_MODULES", ",".join(modules)))
+        command, modules, costs = self.preload
+        env = (*self.env, ("EXECBOX_PRELOAD", " ".join(command)), ("EXECBOX_PRELOAD_MODULES", ",".join(modules)))
+        return (*env, ("EXECBOX_PRELOAD_COSTS", ",".join(map(str, costs)))) if costs else env
 
     @property
     def base(self) -> str:
@@ -184,9 +206,16 @@ def _language(path: Path) -> Language:
             re.compile(errors.exception, re.M) if errors.exception else None,
         ),
         _versions(path.parent / "versions.json"),
-        (tuple(meta.preload.command), tuple(meta.preload.modules)) if meta.preload else None,
+        _preload(meta.preload),
         tuple(meta.contexts),
     )
+
+
+def _preload(preload: _Preload | None) -> tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]] | None:
+    if preload is None:
+        return None
+    costs = tuple(preload.costs_ms[n] for n in ("start", *preload.modules)) if preload.costs_ms else ()
+    return tuple(preload.command), tuple(preload.modules), costs
 
 
 class Languages:
