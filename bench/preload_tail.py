@@ -9,7 +9,7 @@ and `never waits`, the same metadata without costs_ms, the rule before: such a r
 a fresh interpreter and imports for itself. Per pace, workload (compare.py's print(1) and pandas
 job) and series: a few warm-up runs, then --runs runs, one starting every --pace-ms (at once when
 the previous one took longer); p50 / p95 / p99 as the client measures them, and each of weighed's
-figures over never-waits' in the same run.
+figures over never-waits' in the same run. Which series runs first alternates between blocks.
 
 Usage: python bench/preload_tail.py [--runs 40] [--pace-ms 300 600 1000] [--workers 2]
 """
@@ -79,12 +79,14 @@ def main() -> int:
                                    {**pool, "EXECBOX_IMAGES_DIR": str(without_costs(Path(tmp) / "images"))}),
         }  # fmt: skip
         try:
-            for pace_ms in args.pace_ms:
-                for workload, (code, expected) in WORKLOADS.items():
-                    for name, service in series.items():
-                        row = paced(service, code, expected, args.runs, args.warmup, pace_ms / 1000)
-                        results.setdefault(f"{pace_ms:g} ms", {}).setdefault(workload, {})[name] = row
-                        print(f"pace {pace_ms:>5g} ms  {workload:<7} {name:<12} "
+            blocks = [(pace_ms, workload) for pace_ms in args.pace_ms for workload in WORKLOADS]
+            for block, (pace_ms, workload) in enumerate(blocks):
+                code, expected = WORKLOADS[workload]
+                order = list(series.items()) if block % 2 == 0 else list(series.items())[::-1]
+                for name, service in order:  # which series goes first alternates from block to block
+                    row = paced(service, code, expected, args.runs, args.warmup, pace_ms / 1000)
+                    results.setdefault(f"{pace_ms:g} ms", {}).setdefault(workload, {})[name] = row
+                    print(f"pace {pace_ms:>5g} ms  {workload:<7} {name:<12} "
                               f"p50 {row['p50']:>6} p95 {row['p95']:>6} p99 {row['p99']:>6} ms  "
                               f"errors {row['errors']}", flush=True)  # fmt: skip
         finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,9 @@ from execbox.sandbox.bwrap import wire
 from execbox.sandbox.protocol import LAUNCHER
 from execbox.sandbox.runtime import EXECUTION_LABEL
 from tests.conftest import (
+    ENGINE,
     EXECBOX,
+    ROOT,
     Processes,
     Stack,
     answers_200,
@@ -107,7 +110,7 @@ def host_oom_scores(names: set[str]) -> dict[str, int]:
 def bwrap_run_pids(execution_id: str) -> list[int]:
     """The host pids of a bwrap run, oldest first, from its cgroup (cgroup v1's pids controller or v2)."""
     for parent in (Path("/sys/fs/cgroup/pids/execbox-bwrap"), Path("/sys/fs/cgroup/execbox-bwrap")):
-        for run in parent.glob(f"{execution_id}.*"):
+        for run in parent.glob(f"*.{execution_id}.*"):  # <helper instance>.<execution>.<token>
             return sorted(int(p) for p in (run / "cgroup.procs").read_text().split())
     return []
 
@@ -270,6 +273,31 @@ def _ask_helper(socket_path: str, head: dict[str, Any]) -> dict[str, Any]:
         frame = wire.read(conn)
     assert frame is not None and frame[0] == wire.FAILED, frame
     return wire.parse_json(frame[1], "FAILED")
+
+
+def test_a_second_bwrap_helper_starting_on_the_host_leaves_the_first_ones_run_alone(
+    stack: Stack, bwrap_helper: str, tmp_path: Path
+) -> None:
+    """A helper sweeps what it left itself when it starts (cgroups, run directories): another
+    deployment's helper, or a restarted one with another state, must not kill the runs of this one."""
+    code = "import time\ntime.sleep(3)\nprint('survived')"
+    api = stack.client()
+    exe = api.post("/v1/executions", json={"language": "python", "code": code, "policy": {"runtime": "bwrap"}})
+    assert exe.status_code == 202, exe.text
+    wait_until(lambda: bwrap_run_pids(exe.json()["id"]), 30, "the run to be running")
+    other = tmp_path / "other.sock"
+    second = subprocess.Popen([EXECBOX, "bwrap-helper", "--socket", str(other), "--engine", ENGINE, "--state",
+                               str(tmp_path / "state"), "--seccomp", str(ROOT / "policies" / "seccomp.json")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_until(other.exists, 10, "the second helper's socket (after its start-up sweep)")
+        assert bwrap_run_pids(exe.json()["id"]), "the second helper's sweep killed the first one's run"
+    finally:
+        second.terminate()
+        second.wait(10)
+    ended = api.get(f"/v1/executions/{exe.json()['id']}?wait=30").json()
+    api.close()
+    assert (ended["status"], ended["stdout"]) == ("succeeded", "survived\n"), ended
 
 
 def test_the_bwrap_helper_refuses_what_a_taken_over_worker_asks_beyond_a_sandbox_run(

@@ -99,13 +99,14 @@ class RunCgroup:
                 path.rmdir()
 
 
-def sweep_leftovers(root: Path = ROOT, within_s: float = 10.0) -> int:
-    """Kill every process in, and remove, each run cgroup a stopped helper left; returns how many."""
+def sweep_leftovers(prefix: str, root: Path = ROOT, within_s: float = 10.0) -> int:
+    """Kill every process in, and remove, each run cgroup whose name starts with `prefix` (a stopped
+    helper's own); returns how many."""
     v1 = [root / c / PARENT for c in ("freezer", "pids", "memory", "cpu")]
     parents = [root / PARENT] if (root / "cgroup.controllers").exists() else v1
     found = 0
     for parent in parents:
-        for run in [p for p in parent.glob("*") if p.is_dir()] if parent.is_dir() else []:
+        for run in [p for p in parent.iterdir() if p.name.startswith(prefix) and p.is_dir()] if parent.is_dir() else []:
             found += 1
             for thaw, value in ((run / "freezer.state", "THAWED"), (run / "cgroup.freeze", "0")):
                 with contextlib.suppress(OSError):  # a frozen task takes no SIGKILL until thawed

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import grp
+import hashlib
 import logging
 import os
 import queue
@@ -59,6 +60,8 @@ PROGRAMS_KEPT = 16
 MOUNT, UMOUNT, PRLIMIT, SH, ENV = "/usr/bin/mount", "/usr/bin/umount", "/usr/bin/prlimit", "/bin/sh", "/usr/bin/env"
 BACKSTOP_S = 30.0
 """How long past its own timeout the helper lets a run go before it ends it itself."""
+RUNS_ROOT = Path("/run/execbox-bwrap")
+"""Each helper keeps its runs' directories under RUNS_ROOT/<instance>, root-only (0700)."""
 
 
 @dataclass(frozen=True)
@@ -85,9 +88,12 @@ class Helper:
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(settings.max_runs)
         self._live_uids: set[int] = set()
-        self.runs_dir = Path("/run/execbox-bwrap")
+        # Its own runs only, named after its state directory: another helper on the host (another
+        # deployment's, or a test's) keeps its runs when this one starts or sweeps.
+        self.instance = hashlib.sha256(str(Path(settings.state).resolve()).encode()).hexdigest()[:12]
+        self.runs_dir = RUNS_ROOT / self.instance
         self.runs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        sweep(self.runs_dir)
+        sweep(self.runs_dir, self.instance)
 
     def seccomp(self, deny: tuple[str, ...]) -> bytes:
         with self._lock:
@@ -141,10 +147,10 @@ class Helper:
             conn.close()
 
 
-def sweep(runs_dir: Path) -> None:
-    """What a helper that stopped (or crashed) left: every run's processes killed, cgroup removed,
-    workspace unmounted and deleted. At start, before any run of this helper exists."""
-    if left := sweep_leftovers():
+def sweep(runs_dir: Path, instance: str) -> None:
+    """What this helper left when it stopped (or crashed): every run's processes killed, cgroup
+    removed, workspace unmounted and deleted. At start, before any run of this helper exists."""
+    if left := sweep_leftovers(f"{instance}."):
         log.warning("removed %d run cgroup(s) an earlier helper left", left)
     for run in runs_dir.iterdir():
         subprocess.run([UMOUNT, "-l", str(run / "workspace")], check=False, capture_output=True)
@@ -188,7 +194,8 @@ class RunningSandbox:
                         "nosuid,nodev", "tmpfs", str(self.workspace)], check=True, capture_output=True)  # fmt: skip
         self.mounted = True
         # The pids cgroup counts bubblewrap's own monitor and the launcher on top of the program's.
-        self.cgroup = RunCgroup(f"{run.label}.{self.token}", run.memory_mb << 20, run.pids + 2, run.cpu)
+        name = f"{self.helper.instance}.{run.label}.{self.token}"
+        self.cgroup = RunCgroup(name, run.memory_mb << 20, run.pids + 2, run.cpu)
 
     def _argv(self, seccomp_fd: int) -> list[str]:
         run, cgroup = self.run, self.cgroup
