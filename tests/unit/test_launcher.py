@@ -169,35 +169,33 @@ def _preloading(tmp_path: Path, import_s: float, costs: str | None) -> dict[str,
     return env if costs is None else {**env, "EXECBOX_PRELOAD_COSTS": costs}
 
 
-def test_a_job_naming_a_module_still_importing_waits_for_the_preload_and_runs_in_it(tmp_path: Path) -> None:
-    frame = frame_files((("main.py", b"import slowmod\nprint('fresh')"), ("slowmod.py", b"")))
-    done = launch(tmp_path, frame, sys.executable, "main.py", env=_preloading(tmp_path, 0.5, "20,5000"))
+def _launched(tmp_path: Path, program: bytes, import_s: float, costs: str | None) -> tuple[bytes, float]:
+    """The program run by a launcher whose preload takes import_s: (its stdout, seconds taken). The
+    modules the program imports are empty files beside it, so that a fresh start finds them too."""
+    modules = [(f"{name}.py", b"") for name in ("slowmod", "slowmodule", "my_slowmod")]
+    started = time.monotonic()
+    done = launch(tmp_path, frame_files((("main.py", program), *modules)), sys.executable, "main.py",
+                  env=_preloading(tmp_path, import_s, costs))  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stdout == b"preloaded\n"
+    return done.stdout, time.monotonic() - started
+
+
+def test_a_job_naming_a_module_still_importing_waits_for_the_preload_and_runs_in_it(tmp_path: Path) -> None:
+    assert _launched(tmp_path, b"import slowmod\nprint('fresh')", 0.5, "20,5000")[0] == b"preloaded\n"
 
 
 def test_a_job_naming_no_preloaded_module_starts_fresh_at_once(tmp_path: Path) -> None:
-    frame = frame_files((("main.py", b"import slowmodule, my_slowmod\nprint('fresh')"),
-                         ("slowmodule.py", b""), ("my_slowmod.py", b"")))  # fmt: skip
-    started = time.monotonic()
-    done = launch(tmp_path, frame, sys.executable, "main.py", env=_preloading(tmp_path, 20, "20,5000"))
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == b"fresh\n" and time.monotonic() - started < 20
+    out, seconds = _launched(tmp_path, b"import slowmodule, my_slowmod\nprint('fresh')", 20, "20,5000")  # other words
+    assert out == b"fresh\n" and seconds < 20
 
 
 def test_a_preload_slower_than_its_costs_say_is_given_up_after_a_fresh_starts_time(tmp_path: Path) -> None:
-    frame = frame_files((("main.py", b"import slowmod\nprint('fresh')"), ("slowmod.py", b"")))
-    started = time.monotonic()
-    done = launch(tmp_path, frame, sys.executable, "main.py", env=_preloading(tmp_path, 20, "20,300"))
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == b"fresh\n" and time.monotonic() - started < 20
+    out, seconds = _launched(tmp_path, b"import slowmod\nprint('fresh')", 20, "20,300")
+    assert out == b"fresh\n" and seconds < 20
 
 
 def test_without_declared_costs_a_job_never_waits_for_the_preload(tmp_path: Path) -> None:
-    frame = frame_files((("main.py", b"import slowmod\nprint('fresh')"), ("slowmod.py", b"")))
-    done = launch(tmp_path, frame, sys.executable, "main.py", env=_preloading(tmp_path, 0.5, None))
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == b"fresh\n"
+    assert _launched(tmp_path, b"import slowmod\nprint('fresh')", 0.5, None)[0] == b"fresh\n"
 
 
 def test_the_preloads_settings_never_reach_the_program(tmp_path: Path) -> None:
