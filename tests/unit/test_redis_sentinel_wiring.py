@@ -20,7 +20,7 @@ from execbox.core.redis import connect
 from execbox.core.sentinel import BlockingSentinelPool
 from execbox.executions.queue import depth, make_queue
 from execbox.executions.store import ExecutionStore
-from execbox.executions.waits import ASYNC_CONNECTIONS, STREAM_CONNECTIONS, Waiters
+from execbox.executions.waits import ASYNC_CONNECTIONS, LISTENER_CLOSE_S, STREAM_CONNECTIONS, Waiters
 from execbox.settings import Settings
 from tests.conftest import PASSWORDS, Redis, free_port
 from tests.unit.conftest import InProcess, make_record
@@ -134,3 +134,32 @@ def test_a_connection_reconnected_mid_command_asks_where_the_primary_is_now(
 
     assert connection.read_response() == b"PONG" and connection.port == redis_server.port
     connection.disconnect()
+
+
+def test_a_closing_api_does_not_wait_forever_for_a_listener_that_will_not_end(settings: Settings) -> None:
+    """The wait channel's listener is cancelled when the API stops; one whose clean-up hangs (as a
+    pub/sub unsubscribe over a stuck connection can) is left behind after LISTENER_CLOSE_S."""
+
+    async def scenario() -> tuple[float, bool]:
+        waiters = Waiters(settings)
+        cancelled = asyncio.Event()
+
+        async def stubborn() -> None:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                cancelled.set()
+                await asyncio.sleep(3600)  # a clean-up that never finishes
+
+        waiters._listen = stubborn  # type: ignore[method-assign]
+        await waiters.start()
+        await asyncio.sleep(0)  # the listener runs up to its first wait
+        began = asyncio.get_running_loop().time()
+        await waiters.close()
+        took = asyncio.get_running_loop().time() - began
+        assert waiters._listener is not None
+        waiters._listener.cancel()  # the test's own clean-up: a second cancel ends it
+        return took, cancelled.is_set()
+
+    took, cancelled = asyncio.run(scenario())
+    assert cancelled and LISTENER_CLOSE_S <= took < LISTENER_CLOSE_S + 1, took

@@ -31,6 +31,9 @@ from execbox.executions.settings import ExecutionsConfig
 
 log = logging.getLogger(__name__)
 ASYNC_CONNECTIONS = 16
+LISTENER_CLOSE_S = 2.0
+"""How long a closing API waits for its pub/sub listener to end once cancelled: its clean-up
+(unsubscribing over the connection) must not hold the process's shutdown."""
 STREAM_CONNECTIONS = 256
 """Connections for live-event readers (SSE): each holds one during a blocking XREAD, so they have a
 pool of their own and never queue the short reads (API keys) behind them."""
@@ -90,8 +93,11 @@ class Waiters:
     async def close(self) -> None:
         if self._listener is not None:
             self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._listener
+            # Bounded: a listener whose pub/sub clean-up hangs (CI saw a shutdown wait for it until
+            # the test's 120 s timeout) is left behind; the pools below are disconnected anyway.
+            done, _ = await asyncio.wait({self._listener}, timeout=LISTENER_CLOSE_S)
+            if not done:
+                log.warning("the wait channel's listener did not end within %.0f s of closing", LISTENER_CLOSE_S)
         await self._redis.aclose()
         await self._pool.disconnect()  # a pool given to the client is not closed with it
         await self.streams.aclose()
