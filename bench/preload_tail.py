@@ -28,10 +28,8 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import WORKLOADS, Service, percentile, redis_server, through, timed
-
-ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = json.dumps([{"language": "python", "min": 1, "max": 4}])  # docker-compose.yml's
+from closed_loop import SHIPPED
+from compare import ROOT, WORKLOADS, Service, percentile, redis_server, through, timed
 
 
 def without_costs(directory: Path) -> Path:

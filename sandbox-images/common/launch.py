@@ -255,23 +255,25 @@ def _said(answer_r, timeout_s):
     return said.count(b"."), b"r" in said
 
 
-def _fresh_cost_s(argv):
-    """The expected wall time of a fresh start of this program, and the preload's expected costs
-    per step (its start, then each module), in s; None when the container declares no costs."""
+def _worth_waiting_s(argv, done):
+    """How long to wait for a preload that has said `done` of its steps (its start, then each
+    module): a fresh start's expected time when the rest of the preload is expected to take no
+    longer, else 0 (also when the container declares no costs)."""
     modules = [m for m in os.environ.get("EXECBOX_PRELOAD_MODULES", "").split(",") if m]
     try:
         costs = [int(ms) / 1000 for ms in os.environ.get("EXECBOX_PRELOAD_COSTS", "").split(",")]
     except ValueError:
-        return None
+        return 0
     if len(costs) != len(modules) + 1:
-        return None
+        return 0
     try:
         with open(os.path.join(WORKDIR, argv[-1]), "rb") as source:
             program = source.read(PROGRAM_SCAN)
     except OSError:
         program = b""
     last = max((i + 1 for i, name in enumerate(modules) if _names(program, name.encode())), default=0)
-    return sum(costs[: last + 1]), costs
+    fresh_s = sum(costs[: last + 1])
+    return fresh_s if sum(costs[done:]) <= fresh_s else 0
 
 
 def _names(program, name):
@@ -295,11 +297,9 @@ def _hand_over(preloaded, argv, env):
     job = "\0".join([str(len(argv)), *argv, *("%s=%s" % item for item in env.items())]).encode("utf-8")
     try:
         done, ready = _said(answer_r, 0)
-        weighed = None if ready else _fresh_cost_s(argv)
-        if weighed is not None:
-            fresh_s, costs = weighed
-            if sum(costs[done:]) <= fresh_s:
-                ready = _said(answer_r, fresh_s)[1]
+        wait_s = 0 if ready else _worth_waiting_s(argv, done)
+        if wait_s:
+            ready = _said(answer_r, wait_s)[1]
         while ready and job:
             job = job[os.write(job_w, job) :]
     except OSError:
