@@ -4,11 +4,13 @@ capture's hold-back of the end marker, and the live-output writer."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -21,16 +23,24 @@ from execbox.executions.outputs import rich_results
 from execbox.files.blobs import LocalArtifactStore
 from execbox.files.collect import ArtifactCaps, Collector
 from execbox.keyschema import Keys
+from execbox.sandbox.docker import kernel
 from execbox.sandbox.docker.capture import STDOUT, Capture
+from execbox.sandbox.fake import FakeKernel, FakeRuntime
 from execbox.sandbox.protocol import done_marker
-from execbox.sandbox.runtime import SandboxOutcome
+from execbox.sandbox.runtime import SandboxControl, SandboxOutcome, SandboxSpec
+from execbox.sessions.host import SessionHost
 from execbox.sessions.record import SessionRecord
 from execbox.sessions.service import new_session_id
 from execbox.sessions.status import SessionEnd, SessionStatus
 from execbox.sessions.store import WAKE, SessionStore
 from execbox.settings import Settings
+from execbox.worker import context
+from execbox.worker.context import WorkerContext
+from execbox.worker.reaper import report_health
+from tests.conftest import wait_until
+from tests.unit.conftest import InProcess
 from tests.unit.test_artifacts import REG, stream
-from tests.unit.test_reaper_and_pool import LIMITS
+from tests.unit.test_reaper_and_pool import LIMITS, template
 
 
 def session(settings: Settings, tenant: str = "alpha") -> SessionRecord:
@@ -160,3 +170,101 @@ def test_live_output_is_coalesced_capped_and_flushed_on_close(settings: Settings
     assert "".join(d["text"] for e, d in events if e == "stderr") == "err"
     assert [d for e, d in events if e == "truncated"] == [{"stream": "stdout", "cap_bytes": 10}]
     assert 0 < client.ttl(keys.stream("exe_live")) <= 60
+
+
+def test_a_sandbox_that_stops_reading_its_requests_loses_the_session_within_the_send_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 44 (5): the sandbox's code stops its supervisor (SIGSTOP) and a 4 MiB file write fills
+    the attach stream; the worker's write used to wait on it for ever, holding the send lock, so the
+    next call blocked too. Now every write has a deadline: the request and the call after it return
+    within it, and the session is lost, saying why."""
+    monkeypatch.setattr(kernel, "SEND_TIMEOUT_S", 0.5)
+    worker_end, sandbox_end = socket.socketpair()  # the sandbox's end is never read
+    worker_end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    container = kernel.KernelContainer(cast(kernel.KernelHost, None), template(), "ses_x")
+    container._raw, container.container_id = worker_end, "c1"
+    request = {"op": "fs", "id": "a" * 24, "b": "A" * (4 << 20)}
+    writing = threading.Thread(target=container.op, args=(request,), daemon=True)
+    started = time.monotonic()
+    writing.start()
+    writing.join(5)
+    assert not writing.is_alive(), "the write gave up at its deadline"
+    assert container.gone is not None and "took no request for" in container.gone, container.gone
+    outcome = container.run_cell(dataclasses.replace(template(), execution_id="exe_1"), "1", SandboxControl())
+    assert time.monotonic() - started < 3.0, "the call after it did not wait on the sandbox either"
+    assert outcome.launcher_fault == container.gone and outcome.exit_code is None
+    worker_end.close()
+    sandbox_end.close()
+
+
+class _Stuck(FakeKernel):
+    """A call that only the container's removal ends (what a stopped supervisor leaves the worker with)."""
+
+    def __init__(self, runtime: FakeRuntime, spec: SandboxSpec, session_id: str) -> None:
+        super().__init__(runtime, spec, session_id)
+        self.removed = threading.Event()
+        self.entered = threading.Event()
+
+    def run_cell(self, spec: SandboxSpec, code: str, control: SandboxControl) -> SandboxOutcome:
+        self.entered.set()
+        self.removed.wait(30)
+        return SandboxOutcome(exit_code=None, stdout=b"", stderr=b"", stdout_total=0, stderr_total=0,
+                              launcher_fault=self.gone)  # fmt: skip
+
+    def close(self) -> None:
+        super().close()
+        self.removed.set()
+
+
+@pytest.mark.redis
+def test_a_session_ends_at_its_lifetime_even_in_a_call_that_does_not_return(
+    settings: Settings, client: redis.Redis, api: tuple[InProcess, dict[str, dict[str, str]]]
+) -> None:
+    """Issue 44 (5), control C51: the lifetime used to be checked only between calls, so a call the
+    sandbox kept from returning held the session `ready` (and a fleet slot) past its lifetime. Now
+    the lease keeper ends it on time, removes the container, and the slot is free again."""
+    http, headers = api
+    fake = FakeRuntime()
+    stuck: dict[str, _Stuck] = {}
+
+    def open_stuck(spec: SandboxSpec, session_id: str, start_timeout_s: float) -> FakeKernel:
+        stuck[session_id] = _Stuck(fake, spec, session_id)
+        return stuck[session_id]
+
+    fake.open_session = open_stuck  # type: ignore[method-assign]
+    ctx = WorkerContext.build(settings, "w-life", fake)
+    context.install(ctx)
+    report_health(ctx)
+    host, stop = SessionHost(ctx), threading.Event()
+    intake = threading.Thread(target=host.run, args=(stop,), daemon=True)
+    intake.start()
+    try:
+        opened = http.post("/v1/sessions", json={"language": "python", "max_lifetime_s": 2}, headers=headers["alpha"])
+        assert opened.status_code == 201, opened.text
+        sid = opened.json()["id"]
+        call = http.post("/v1/executions", json={"language": "python", "code": "hang()", "session": sid},
+                         headers=headers["alpha"])  # fmt: skip
+        assert call.status_code in (201, 202), call.text
+        wait_until(lambda: sid in stuck and stuck[sid].entered.is_set(), 10, "the call to start")
+
+        def ended() -> dict[str, Any] | None:
+            body: dict[str, Any] = http.get(f"/v1/sessions/{sid}", headers=headers["alpha"]).json()
+            return body if body["status"] == "ended" else None
+
+        record: Any = wait_until(ended, 10, "the session's lifetime to end it")
+        assert record["end_reason"] == "max_lifetime", record
+        late = record["ended_at"] - record["created_at"] - 2
+        assert late < settings.worker.lease_s / 3 + 1, f"ended {late:.2f} s after its lifetime"
+        assert stuck[sid].removed.wait(5), "its container is removed"
+        assert sid not in ctx.sessions.live(), "its fleet slot is free"
+        done: Any = wait_until(lambda: (b := http.get(f"/v1/executions/{call.json()['id']}",
+                                                       headers=headers["alpha"]).json())["status"] == "failed" and b,
+                               10, "the cut call to end")  # fmt: skip
+        assert "reached its lifetime" in done["error"]["message"], done
+    finally:
+        stop.set()
+        intake.join(5)
+        host.join(5)
+        context._current = None
+        ctx.store.redis.close()

@@ -172,6 +172,9 @@ class SessionHost:
             record = self.store.get(session_id)
             if record is None or record.status is SessionStatus.ENDED or record.worker != ctx.name:
                 return
+            if sandbox.gone is not None:  # lost between calls (a request it did not take, a line too long)
+                self._end(session_id, SessionEnd.SANDBOX_ERROR, sandbox.gone)
+                return
             now = time.time()
             if now >= record.created_at + record.max_lifetime_s:
                 self._end(session_id, SessionEnd.MAX_LIFETIME, None)
@@ -231,19 +234,31 @@ class SessionHost:
             logs.bind(None, None)
 
     def _renew(self, session_id: str, stop: threading.Event, held: _Held) -> None:
-        """Keep the lease while the session is held; when it is ended from outside (DELETE) while a
-        call runs, cancel the call and remove the sandbox at once."""
+        """Keep the lease while the session is held, and hold its lifetime whatever the sandbox does
+        (control C51): at its end the session ends and its container is removed, even in the middle
+        of a call that does not return (a supervisor stopped by its own code). When the session is
+        ended from outside (DELETE) while a call runs, cancel the call and remove the sandbox at once."""
         lease_s = self.ctx.settings.worker.lease_s
-        while not stop.wait(max(lease_s / 3, 0.2)):
+        wait = max(lease_s / 3, 0.2)
+        while not stop.wait(wait):
+            wait = max(lease_s / 3, 0.2)
             try:
                 self.store.renew_lease(session_id, self.ctx.name, lease_s)
                 record = self.store.get(session_id)
+                if record is not None and record.status is not SessionStatus.ENDED:
+                    left = record.created_at + record.max_lifetime_s - time.time()
+                    if left <= 0 and held.sandbox is not None:
+                        why = f"session {session_id} reached its lifetime ({record.max_lifetime_s} s) during this call"
+                        held.sandbox.gone = held.sandbox.gone or f"{why}; open a new session"
+                        self._end(session_id, SessionEnd.MAX_LIFETIME, None)
+                        record = self.store.get(session_id)
+                    wait = min(wait, max(left, 0.05))
             except ServiceError as exc:
                 log.warning("session lease renewal failed: %s", exc.message)
                 continue
             if record is not None and record.status is SessionStatus.ENDED and held.sandbox is not None:
                 control = held.control
-                if control is not None:
+                if control is not None and record.end_reason is not SessionEnd.MAX_LIFETIME:
                     control.cancel()
                 held.sandbox.close()
                 return

@@ -16,7 +16,9 @@ import json
 import logging
 import queue
 import secrets
+import select
 import socket
+import ssl
 import tarfile
 import threading
 import time
@@ -40,6 +42,10 @@ LINE_CAP = 1 << 20
 a file's 512 KiB)."""
 SIDE_EVENTS = frozenset({"reply", "chunk", "pout", "pend", "wev"})
 """What the supervisor says outside a cell (session_ops.py): for the listener, not the call."""
+SEND_TIMEOUT_S = 15.0
+"""The longest a request may wait for the sandbox to take it (its stdin full: a supervisor that
+stopped reading, say one its own code sent SIGSTOP). Past it the session is lost, so no thread of
+the worker ever waits on the sandbox without a bound (control C51)."""
 
 
 class KernelHost(Protocol):
@@ -157,12 +163,40 @@ class KernelContainer:
             return None
 
     def _send(self, data: bytes) -> None:
-        with self._send_lock:
-            try:
+        """Write a request within SEND_TIMEOUT_S (the lock's wait counted), or lose the session.
+
+        The socket is also the reader's, so it stays blocking: each write is MSG_DONTWAIT after a
+        poll for room, and the reader's recv is not given a timeout it would take for an end."""
+        deadline = time.monotonic() + SEND_TIMEOUT_S
+        if self.gone is not None or not self._send_lock.acquire(timeout=SEND_TIMEOUT_S):
+            self.gone = self.gone or self._stalled()
+            return
+        try:
+            view = memoryview(data)
+            while view and self.gone is None:
                 assert self._raw is not None
-                self._raw.sendall(data)
-            except (OSError, AssertionError) as exc:
-                self.gone = self.gone or f"the session's sandbox stopped reading ({exc})"
+                left = deadline - time.monotonic()
+                if left <= 0 or not _writable(self._raw, left):
+                    self.gone = self._stalled()
+                    return
+                try:
+                    if isinstance(self._raw, ssl.SSLSocket):  # no flags there: a small piece, once there is room
+                        view = view[self._raw.send(view[:4096]) :]
+                    else:
+                        view = view[self._raw.send(view, socket.MSG_DONTWAIT) :]
+                except (BlockingIOError, ssl.SSLWantWriteError):
+                    continue
+        except (OSError, ValueError, AssertionError) as exc:
+            self.gone = self.gone or f"the session's sandbox stopped reading ({exc})"
+        finally:
+            self._send_lock.release()
+
+    @staticmethod
+    def _stalled() -> str:
+        return (
+            f"the session's supervisor took no request for {SEND_TIMEOUT_S:.0f} s (stopped, or its input "
+            "full); the session was closed"
+        )
 
     def _request(self, request: dict[str, Any]) -> None:
         self._send((json.dumps(request) + "\n").encode())
@@ -278,6 +312,13 @@ class KernelContainer:
             close(self._sock)
         if self.container_id is not None:
             self._runtime.remove(self.container_id)
+
+
+def _writable(sock: socket.socket, timeout_s: float) -> bool:
+    """Whether sock has room to write within timeout_s (poll: a worker's fds may pass 1024)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLOUT)
+    return bool(poller.poll(timeout_s * 1000))
 
 
 def _tar(files: tuple[tuple[str, bytes], ...]) -> bytes:
