@@ -17,21 +17,24 @@ once and the run creates its own container (cold) rather than wait for a refill 
 Pools are per worker process: a worker takes only containers it made, so a take is a pop under a
 lock and two workers on one engine can never get the same container. Pool containers carry the
 worker's name and the class in their labels; the reaper removes those whose worker is gone, and a
-worker that stops cleanly removes its own.
+worker that stops cleanly removes its own: drain() never waits past its deadline (creations run in
+daemon threads and are not waited for once the pool is closed; one that ends later removes its
+container itself, and one still under way when the process exits leaves it, labelled, to the reaper).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
 from execbox.core.errors import ServiceError
+from execbox.core.stopping import left, run_until
 from execbox.sandbox.poolsize import Demand, within_budget
 from execbox.sandbox.runtime import ContainerInfo, Limits, SandboxSpec
 
@@ -125,9 +128,13 @@ class WarmPool:
         self._others_mb = 0
         """What the other workers' warm containers on this engine hold (as of the last check)."""
         self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)
+        """Notified when a creation ends and when the pool closes."""
+        self._creating = 0
+        self._closed = False
+        """Set by drain(): nothing new is made, and a creation that ends after it removes its container."""
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-        self._creators = ThreadPoolExecutor(max(1, sizing.parallelism), thread_name_prefix="warm-pool-create")
 
     def take(self, spec: SandboxSpec) -> str | None:
         """A started container for spec, sized to its limits, or None at once (the caller goes cold)."""
@@ -216,24 +223,31 @@ class WarmPool:
         self._thread = threading.Thread(target=self.run, args=(stop,), name="warm-pool", daemon=True)
         self._thread.start()
 
-    def drain(self, timeout_s: float = 60.0) -> None:
-        """Remove every idle container (a clean worker stop, after `stop` was set)."""
+    def drain(self, timeout_s: float = 10.0) -> None:
+        """Close the pool and remove every idle container (a clean worker stop, after `stop` was set),
+        returning within `timeout_s` whatever the engine does: creations still in flight are not waited
+        for (each removes its own container when it ends), removals still running at the deadline are
+        left to the reaper."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            self._closed = True
+            self._settled.notify_all()
         self._wake.set()
         if self._thread is not None:
-            self._thread.join(timeout_s)  # a container being created is in the pool before we empty it
-        self._creators.shutdown(wait=True)
+            self._thread.join(left(deadline))  # it leaves its batch at once: the pool is closed
         with self._lock:
             taken = [item for idle in self._idle.values() for item in idle]
             for idle in self._idle.values():
                 idle.clear()
-        for item in taken:
-            self._engine.remove(item.id)
+        run_until(
+            deadline, [functools.partial(self._engine.remove, item.id) for item in taken], "warm container removal"
+        )
 
     def _fill(self, stop: threading.Event) -> None:
         """Create what the targets ask for, `parallelism` at a time, between runs."""
         while not stop.is_set():
             with self._lock:
-                if self._running and not self._sizing.refill_during_runs:
+                if self._closed or (self._running and not self._sizing.refill_during_runs):
                     return  # refill() after the run's result wakes the loop again
             targets = self.targets()
             idle = self.idle()
@@ -243,19 +257,44 @@ class WarmPool:
                 batch.extend([pool_class] * max(0, missing))
             if not batch:
                 return
-            made = [self._creators.submit(self._create, c) for c in batch[: self._sizing.parallelism]]
-            for failure in [f.exception() for f in made]:
-                if failure is not None:
-                    raise failure  # after the batch: what the others made is in the pool
+            failures: list[BaseException] = []
+            batch = batch[: self._sizing.parallelism]
+            with self._lock:
+                self._creating += len(batch)
+            for pool_class in batch:
+                # Daemon threads, not an executor's: an engine call blocked for its whole timeout must
+                # never hold a stopping process (an executor's threads are joined at interpreter exit).
+                threading.Thread(target=self._create, args=(pool_class, failures), name="warm-pool-create",
+                                 daemon=True).start()  # fmt: skip
+            with self._settled:
+                self._settled.wait_for(lambda: self._creating == 0 or self._closed)
+                if failures:
+                    raise failures[0]  # after the batch: what the others made is in the pool
 
-    def _create(self, pool_class: PoolClass) -> None:
+    def _create(self, pool_class: PoolClass, failures: list[BaseException]) -> None:
         began = time.monotonic()
-        container_id = self._engine.create_pooled(pool_class.template, pool_class.name)
+        container_id: str | None = None
+        try:
+            container_id = self._engine.create_pooled(pool_class.template, pool_class.name)
+        except BaseException as exc:
+            failures.append(exc)
         seconds = time.monotonic() - began
-        self._on_refill(pool_class.name, seconds)
-        with self._lock:
-            self._demand[pool_class.name].refilled(seconds)
-            self._idle[pool_class.name].append(_Idle(container_id, self._clock()))
+        with self._settled:
+            self._creating -= 1
+            self._settled.notify_all()
+            closed = self._closed
+            if container_id is not None and not closed:
+                self._demand[pool_class.name].refilled(seconds)
+                self._idle[pool_class.name].append(_Idle(container_id, self._clock()))
+        if container_id is None:
+            return
+        if not closed:
+            self._on_refill(pool_class.name, seconds)
+            return
+        try:  # made after the stop emptied the pool: nobody else would remove it
+            self._engine.remove(container_id)
+        except Exception:
+            log.exception("could not remove warm container %s made while stopping", container_id[:12])
 
     def _shed_surplus(self) -> None:
         """Remove the oldest containers above a class's target (its arrivals fell off)."""

@@ -8,6 +8,12 @@ A drained node (execbox.fleet.nodes) holds its workers off the queue: between jo
 at the drain before each short dequeue (at most `_DEQUEUE_S` blocked, so a drain is seen within
 about a second) and, while drained, waits without dequeuing; a ticket dequeued in the instant a
 drain arrived is put back at the front of the queue, untouched, for another node's worker.
+
+A stop (SIGTERM or SIGINT) lets the job in progress finish (RQ's warm shutdown; a second signal ends
+it at once), then gives the clean-up `STOP_GRACE_S` in all: held sessions closed, the warm pool
+removed, deferred removals run. Each waits only until that deadline, in daemon threads, so the
+process exits within its grace whatever the engine does; what is still under way then carries the
+worker's labels and is removed by another worker's reaper once this one's heartbeat is gone.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from rq.worker import WorkerStatus
 from execbox.core import logs
 from execbox.core.errors import ServiceError
 from execbox.core.poison import LOOPS, Loops
+from execbox.core.stopping import left, run_until
 from execbox.executions.queue import make_queue
 from execbox.sandbox.runtime import Runtime
 from execbox.sessions.host import SessionHost
@@ -43,8 +50,13 @@ _DEQUEUE_S = 1
 _DRAINED_POLL_S = 0.5
 """How often a drained worker looks whether its node was undrained."""
 
-_stop_early = threading.Event()
-"""Set by a SIGTERM/SIGINT that arrives before RQ installs its own handlers (start-up)."""
+STOP_GRACE_S = 10.0
+"""The whole clean-up after the queue loop ends (sessions, warm pool, deferred removals), within the
+stop grace a supervisor gives once the job in progress has ended (the test harness waits 15 s)."""
+
+_stopping = threading.Event()
+"""Set by every SIGTERM/SIGINT, before and after RQ installs its own handlers: no loop of the main
+thread (start-up, waiting for Redis, a new RQ worker after a Redis outage) outlives a stop request."""
 
 
 class RQWorker(SimpleWorker):
@@ -113,16 +125,27 @@ class RQWorker(SimpleWorker):
 
     def _install_signal_handlers(self) -> None:
         super()._install_signal_handlers()  # type: ignore[no-untyped-call]
-        if _stop_early.is_set():  # asked to stop while starting: leave the loop before the first job
+        if _stopping.is_set():  # asked to stop while starting or waiting for Redis: leave before a job
             self._stop_requested = True
+
+    def request_stop(self, signum: int, frame: object) -> None:
+        _stopping.set()  # RQ's own flag lives on this worker object only; the loop around it must know too
+        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
 
 
 def _note_stop(signum: int, frame: object) -> None:
-    _stop_early.set()
+    """Before RQ's handlers: the first signal asks for a stop, a second one stops at once."""
+    if _stopping.is_set():
+        raise SystemExit(f"stopped by a second signal {signum} during start-up")
+    _stopping.set()
 
 
 def run_worker(
-    settings: Settings, burst: bool = False, name: str | None = None, runtime: Runtime | None = None
+    settings: Settings,
+    burst: bool = False,
+    name: str | None = None,
+    runtime: Runtime | None = None,
+    stop_grace_s: float = STOP_GRACE_S,
 ) -> None:
     """Serve the queue until stopped (`burst`: until it is empty); `runtime` None: Docker's."""
     # As a container's PID 1 the process would ignore SIGTERM until RQ installs its handlers; a
@@ -133,7 +156,8 @@ def run_worker(
     ctx = WorkerContext.build(settings, name, runtime)
     install(ctx)
     try:
-        ctx.runtime.ping()
+        if not _stopping.is_set():
+            ctx.runtime.ping()
     except ServiceError as exc:
         # Keep serving: each job then fails fast as sandbox.error instead of waiting in the queue.
         log.error("Docker engine unreachable at start-up: %s", exc.message)
@@ -153,6 +177,8 @@ def run_worker(
         loops.start("sessions", sessions.run)
     try:
         for generation in itertools.count():
+            if _stopping.is_set():
+                return
             worker = RQWorker(
                 [make_queue(ctx.store.redis, settings)],
                 connection=ctx.store.redis,
@@ -170,20 +196,31 @@ def run_worker(
                 _wait_for_redis(ctx)
     finally:
         stop.set()
-        if sessions is not None:
-            sessions.join(30.0)  # each ends its session and removes its container
-        if ctx.pool is not None:
-            ctx.pool.drain()
-        ctx.runtime.close()  # containers and networks of finished runs still waiting to be removed
+        shut_down(ctx, sessions, stop_grace_s)
+
+
+def shut_down(ctx: WorkerContext, sessions: SessionHost | None, grace_s: float) -> None:
+    """The clean-up of a stopping worker (its loops' `stop` already set), over within `grace_s`."""
+    began = time.monotonic()
+    deadline = began + grace_s
+    if sessions is not None:
+        sessions.join(left(deadline))  # each ends its session and removes its container
+    pool = ctx.pool
+    if pool is not None:
+        run_until(deadline, [lambda: pool.drain(left(deadline))], "warm pool drain")
+    # Containers and networks of finished runs still waiting to be removed.
+    run_until(deadline, [ctx.runtime.close], "deferred sandbox removals")
+    log.info("worker %s stopped in %.1f s", ctx.name, time.monotonic() - began)
 
 
 def _wait_for_redis(ctx: WorkerContext) -> None:
+    """Until Redis answers again, or a stop is asked for (then the caller's loop ends)."""
     delay = 0.5
-    while True:
+    while not _stopping.is_set():
         try:
             ctx.store.ping()
             log.info("Redis is back")
             return
         except ServiceError:
-            time.sleep(delay)  # nothing to block on while the server is down
+            _stopping.wait(delay)  # nothing to block on while the server is down but a stop
             delay = min(delay * 2, 10.0)
