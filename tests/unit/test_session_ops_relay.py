@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,6 +23,7 @@ from execbox.sessions.relay import Relay
 from execbox.sessions.service import new_session_id
 from execbox.sessions.store import SessionStore
 from execbox.settings import Settings
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.redis
 WAIT_S = 5.0
@@ -366,3 +368,22 @@ def test_a_directory_watcher_hears_gone_when_the_relay_stops(relaying: Relaying)
     relaying.sandbox.say({"ev": "reply", "id": watcher, "ok": {}})
     relaying.finish()
     assert relaying.take(watcher)[-1] == {"ev": "gone"}
+
+
+def test_a_supervisor_that_leaves_a_request_unanswered_past_the_deadline_loses_the_sandbox(
+    relaying: Relaying, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 44 (5), control C51: a supervisor its own code stopped (SIGSTOP) answers nothing, and
+    each file or process request used to wait 60 s for its 504 while the session said `ready`. Now
+    an answered request is fine, and one left unanswered past the deadline loses the sandbox (its
+    holder ends the session as sandbox_error, saying why)."""
+    monkeypatch.setattr(relay_module, "ANSWER_DEADLINE_S", 0.5)
+    answered = relaying.request("fs", call="stat", path="/workspace")
+    assert relaying.relayed()["id"] == answered
+    relaying.sandbox.say({"ev": "reply", "id": answered, "ok": {}})
+    unanswered = relaying.request("fs", call="stat", path="/workspace")
+    asked = time.monotonic()
+    assert relaying.relayed()["id"] == unanswered
+    wait_until(lambda: relaying.sandbox.gone is not None, WAIT_S, "the sandbox to be declared lost")
+    assert time.monotonic() - asked >= 0.5, "not before the deadline"
+    assert "unanswered for" in str(relaying.sandbox.gone), relaying.sandbox.gone

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,9 @@ from execbox.sessions.ops import ANSWER_CAP, ANSWER_TTL_S, OP_ID, OPS
 from execbox.sessions.store import SessionStore
 
 log = logging.getLogger(__name__)
+ANSWER_DEADLINE_S = 90.0
+"""The longest the supervisor may leave a request unanswered: it serves them between its other work,
+which takes a minute at most (a kernel restart waits 60 s for the new kernel)."""
 
 
 class Relay:
@@ -27,8 +31,8 @@ class Relay:
         self.store, self.session_id, self.sandbox = store, session_id, sandbox
         self._set_aside = set_aside
         self._lock = threading.Lock()
-        self._open: set[str] = set()
-        """Requests sent to the sandbox and not answered yet."""
+        self._open: dict[str, float] = {}
+        """Requests sent to the sandbox and not answered yet, with when they were sent (monotonic)."""
         self._starts: set[str] = set()
         self._watchers: dict[int, set[str]] = {}
         """A running process's pid -> the op ids its output and end go to."""
@@ -45,6 +49,7 @@ class Relay:
                     raw = self.store.next_op(self.session_id, 1.0)
                     if raw is not None:
                         self._relay(raw)
+                    self._watch_answers()
                 except ServiceError as exc:
                     log.warning("session %s ops: %s", self.session_id, exc.message)
                     stop.wait(1.0)
@@ -53,8 +58,8 @@ class Relay:
                     stop.wait(1.0)
         finally:
             with self._lock:
-                waiting = self._open | self._dirs | {op for ops in self._watchers.values() for op in ops}
-                self._open, self._watchers, self._dirs = set(), {}, set()
+                waiting = set(self._open) | self._dirs | {op for ops in self._watchers.values() for op in ops}
+                self._open, self._watchers, self._dirs = {}, {}, set()
             for op in waiting:
                 self._push(op, {"ev": "gone"})
 
@@ -83,7 +88,7 @@ class Relay:
                     ops.discard(str(request.get("of")))
             return
         with self._lock:
-            self._open.add(op)
+            self._open[op] = time.monotonic()
             if kind == "proc.start":
                 self._starts.add(op)
             elif kind == "watch.start":
@@ -91,6 +96,17 @@ class Relay:
             if kind == "watch.stop":
                 self._dirs.discard(str(request.get("watch")))
         self.sandbox.op(request)
+
+    def _watch_answers(self) -> None:
+        """A supervisor that has left a request unanswered for ANSWER_DEADLINE_S answers nothing
+        (its own code stopped it, say): the sandbox is lost, and its holder ends the session."""
+        with self._lock:
+            oldest = min(self._open.values(), default=None)
+        if oldest is not None and time.monotonic() - oldest > ANSWER_DEADLINE_S and self.sandbox.gone is None:
+            self.sandbox.gone = (
+                f"the session's supervisor left a file or process request unanswered for {ANSWER_DEADLINE_S:.0f} s "
+                "(stopped, or its code kept it busy); the session was closed"
+            )
 
     def heard(self, event: dict[str, Any]) -> None:
         """The sandbox's word outside a cell (called from the thread that reads it)."""
@@ -101,7 +117,7 @@ class Relay:
                 if not isinstance(op, str) or op not in self._open:
                     return  # not a request of ours (the sandbox's word is not trusted to be)
                 if kind == "reply":
-                    self._open.discard(op)
+                    self._open.pop(op, None)
                     ok = event.get("ok")
                     pid = ok.get("pid") if isinstance(ok, dict) else None
                     if op in self._starts and isinstance(pid, int):
