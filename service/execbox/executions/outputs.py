@@ -19,6 +19,7 @@ from urllib.parse import quote
 from execbox.executions.schemas import Artifact, ArtifactNotKept, ResultData, RichResult
 from execbox.files.blobs import ArtifactStore, ArtifactTooLarge
 from execbox.files.collect import RICH_INDEX, Collector
+from execbox.files.media import media_type_problem
 
 log = logging.getLogger(__name__)
 INLINE_OUTPUT_BYTES = 64 * 1024
@@ -136,6 +137,10 @@ def rich_index(collector: Collector) -> tuple[list[dict[str, Any]], str | None]:
         return [], f"{RICH_INDEX} is not JSON ({type(exc).__name__})"
     if not isinstance(index, list) or not all(_rich_entry(entry) for entry in index):
         return [], f"{RICH_INDEX} has the wrong shape: expected [{{kind: string, files: {{media type: file name}}}}]"
+    # The media type becomes a download's Content-Type: a program's text must not reach a header.
+    wrong = next((p for entry in index for media in entry.get("files", {}) if (p := media_type_problem(media))), None)
+    if wrong is not None:
+        return [], f"{RICH_INDEX}: {wrong}"
     return index, None
 
 

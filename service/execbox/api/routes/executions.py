@@ -27,6 +27,7 @@ from execbox.executions.schemas import EXECUTION_ID_PATTERN, ExecutionCreate, Ex
 from execbox.executions.submit import mine
 from execbox.files.collect import RICH_DIR
 from execbox.files.errors import ArtifactNotFound
+from execbox.files.media import DOWNLOAD_HEADERS, served_as
 from execbox.files.schemas import check_input_path
 
 router = APIRouter(prefix="/v1/executions", tags=["executions"], route_class=OffLoopRoute)
@@ -325,8 +326,9 @@ def _stream(services: ServicesDep, execution_id: str, name: str, media_type: str
         raise ArtifactNotFound(execution_id, name) from exc
     return StreamingResponse(
         services.artifacts.read(execution_id, name),
-        media_type=media_type,
+        media_type=served_as(media_type),
         headers={
+            **DOWNLOAD_HEADERS,
             "Content-Length": str(size),
             "ETag": f'"{sha256}"',
             "Content-Disposition": f"attachment; filename*=UTF-8''{quote(name.rsplit('/', 1)[-1])}",
