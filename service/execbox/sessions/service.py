@@ -18,6 +18,7 @@ from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.catalog.schemas import AppliedPolicy, PolicyRequest
 from execbox.core.errors import FieldProblem, InvalidRequest
+from execbox.core.redis import redis_errors
 from execbox.core.tracing import from_traceparent
 from execbox.executions.inputs import prepare
 from execbox.executions.record import ExecutionRecord
@@ -145,13 +146,22 @@ class Sessions:
         """Take a slot of the tenant's and one of the fleet's, or refuse at once (429) naming the limit.
 
         A session holds a worker's slot for its whole life, idle or not, so a tenant may hold only
-        its share of the fleet's slots (however high its quota), and a full fleet is refused now
-        rather than left `starting` until a slot frees or the start times out."""
+        its share of the slots the other tenants leave (however high its quota): with a share of
+        half, a tenant at its limit leaves at least as many slots free as it holds, so no two
+        tenants fill the fleet, and a full fleet is refused now rather than left `starting`."""
         capacity = self.fleet.session_capacity(self.settings.queue.name) if self.fleet is not None else None
-        limit = quota if capacity is None else min(quota, max(1, math.floor(capacity * share)))
+        limit, others = quota, 0
+        if capacity is not None:
+            others = max(len(self.store.live()) - self._open_of(tenant), 0)
+            limit = min(quota, max(1, math.floor((capacity - others) * share)))
         verdict = self.store.admit(tenant, session_id, limit, capacity)
         if verdict == "tenant":
-            why = "its quota" if limit == quota else f"its share ({share:.0%}) of the fleet's {capacity} session slots"
+            held = f" less the {others} other tenants hold" if others else ""
+            why = (
+                "its quota"
+                if limit == quota
+                else f"its share ({share:.0%}) of the fleet's {capacity} session slots{held}"
+            )
             raise RateLimited(
                 f"tenant {tenant!r} has {limit} sessions open, {why}; end one it no longer uses "
                 "(DELETE /v1/sessions/{id}) and retry",
@@ -163,6 +173,11 @@ class Sessions:
                 "retry later, end a session you no longer use, or ask the operator for more workers",
                 headers={"Retry-After": "10"},
             )
+
+    def _open_of(self, tenant: str) -> int:
+        """How many sessions the tenant holds now (admitted and not ended)."""
+        with redis_errors():
+            return int(self.store.redis.zcard(self.store.keys.open_sessions(tenant)))
 
     def owned(self, tenant: str, session_id: str) -> SessionRecord:
         record = self.store.get(session_id)
