@@ -48,7 +48,7 @@ def roles(prefix: str) -> dict[str, Role]:
     p = prefix
     shared = (f"~{p}:exe:*", f"~{p}:deadlines", f"~{p}:running", f"~{p}:lease:*", f"~{p}:cancel:*",
               f"~{p}:t:active:*", f"~{p}:worker:*", f"~{p}:q:*", f"%R~{p}:egress:denied:*", "~rq:*",
-              f"~{p}:events", f"~{p}:ses:*", f"~{p}:t:ses:*", f"~{p}:live:*",
+              f"~{p}:t:kept:*", f"~{p}:events", f"~{p}:ses:*", f"~{p}:t:ses:*", f"~{p}:live:*",
               # every process's background loops: their dead letters, replays and failure counts
               f"~{p}:dead:*", f"~{p}:replay:*", f"~{p}:poison:*")  # fmt: skip
     # The API moves data stored under the layout before tenant namespaces (execbox.core.keymigration):
@@ -64,6 +64,7 @@ def roles(prefix: str) -> dict[str, Role]:
                 *legacy,
                 f"~{p}:file:*",
                 f"~{p}:t:rate:*",
+                f"~{p}:t:runrate:*",
                 f"~{p}:apikey:*",
                 f"~{p}:apikeys",
                 f"~{p}:console:*",

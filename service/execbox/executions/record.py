@@ -52,6 +52,13 @@ class ExecutionRecord(ExecutionPublic):
         "program sees each as EXECBOX_<NAME>, e.g. EXECBOX_IDEMPOTENCY_KEY.",
     )
 
+    kept_bytes: int = Field(
+        0,
+        description="Bytes of the record's worst case counted against the tenant's storage budget at admission "
+        "(0: stored before budgets, or already settled to its size at the end).",
+    )
+    kept_bucket: int = Field(0, description="The budget's expiry bucket those bytes were counted in.")
+
     def public(self) -> ExecutionPublic:
         return ExecutionPublic.model_validate(self.model_dump(include=set(ExecutionPublic.model_fields)))
 

@@ -9,12 +9,14 @@ writes nothing else (the lifecycle writes its blobs before).
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 from collections.abc import Callable
 
 import redis
 
-from execbox.core.errors import QueueUnavailable
+from execbox.core.errors import QueueUnavailable, ServiceError
 from execbox.core.redis import compare_and_set, redis_errors, text
 from execbox.core.streams import TERMINAL, EventStream
 from execbox.executions import live
@@ -25,6 +27,9 @@ from execbox.executions.settings import ExecutionsConfig
 from execbox.executions.settle import mark_expired_if_due, settle_uncertain
 from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.tenancy import quotas
+from execbox.tenancy.budget import StorageBudget, bucket
+
+log = logging.getLogger(__name__)
 
 Mutation = Callable[[ExecutionRecord], "ExecutionStatus | None"]
 _RENEW = """
@@ -43,6 +48,8 @@ class ExecutionStore:
         self._lease_s = settings.worker.lease_s
         self.events = EventStream(client, self.keys.events)
         """The outbox: every terminal status change is appended in its own transaction."""
+        self.budget = StorageBudget(client, self.keys)
+        """The tenants' storage budgets: an ending execution's reserve is settled to what it keeps."""
         self.listeners: list[Callable[[ExecutionRecord], None]] = []
         """In-process listeners, called once per execution this process settles (wired by
         execbox.executions.events.subscribe; durable consumers read `events` instead)."""
@@ -115,6 +122,8 @@ class ExecutionStore:
         lease for `by`; a terminal status is published to its waiters, both in the same transaction.
         """
 
+        charged: list[tuple[int, int]] = []
+
         def change(record: ExecutionRecord, pipe: redis.client.Pipeline) -> bool:
             if record.status not in allowed:
                 return False
@@ -122,6 +131,11 @@ class ExecutionStore:
             if new is None:
                 return False
             now = time.time()
+            charged[:] = []
+            if new.terminal and record.kept_bytes:  # the worst case reserved becomes what it keeps, from now
+                charged[:] = [(record.kept_bucket, -record.kept_bytes)]
+                record.kept_bytes, record.kept_bucket = kept_size(record), bucket(now + self._retention_s)
+                charged.append((record.kept_bucket, record.kept_bytes))
             record.status = new
             record.transitions.append(Transition(status=new, at=now, by=by))
             self._write(pipe, record, now)
@@ -132,6 +146,11 @@ class ExecutionStore:
             return True
 
         record = self._compare_and_set(execution_id, change)
+        if record is not None and charged:
+            try:
+                self.budget.settle(record.tenant, charged)
+            except ServiceError as exc:  # the reserve stays counted until it expires
+                log.warning("execution %s: its storage charge was not settled: %s", execution_id, exc.message)
         if record is not None and record.status.terminal:
             for listener in self.listeners:
                 listener(record)
@@ -249,3 +268,13 @@ class ExecutionStore:
         with redis_errors():
             values = self.redis.mget([self.keys.lease(i) for i in ids]) if ids else []
         return {i: text(v) for i, v in zip(ids, values, strict=True) if v is not None}
+
+
+def kept_size(record: ExecutionRecord) -> int:
+    """About the bytes an ended execution keeps: its record, and its live events' copy of the output
+    (JSON with ASCII escapes; a stream kept as base64 was sent live as text with U+FFFD, up to 6 bytes a byte)."""
+    live = 0
+    for text_, encoding in ((record.stdout, record.stdout_encoding), (record.stderr, record.stderr_encoding)):
+        live += len(json.dumps(text_)) if encoding == "utf-8" else 6 * (len(text_) * 3 // 4)
+    results = len(json.dumps([r.model_dump(mode="json") for r in record.results])) if record.results else 0
+    return len(record.model_dump_json()) + live + results + (1 << 10)

@@ -306,7 +306,12 @@ class Submissions:
         record_id = new_execution_id()
         # Quotas before any byte is stored: a refused request leaves nothing behind.
         admission = self.quotas.admit(tenant, policy.name, record_id, depth(self.queue))
+        charge = None
         try:
+            worst, data = worst_case(body, extra, policy, self.files)
+            # Kept until its queue deadline, then retention_s (the record's and its input files' lifetime).
+            charge = self.quotas.keep(tenant, worst + data, deadline - now + self.settings.retention_s,
+                                      "this execution (inputs and output caps)")  # fmt: skip
             prepared = prepare(body, policy, language.file, self.files, list(extra),
                                keep_until=deadline + self.settings.retention_s, ttl_s=self.settings.retention_s,
                                tenant=tenant)  # fmt: skip
@@ -337,6 +342,8 @@ class Submissions:
                 session_context=body.session_context,
                 effect=body.effect,
                 idempotency=body.idempotency,
+                kept_bytes=worst,
+                kept_bucket=charge.bucket,
             )
             if gated:
                 assert self.gates is not None and body.approval is not None
@@ -348,9 +355,40 @@ class Submissions:
                 self._queue(record, trace)
         except BaseException:
             self.quotas.slots.release(tenant, record_id)
+            if charge is not None:
+                self.quotas.budget.settle(tenant, [(charge.bucket, -charge.bytes)])
             raise
         self.on_accept(language.name)
         return Submission(record, trace, admission.headers)
+
+
+RECORD_OVERHEAD = 16 << 10
+"""Bytes a record and its live events keep beside what the request and the output caps say: ids, policy,
+transitions, status events."""
+
+
+def worst_case(body: ExecutionCreate, extra: ExtraFiles, policy: AppliedPolicy, files: FileStore) -> tuple[int, int]:
+    """(record, input file data): the most bytes an execution may keep in Redis, from its request and policy.
+    The record holds code, env, stdin (base64), inputs and up to `output_bytes` of stdout and of stderr;
+    its live events a second copy of that output. Input files are counted at their size (uploads named by
+    id too: the execution keeps them as long as itself). Sizes beyond a cap are refused later (422)."""
+    stdin = len(body.stdin_b64) * 3 // 4 if body.stdin_b64 is not None else len((body.stdin or "").encode())
+    record = (
+        len(body.code.encode())
+        + sum(len(k) + len(v.encode()) for k, v in body.env.items())
+        + 4 * -(-stdin // 3)
+        + (len(json.dumps(body.inputs)) if body.inputs is not None else 0)
+        + 4 * policy.output_bytes
+        + RECORD_OVERHEAD
+    )
+    data = sum(len(d) for _, d in extra)
+    for item in body.files:
+        if item.file_id is not None:
+            meta = files.meta(item.file_id)
+            data += meta.size if meta is not None else 0
+        else:
+            data += len(item.content_b64 or "") * 3 // 4
+    return record, data
 
 
 def mine(record: ExecutionRecord | None, tenant: str, execution_id: str) -> ExecutionRecord:

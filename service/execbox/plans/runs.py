@@ -50,6 +50,10 @@ from execbox.plans.usage import ModelCallReport
 from execbox.plans.validation import problems
 
 log = logging.getLogger(__name__)
+RUN_OVERHEAD = 16 << 10
+STEP_ALLOWANCE = 4 << 10
+"""A run's storage charge: its plan as sent, and room for its state and each step's (ids, attempts, keys);
+counted until its wall budget and the retention have passed, the longest it can be kept."""
 
 
 @dataclass
@@ -82,6 +86,11 @@ class Runs:
             found.append(FieldProblem("webhook.url", "host not allowed for callbacks (EXECBOX_WEBHOOKS__ALLOW_HOSTS)"))
         if found:
             raise InvalidPlan(tuple(found))
+        quotas = self.executor.submissions.quotas
+        quotas.admit_run(tenant)  # then its bytes, before any is stored: a refused run leaves nothing behind
+        kept = len(body.plan.model_dump_json()) + RUN_OVERHEAD + STEP_ALLOWANCE * len(body.plan.steps)
+        retention_s = self.executor.submissions.settings.retention_s
+        quotas.keep(tenant, kept, body.plan.budgets.max_wall_s + retention_s, "this run")
         now = time.time()
         run = StoredRun(
             id=new_id("run_"), tenant=tenant, status=RunStatus.RUNNING, revision=1, objective=body.plan.objective,

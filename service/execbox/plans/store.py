@@ -70,7 +70,7 @@ class RunStore:
                 pass  # it lapsed (a stall longer than LOCK_S); the next holder re-reads the run
 
     def create(self, record: StoredRun) -> None:
-        raw = readable(StoredRun, record)  # 422 and nothing stored when its reader would refuse it
+        raw = readable(StoredRun, _once(record))  # 422 and nothing stored when its reader would refuse it
         with redis_errors(), self.redis.pipeline() as pipe:
             pipe.set(self.keys.run(record.id), raw, ex=self._retention_s, nx=True)
             pipe.zadd(self.keys.runs(record.tenant), {record.id: record.created_at})
@@ -80,14 +80,14 @@ class RunStore:
     def get(self, run_id: str) -> StoredRun | None:
         with redis_errors():
             raw = self.redis.get(self.keys.run(run_id))
-        return None if raw is None else StoredRun.model_validate_json(raw)
+        return None if raw is None else _whole(StoredRun.model_validate_json(raw))
 
     def put(self, record: StoredRun, due_at: float | None) -> None:
         """Store a changed run (under its lock); due_at: when it must be advanced again even if no
         execution ends (a retry, an approval's expiry, the wall budget), None when it is terminal.
         Its webhook's events go to the outbox in the same transaction. A change its reader would
         refuse is not stored (InvalidRequest, 422): the run stays as it was."""
-        raw = readable(StoredRun, record)
+        raw = readable(StoredRun, _once(record))
         token = self._held.__dict__.get("tokens", {}).get(record.id)
         with redis_errors(), self.redis.pipeline() as pipe:
             if token is not None:  # fenced: only while this thread's lock still holds the run
@@ -122,7 +122,8 @@ class RunStore:
         with redis_errors():
             ids = [text(i) for i in self.redis.zrevrange(self.keys.runs(tenant), 0, limit - 1)]
             raws = self.redis.mget([self.keys.run(i) for i in ids]) if ids else []
-        return [r for r in (_readable(StoredRun, i, raw) for i, raw in zip(ids, raws, strict=True)) if r is not None]
+        found = (_readable(StoredRun, i, raw) for i, raw in zip(ids, raws, strict=True))
+        return [_whole(r) for r in found if r is not None]
 
     def remove(self, run_id: str) -> bool:
         """Delete a run, readable or not, with its index entries and its approvals (the operator's
@@ -163,6 +164,20 @@ class RunStore:
             raws = self.redis.mget([self.keys.approval(i) for i in ids]) if ids else []
         found = (_readable(ApprovalPublic, i, raw) for i, raw in zip(ids, raws, strict=True))
         return [a for a in found if a is not None]
+
+
+def _once(run: StoredRun) -> StoredRun:
+    """The run as stored: its inputs once, as `inputs` (the plan's copy left out; `_whole` puts it back)."""
+    if not run.plan.inputs:
+        return run
+    return run.model_copy(update={"plan": run.plan.model_copy(update={"inputs": {}})})
+
+
+def _whole(run: StoredRun) -> StoredRun:
+    """The run as read: the plan's inputs are the run's (a run stored before `_once` holds both already)."""
+    if run.inputs and not run.plan.inputs:
+        run.plan = run.plan.model_copy(update={"inputs": dict(run.inputs)})
+    return run
 
 
 def _readable(model: type[M], record_id: str, raw: bytes | str | None) -> M | None:

@@ -28,8 +28,8 @@ DEFAULT_TENANT = "default"
 KEY_WORDS = frozenset(
     {"active", "answers", "apikey", "apikeys", "approval", "approvals", "asks", "cancel", "cells", "contexts",
      "console", "dead", "deadlines", "denied", "done", "drained", "due", "e2b", "egress", "events", "exe", "file",
-     "finished", "firings", "idem", "lease", "live", "members", "nodes", "open", "pending", "poison", "q",
-     "rate", "replay", "ring", "rule", "run", "runlock", "running", "runs", "schedule", "schedules",
+     "finished", "firings", "idem", "kept", "lease", "live", "members", "nodes", "open", "pending", "poison", "q",
+     "rate", "replay", "ring", "rule", "run", "runlock", "running", "runrate", "runs", "schedule", "schedules",
      "script", "scripts", "scriptuse", "secret", "ses", "slot", "starts", "surprise", "surprises",
      "taken", "tenant", "uid", "watchers", "worker"}
 )  # fmt: skip

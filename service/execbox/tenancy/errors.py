@@ -3,6 +3,8 @@ listed in docs/api.md, the whole tree in docs/architecture.md."""
 
 from __future__ import annotations
 
+import time
+
 from execbox.core.errors import CapacityError, FieldProblem, NotFound, RequestError
 
 
@@ -43,9 +45,29 @@ class RateLimited(CapacityError):
     http_status = 429
 
 
+class StorageBudgetFull(RateLimited):
+    """What the tenant keeps in the shared Redis would pass its storage budget (tenants.yaml `storage_budget_mb`):
+    `rate_limited`, the problem naming the budget (`tenant.storage_budget`) with its use, size and next room."""
+
+    def __init__(self, tenant: str, used: int, budget: int, wanted: int, room_at: float, what: str) -> None:
+        wait = max(int(room_at - time.time()), 1) if room_at else 1
+        if wanted > budget:
+            advice = "it can never fit: send less, lower the policy's output_bytes, or raise the budget"
+        else:
+            advice = f"room comes back as kept data expires, the first in {wait} s; retry then, or raise the budget"
+        super().__init__(
+            f"tenant {tenant!r} keeps {used} bytes in the shared store, of its storage budget {budget} "
+            f"(tenant.storage_budget, tenants.yaml storage_budget_mb); {what} needs {wanted} more; {advice}",
+            (FieldProblem("tenant.storage_budget", f"{used} of {budget} bytes used; {wanted} more needed"),),
+            headers={"Retry-After": str(wait), "Execbox-Storage-Used": str(used),
+                     "Execbox-Storage-Budget": str(budget)},
+        )  # fmt: skip
+        self.used, self.budget, self.wanted, self.room_at = used, budget, wanted, room_at
+
+
 class QueueFull(CapacityError):
     code = "queue_full"
     http_status = 503
 
 
-__all__ = ["AdminOff", "InvalidKey", "KeyNotFound", "PolicyNotAllowed", "QueueFull", "RateLimited"]
+__all__ = ["AdminOff", "InvalidKey", "KeyNotFound", "PolicyNotAllowed", "QueueFull", "RateLimited", "StorageBudgetFull"]

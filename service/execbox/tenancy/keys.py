@@ -1,4 +1,4 @@
-"""The tenancy room's Redis keys: API keys and the admission counters behind quotas."""
+"""The tenancy room's Redis keys: API keys, the admission counters behind quotas and the storage budget."""
 
 from __future__ import annotations
 
@@ -14,6 +14,17 @@ SCHEMA: tuple[KeySpec, ...] = (
         (),
         "a tenant's queued or running executions (its running quota)",
     ),
+    KeySpec(
+        "t:kept:{tenant}",
+        "hash expiry bucket -> bytes",
+        "the latest bucket it counts",
+        ("api", "worker"),
+        (),
+        "bytes a tenant keeps in Redis by when they expire: its storage budget (execbox.tenancy.budget)",
+    ),
+    KeySpec(
+        "t:runrate:{tenant}:{minute}", "string counter", "120 s", ("api",), (), "runs created in a tenant's minute"
+    ),
     KeySpec("apikey:{digest}", "string (JSON)", "none", ("api", "admin"), (), "an API key, by its SHA-256"),
     KeySpec("apikeys", "set of digests", "none", ("api", "admin"), (), "every API key, for listing"),
     KeySpec("console:{digest}", "string (JSON)", "8 h", ("api",), (), "a console sign-in, by its cookie's SHA-256"),
@@ -26,6 +37,12 @@ class TenancyKeys(KeyBuilder):
 
     def active(self, tenant: str) -> str:
         return self._t("active", tenant)
+
+    def kept(self, tenant: str) -> str:
+        return self._t("kept", tenant)
+
+    def run_rate(self, tenant: str, minute: int) -> str:
+        return self._t("runrate", tenant, str(minute))
 
     def api_key(self, digest: str) -> str:
         return self._k("apikey", digest)

@@ -1,5 +1,6 @@
 """Per-tenant quotas (policies/tenants.yaml): named policies allowed, executions per minute,
-executions queued or running at once; and the queue's own depth limit (API side).
+executions queued or running at once, runs per minute, the bytes kept in the shared Redis (the storage
+budget, execbox.tenancy.budget); and the queue's own depth limit (API side).
 
 Past a limit the API answers 429 (tenant limits) or 503 (queue full) with Retry-After and
 RateLimit-* headers; nothing is queued. Counting lives in Redis, so every API replica agrees.
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from execbox.catalog.policies import PolicyConfigError
 from execbox.core.redis import redis_errors, text
+from execbox.tenancy.budget import Charge, StorageBudget
 from execbox.tenancy.errors import PolicyNotAllowed, QueueFull, RateLimited
 from execbox.tenancy.keys import TenancyKeys
 
@@ -29,6 +31,20 @@ redis.call('INCR', KEYS[1])
 redis.call('EXPIRE', KEYS[1], 120)
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
 return {'ok', count + 1}
+"""
+
+
+DEFAULT_STORAGE_BUDGET_MB = 64
+"""The shipped Redis holds 1 GiB (noeviction): twelve tenants at this budget keep 768 MiB, leaving a quarter
+for the shared keys (queue, outbox, sessions, loops); deployments with more active tenants size Redis or
+the tenants' budgets (decisions: the storage budget)."""
+
+_RUN_RATE = """
+local count = tonumber(redis.call('GET', KEYS[1]) or '0')
+if count >= tonumber(ARGV[1]) then return count end
+redis.call('INCR', KEYS[1])
+redis.call('EXPIRE', KEYS[1], 120)
+return -1
 """
 
 
@@ -45,6 +61,10 @@ class _Quota(BaseModel):
     """Executions with network access must declare `effect` (read or write): the ones that can reach the world."""
     schedules: int = Field(100, ge=0)
     schedule_min_interval_s: float = Field(60.0, ge=1, le=86400)
+    storage_budget_mb: int = Field(DEFAULT_STORAGE_BUDGET_MB, ge=1)
+    """MiB the tenant may keep in the shared Redis (records, inputs, outputs, runs) at once (execbox.tenancy.budget)."""
+    runs_per_minute: int = Field(60, ge=1)
+    """Runs (POST /v1/runs) the tenant may create per calendar minute."""
 
 
 class _QuotaFile(BaseModel):
@@ -118,6 +138,7 @@ class Quotas:
         self._quotas = quotas
         self.slots = slots
         self._max_queue_depth = max_queue_depth
+        self.budget = StorageBudget(slots.redis, slots.keys)
 
     @classmethod
     def load(cls, path: Path, slots: Slots, max_queue_depth: int) -> Quotas:
@@ -159,3 +180,23 @@ class Quotas:
                          "RateLimit-Remaining": str(max(quota.per_minute - count, 0)), "RateLimit-Reset": str(reset)},
             )  # fmt: skip
         return Admission({**limits, "RateLimit-Remaining": str(max(quota.per_minute - count, 0))})
+
+    def keep(self, tenant: str, nbytes: int, ttl_s: float, what: str) -> Charge:
+        """Count `nbytes` the tenant will keep for `ttl_s` against its storage budget; StorageBudgetFull
+        (429 naming `tenant.storage_budget`) and nothing counted when it would pass it."""
+        return self.budget.charge(tenant, nbytes, ttl_s, self.quota(tenant).storage_budget_mb << 20, what)
+
+    def admit_run(self, tenant: str) -> None:
+        """Count one run created in the tenant's minute; RateLimited (429) past `runs_per_minute`."""
+        limit = self.quota(tenant).runs_per_minute
+        now = time.time()
+        with redis_errors():
+            count = int(self.slots.redis.register_script(_RUN_RATE)(
+                keys=[self.slots.keys.run_rate(tenant, int(now // 60))], args=[limit]))  # fmt: skip
+        if count >= 0:
+            reset = int(60 - now % 60) or 60
+            raise RateLimited(
+                f"tenant {tenant!r} created {limit} runs this minute, its limit (runs_per_minute); retry in {reset} s",
+                headers={"Retry-After": str(reset), "RateLimit-Limit": str(limit), "RateLimit-Remaining": "0",
+                         "RateLimit-Reset": str(reset)},
+            )  # fmt: skip
