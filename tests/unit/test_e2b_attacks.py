@@ -315,9 +315,10 @@ def test_the_traffic_token_header_alone_opens_the_sandbox_the_sdk_sends_it_to(ap
     assert send(http, "GET", "/e2b/sandbox/contexts", headers=forged).status_code == 401
 
 
-def test_after_100_connects_only_the_newest_16_tokens_open_the_sandbox(
+def test_after_100_connects_the_creators_token_and_the_newest_15_open_the_sandbox(
     api: Api, host: Worker, client: redis.Redis, settings: Settings
 ) -> None:
+    """Issue 44: the 17th connect evicted the creator's token (its SDK object lost the sandbox)."""
     http = api[0]
     sbx = make(api)
     sid = sbx["sandboxID"]
@@ -327,9 +328,9 @@ def test_after_100_connects_only_the_newest_16_tokens_open_the_sandbox(
         assert answer.status_code == 200, answer.text
         tokens.append(answer.json()["envdAccessToken"])
     assert len(set(tokens)) == 101, "every connect hands out a fresh token"
-    for token in tokens[-16:]:
+    for token in [tokens[0], *tokens[-15:]]:
         assert send(http, "GET", "/e2b/sandbox/health", headers=plane(sid, token)).status_code == 204
-    for token in (tokens[-17], tokens[16], tokens[0], tokens[50]):  # 17th-newest, 17th-oldest, first, any
+    for token in (tokens[-16], tokens[1], tokens[16], tokens[50]):  # 16th-newest, first connect's, 17th-oldest, any
         answer = send(http, "GET", "/e2b/sandbox/health", headers=plane(sid, token))
         assert answer.status_code == 401 and answer.json()["code"] == 401, answer.text
     stored = client.get(f"{settings.redis.key_prefix}:e2b:ses_{sid}")

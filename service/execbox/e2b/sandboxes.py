@@ -141,7 +141,10 @@ class Sandboxes:
         if body.timeout is not None:
             record = self.sessions.end_in(tenant, record.id, body.timeout)
         token = secrets.token_urlsafe(32)
-        entry.tokens = [*entry.tokens, _digest(token)][-MAX_TOKENS:]
+        # The creator's token is kept whatever others connect (issue 44: the 17th connect evicted it);
+        # the connects' tokens rotate, the newest MAX_TOKENS - 1 kept.
+        creator, connected = entry.tokens[:1], entry.tokens[1:]
+        entry.tokens = [*creator, *[*connected, _digest(token)][-(MAX_TOKENS - len(creator)) :]]
         self._save(record.id, entry)
         return self._answer(record, entry, token)
 
