@@ -20,6 +20,7 @@ from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
 from execbox.core.errors import FieldProblem, InvalidRequest
+from execbox.core.schemacheck import pattern_problem
 
 M = TypeVar("M", bound=BaseModel)
 _BASE = "urn:execbox:schema"
@@ -29,7 +30,8 @@ MAX_SCHEMA_REFS = 1000
 
 def schema_problems(schema: Any, field: str) -> list[FieldProblem]:
     """Problems of a JSON Schema (draft 2020-12) that is kept to validate later: it must be a valid
-    schema and every `$ref` in it must resolve inside it (nothing is ever fetched)."""
+    schema, every `$ref` in it must resolve inside it (nothing is ever fetched) and every pattern
+    must compile for RE2, the engine core.schemacheck applies them with (no backtracking)."""
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
@@ -37,8 +39,10 @@ def schema_problems(schema: Any, field: str) -> list[FieldProblem]:
         return [FieldProblem(field, f"not a valid JSON Schema{f' at /{where}' if where else ''}: {exc.message}")]
     if not isinstance(schema, dict):
         return []
+    found = [FieldProblem(field, f"{why} (at {path or '/'})") for path, why in _pattern_problems(schema, "")]
+    if found:
+        return found
     resolver = Registry().with_resource(_BASE, DRAFT202012.create_resource(schema)).resolver(_BASE)
-    found: list[FieldProblem] = []
     for count, (path, ref) in enumerate(_refs(schema, "")):
         if count >= MAX_SCHEMA_REFS:
             found.append(FieldProblem(field, f"more than {MAX_SCHEMA_REFS} $ref; simplify the schema"))
@@ -66,6 +70,35 @@ def _refs(value: Any, path: str) -> Iterator[tuple[str, str]]:
     elif isinstance(value, list):
         for index, item in enumerate(value):
             yield from _refs(item, f"{path}/{index}")
+
+
+_DATA = frozenset({"const", "enum", "default", "examples"})
+"""Keywords whose values are data, not schemas."""
+_NAMED = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+"""Keywords whose values map names (not keywords) to schemas."""
+
+
+def _pattern_problems(schema: Any, path: str) -> Iterator[tuple[str, str]]:
+    if isinstance(schema, list):
+        for index, item in enumerate(schema):
+            yield from _pattern_problems(item, f"{path}/{index}")
+        return
+    if not isinstance(schema, dict):
+        return
+    for key, value in schema.items():
+        at = f"{path}/{key}"
+        if key == "pattern" and isinstance(value, str):
+            why = pattern_problem(value)
+            if why:
+                yield at, why
+        elif key in _NAMED and isinstance(value, dict):
+            for name, item in value.items():
+                why = pattern_problem(name) if key == "patternProperties" else None
+                if why:
+                    yield f"{at}/{name}", why
+                yield from _pattern_problems(item, f"{at}/{name}")
+        elif key not in _DATA:
+            yield from _pattern_problems(value, at)
 
 
 def readable(model: type[M], record: BaseModel, field: str = "") -> str:

@@ -25,10 +25,10 @@ from __future__ import annotations
 import enum
 from typing import Any, Literal
 
-from jsonschema import Draft202012Validator
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from execbox.core.errors import FieldProblem, InvalidRequest
+from execbox.core.schemacheck import schema_errors
 
 MAX_ATTEMPTS = 3
 """Times a declared execution's code may start in all, the first included."""
@@ -178,7 +178,7 @@ def holds(expect: dict[str, Any], outputs: dict[str, Any]) -> bool | None:
     """A check's outputs satisfy its `expect` schema; None when the schema cannot judge them (it is
     checked at submission; a record stored before that check may hold one that raises)."""
     try:
-        return not any(Draft202012Validator(expect).iter_errors(outputs))
+        return not schema_errors(expect, outputs)
     except Exception:
         return None
 

@@ -17,9 +17,8 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
-from jsonschema import Draft202012Validator
-
 from execbox.catalog.languages import ErrorRules
+from execbox.core.schemacheck import schema_errors
 from execbox.executions.classify import classify
 from execbox.executions.outputs import ProgramFiles
 from execbox.executions.record import ExecutionRecord
@@ -190,8 +189,9 @@ def _unmet(record: ExecutionRecord, run: SandboxOutcome, files: ProgramFiles | N
     if expect.outputs_schema is not None:
         outputs = files.outputs if files is not None else record.outputs
         try:
-            validator = Draft202012Validator(expect.outputs_schema)
-            problems = sorted(validator.iter_errors(outputs), key=lambda e: [str(p) for p in e.absolute_path])
+            problems = sorted(
+                schema_errors(expect.outputs_schema, outputs), key=lambda e: [str(p) for p in e.absolute_path]
+            )
         except Exception as exc:  # the client's schema (an unresolvable $ref, say): its outcome, not ours
             unmet.append(f"expect.outputs_schema cannot be applied ({type(exc).__name__}: {str(exc)[:300]})")
             return unmet

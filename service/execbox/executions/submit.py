@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from jsonschema import Draft202012Validator
 from pydantic import BaseModel
 from rq import Queue
 
@@ -28,6 +27,7 @@ from execbox.catalog.schemas import AppliedPolicy, NetworkAllowlist
 from execbox.catalog.webhook_hosts import host_allowed
 from execbox.core.errors import ConflictError, FieldProblem, InvalidRequest, ServiceError
 from execbox.core.readable import schema_problems
+from execbox.core.schemacheck import schema_errors
 from execbox.core.tracing import Spans, TraceContext, from_traceparent
 from execbox.executions.effects import Approval, call_context, effect_problems
 from execbox.executions.errors import ExecutionNotFound
@@ -201,6 +201,15 @@ class Submissions:
         with self.spans.span("execbox.api.create_execution", trace):
             return self._accept_traced(tenant, body, extra, trace, context, origin)
 
+    @staticmethod
+    def _check_expect(body: ExecutionCreate) -> None:
+        """Its outputs schema is checked as a plan's are: every `$ref` resolves inside it and every
+        pattern runs on RE2 (the worker would otherwise fail the run after it ran)."""
+        schema = body.expect.outputs_schema if body.expect is not None else None
+        found = schema_problems(schema, "expect.outputs_schema") if schema is not None else []
+        if found:
+            raise InvalidRequest(f"expect.outputs_schema cannot be applied: {found[0].message}", tuple(found))
+
     def _check_effects(self, tenant: str, body: ExecutionCreate, policy: AppliedPolicy) -> None:
         found = effect_problems(body.effect, body.approval, isinstance(policy.network, NetworkAllowlist),
                                 self.quotas.quota(tenant).declare_effects, self.gates is not None)  # fmt: skip
@@ -255,7 +264,7 @@ class Submissions:
         record = self.owned(tenant, execution_id)
         schema = record.expect.outputs_schema if record.expect is not None else None
         if applied and schema is not None:  # the outputs it claims must be ones the execution could have had
-            unmet = sorted(e.message for e in Draft202012Validator(schema).iter_errors(outputs))
+            unmet = sorted(e.message for e in schema_errors(schema, outputs))
             if unmet:
                 raise InvalidRequest("the outputs do not meet the execution's expect.outputs_schema",
                                      tuple(FieldProblem("outputs", m) for m in unmet[:20]))  # fmt: skip
@@ -298,6 +307,7 @@ class Submissions:
             if problems:
                 raise PolicyExceeded(tuple(problems))
         self._check_webhook(body)
+        self._check_expect(body)
         self._check_effects(tenant, body, policy)
         now = time.time()
         gated = body.approval is not None and body.approval.required

@@ -14,13 +14,13 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from jsonschema import Draft202012Validator
 from pydantic import Field, ValidationError
 
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.core.errors import FieldProblem, InvalidRequest
 from execbox.core.readable import schema_problems
+from execbox.core.schemacheck import schema_errors
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionCreate, Expect, InputFile, Origin
 from execbox.executions.status import ExecutionStatus
@@ -51,7 +51,7 @@ def version_key(version: str) -> tuple[Any, ...]:
 def input_problems(schema: dict[str, Any], inputs: Any, prefix: str = "inputs") -> list[FieldProblem]:
     """Every violation of the input schema, each with its path."""
     found = []
-    for error in sorted(Draft202012Validator(schema).iter_errors(inputs), key=lambda e: list(e.absolute_path)):
+    for error in sorted(schema_errors(schema, inputs), key=lambda e: [str(p) for p in e.absolute_path]):
         path = ".".join(str(p) for p in (prefix, *error.absolute_path))
         found.append(FieldProblem(path, error.message))
     return found

@@ -20,10 +20,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from jsonschema import Draft202012Validator
-
 from execbox.catalog.schemas import NetworkAllowlist, PolicyRequest
 from execbox.core.errors import CapacityError, InfrastructureError, ServiceError
+from execbox.core.schemacheck import is_valid, schema_errors
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionCreate
 from execbox.executions.status import ExecutionStatus
@@ -226,7 +225,7 @@ class Executor:
         check = check or spec.preconditions[int(phase.split(":")[1])]
         holds: bool | None = None
         if execution.status is ExecutionStatus.SUCCEEDED:
-            holds = not any(Draft202012Validator(check.expect).iter_errors(execution.outputs))
+            holds = is_valid(check.expect, execution.outputs)
         if phase == "status_read":
             max_attempts = spec.retry.max_attempts if spec.retry else 3
             if holds is False:
@@ -441,7 +440,7 @@ class Executor:
             goal = run.plan.goal
             if goal is not None:
                 outputs = run.steps[goal.step].outputs or {}
-                errors = sorted(e.message for e in Draft202012Validator(goal.outputs_schema).iter_errors(outputs))
+                errors = sorted(e.message for e in schema_errors(goal.outputs_schema, outputs))
                 if errors:
                     self.set_run_status(run, RunStatus.GOAL_FAILED, "goal_failed", "; ".join(errors))
                     return

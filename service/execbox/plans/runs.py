@@ -9,13 +9,12 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from jsonschema import Draft202012Validator
-
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import PolicySet
 from execbox.catalog.webhook_hosts import host_allowed
 from execbox.core.errors import FieldProblem, InvalidRequest, ServiceError
 from execbox.core.readable import readable
+from execbox.core.schemacheck import schema_errors
 from execbox.core.tracing import from_traceparent
 from execbox.executions.record import ExecutionRecord
 from execbox.library.schemas import ScriptVersion
@@ -168,9 +167,7 @@ class Runs:
                 raise RunConflict(f"step {step_id!r} has no unknown outcome to settle")
             schema = run.spec(step_id).postconditions
             if body.outcome == "applied" and schema and schema.outputs_schema:
-                errors = sorted(
-                    e.message for e in Draft202012Validator(schema.outputs_schema).iter_errors(body.outputs)
-                )
+                errors = sorted(e.message for e in schema_errors(schema.outputs_schema, body.outputs))
                 if errors:
                     raise InvalidPlan(tuple(FieldProblem("outputs", e) for e in errors))
             state.reconciled = f"{body.outcome}: {body.reason}"
