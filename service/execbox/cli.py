@@ -101,9 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "docker-proxy":
         from execbox.core import logs
         from execbox.dockerproxy.server import run
+        from execbox.dockerproxy.shape import shape_from
 
         logs.configure("INFO", "docker-proxy")
-        run(args.listen, args.engine, args.deployment, args.egress_container, args.egress_service)
+        # The sandbox shape from the workers' own settings (EXECBOX_POLICIES_DIR, EXECBOX_DOCKER__*).
+        settings = Settings()
+        shape = shape_from(settings.docker, settings.policies_dir)
+        run(args.listen, args.engine, args.deployment, args.egress_container, shape, args.egress_service)
         return 0
     if args.command == "bwrap-helper":
         from execbox.core import logs

@@ -18,6 +18,10 @@ from rq.serializers import JSONSerializer
 
 from execbox.core.redis_roles import role_url
 from execbox.executions.queue import TASK
+from execbox.sandbox.docker.hostconfig import host_config_kwargs
+from execbox.sandbox.runtime import Limits, SandboxSpec
+from execbox.sandbox.seccomp import SeccompProfiles
+from execbox.sandbox.settings import DockerSettings
 from tests.conftest import PASSWORDS, ROOT, Side, Stack, free_port, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
@@ -116,14 +120,15 @@ def test_the_workers_docker_socket_refuses_what_a_sandbox_must_not_be(
     docker_proxy: str, docker_client: docker.DockerClient, stack: Stack
 ) -> None:
     """A worker taken over holds the docker proxy's socket, not the engine's: it can still start
-    hardened sandboxes (the whole suite runs its workers through it), but nothing that would give
-    it the host."""
+    sandboxes of the runtime's shape (the whole suite runs its workers through it), but nothing that
+    would give it the host (tests/unit/test_docker_proxy_rules.py holds the whole table)."""
     worker = docker.APIClient(base_url=docker_proxy, version="auto", timeout=10)
     labels = {"execbox.managed": "true", "execbox.deployment": stack.prefix}
     image = "execbox/sandbox-python:latest"
-    seccomp = "seccomp=" + (ROOT / "policies" / "seccomp.json").read_text()
-    good: dict[str, Any] = {"cap_drop": ["ALL"], "security_opt": ["no-new-privileges", seccomp], "read_only": True,
-            "mem_limit": "64m", "memswap_limit": "64m", "pids_limit": 16, "network_mode": "none"}  # fmt: skip
+    limits = Limits(timeout_s=10, cpu=1.0, cpu_time_s=20, memory_mb=64, pids=16, disk_mb=64, output_bytes=1 << 20)
+    spec = SandboxSpec("exe_trust", "", "trust", image, ("true",), (), (), limits, deployment=stack.prefix)
+    seccomp = SeccompProfiles(ROOT / "policies" / "seccomp.json").json()
+    good: dict[str, Any] = host_config_kwargs(spec, DockerSettings(), 200000, seccomp)  # as the runtime makes it
     attempts: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         "privileged": ({**good, "privileged": True}, {}),
         "bind of /": ({**good, "binds": ["/:/host"]}, {}),
@@ -134,6 +139,14 @@ def test_the_workers_docker_socket_refuses_what_a_sandbox_must_not_be(
         "unconfined seccomp": ({**good, "security_opt": ["no-new-privileges", "seccomp=unconfined"]}, {}),
         "device": ({**good, "devices": ["/dev/kvm:/dev/kvm"]}, {}),
         "root user": (good, {"user": "0"}),
+        "root user spelled 00:00": (good, {"user": "00:00"}),
+        "memory 64 GiB": ({**good, "mem_limit": "64g", "memswap_limit": "64g"}, {}),
+        "OOM score -1000": ({**good, "oom_score_adj": -1000}, {}),
+        "no CPU quota": ({k: v for k, v in good.items() if k != "cpu_quota"}, {}),
+        "seccomp allowing everything": (
+            {**good, "security_opt": ["no-new-privileges", 'seccomp={"defaultAction":"SCMP_ACT_ALLOW"}']},
+            {},
+        ),
         "other image": (good, {"image": "execbox/service:latest"}),
         "another deployment": (good, {"labels": {"execbox.managed": "true", "execbox.deployment": "other"}}),
         "CPU weight above the default": ({**good, "cpu_shares": 262144}, {}),
@@ -143,7 +156,7 @@ def test_the_workers_docker_socket_refuses_what_a_sandbox_must_not_be(
             worker.create_container(
                 extra.get("image", image),
                 "true",
-                user=extra.get("user", "200000"),
+                user=extra.get("user", "200000:200000"),
                 labels=extra.get("labels", labels),
                 host_config=worker.create_host_config(**host),
             )
@@ -156,6 +169,8 @@ def test_the_workers_docker_socket_refuses_what_a_sandbox_must_not_be(
         for call in (lambda: worker.get_archive(other_id, "/etc"), lambda: worker.kill(other_id),
                      lambda: worker.remove_container(other_id, force=True), lambda: worker.exec_create(other_id, "id"),
                      lambda: worker.containers(all=True),  # a listing without execbox's label filter
+                     lambda: worker.containers(all=True, filters={"label": "execbox.managed=true"}),  # all deployments
+                     lambda: worker.inspect_image("execbox/service:latest"),  # type: ignore[no-untyped-call]
                      lambda: worker.create_network("x", internal=False, labels=labels)):  # fmt: skip
             with pytest.raises(docker.errors.APIError) as refused:
                 call()
@@ -164,11 +179,11 @@ def test_the_workers_docker_socket_refuses_what_a_sandbox_must_not_be(
         assert other.status == "created"
     finally:
         other.remove(force=True)
-    ok = worker.create_container(image, "true", user="200000", labels=labels,
+    ok = worker.create_container(image, "true", user="200000:200000", labels=labels,
                                  host_config=worker.create_host_config(**good, cpu_shares=2))  # fmt: skip
     # A waiting warm container's weight may go back to the default, never above it.
     worker.update_container(ok["Id"], cpu_shares=1024)
     with pytest.raises(docker.errors.APIError) as refused:
         worker.update_container(ok["Id"], cpu_shares=4096)
     assert refused.value.status_code == 403
-    worker.remove_container(ok["Id"], force=True)  # the hardened one is allowed, and ours to remove
+    worker.remove_container(ok["Id"], force=True, v=True)  # the hardened one is allowed, and ours to remove

@@ -142,6 +142,15 @@ class PolicySet:
         """The highest ceiling of a limit over every policy (bounds parsing before a policy is known)."""
         return int(max(p.ceilings[field] for p in self._policies.values()))
 
+    def highest_ceiling(self, field: str) -> float:
+        """The highest ceiling of a limit over every policy, as written (`cpu` may be fractional):
+        the most any sandbox of this deployment may be given (the docker proxy's bounds)."""
+        return max(p.ceilings[field] for p in self._policies.values())
+
+    def seccomp_denies(self) -> set[tuple[str, ...]]:
+        """Each policy's narrowing of the seccomp profile: the profiles a sandbox may carry."""
+        return {p.seccomp_deny for p in self._policies.values()}
+
     @property
     def names(self) -> list[str]:
         return sorted(self._policies)

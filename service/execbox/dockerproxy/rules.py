@@ -1,22 +1,25 @@
-"""What a worker may ask of the Docker engine (pure logic: paths, bodies, ownership by label).
+"""What a worker may ask of the Docker engine (pure logic: paths, listings, bodies, ownership by label).
 
 A worker that is taken over holds this socket instead of the engine's, so it can still start
-sandboxes, but only hardened ones: no privileged container, no added capability, no host path,
-no host namespace, no device, no root user, no unconfined seccomp or AppArmor, no image other than
-a sandbox image, and only on containers and networks labelled as this deployment's. Everything
-else is refused (403) before it reaches the engine.
+sandboxes, but only of the one shape the runtime makes (execbox.dockerproxy.containers), only from
+sandbox images, and only on containers and networks labelled as this deployment's; listings only
+with exactly this deployment's label filter. Everything else is refused (403, naming the field)
+before it reaches the engine.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs, unquote
 
 _VERSION = r"(?:/v1\.\d+)?"
 _ID = r"([A-Za-z0-9][A-Za-z0-9_.-]{0,127})"
-# (method, path) -> scope: "engine" (no object), "container" or "network" (the captured id must be
-# this deployment's), or a body check name.
+# (method, path) -> scope: "engine" (no object), "listing" (its label filter is checked), "image" (a
+# sandbox image), "container" or "network" (the captured id must be this deployment's), or a body
+# check name.
 ROUTES: tuple[tuple[str, re.Pattern[str], str], ...] = tuple(
     (method, re.compile(f"^{_VERSION}{path}$"), scope)
     for method, path, scope in (
@@ -24,9 +27,9 @@ ROUTES: tuple[tuple[str, re.Pattern[str], str], ...] = tuple(
         ("HEAD", "/_ping", "engine"),
         ("GET", "/version", "engine"),
         ("GET", "/info", "engine"),
-        ("GET", r"/images/([^?]+)/json", "engine"),
-        ("GET", "/containers/json", "engine"),
-        ("GET", "/networks", "engine"),
+        ("GET", r"/images/([^?]+)/json", "image"),
+        ("GET", "/containers/json", "listing"),
+        ("GET", "/networks", "listing"),
         ("POST", "/containers/create", "create"),
         ("POST", f"/containers/{_ID}/(?:start|kill|wait|pause|unpause|attach)", "container"),
         ("POST", f"/containers/{_ID}/update", "update"),
@@ -41,15 +44,17 @@ ROUTES: tuple[tuple[str, re.Pattern[str], str], ...] = tuple(
     )
 )
 MANAGED, DEPLOYMENT = "execbox.managed", "execbox.deployment"
-SANDBOX_IMAGES = re.compile(r"^execbox/sandbox-[a-z0-9-]+(?::[A-Za-z0-9._-]+)?$")
-RUNTIMES = {None, "", "runc", "runsc", "runsc-net"}
-_HOST_MODES = ("PidMode", "IpcMode", "UTSMode", "UsernsMode", "CgroupnsMode")
+SANDBOX_IMAGES = re.compile(r"execbox/sandbox-[a-z0-9-]+(?::[A-Za-z0-9._-]+)?")
+"""Matched whole (fullmatch): `$` would also match before a trailing newline."""
 
 
 class Refused(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+    """A call the proxy does not pass on (403); `field` names the part of the request refused."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = f"{field}: {reason}"
+        super().__init__(self.reason)
 
 
 @dataclass(frozen=True)
@@ -63,81 +68,72 @@ def route(method: str, target: str) -> Route:
     for allowed_method, pattern, scope in ROUTES:
         found = pattern.match(path)
         if found and method == allowed_method:
-            return Route(scope, found.group(1) if pattern.groups and scope != "engine" else None)
-    raise Refused(f"{method} {path} is not a call execbox's workers make")
+            return Route(scope, found.group(1) if pattern.groups else None)
+    raise Refused("path", f"{method} {path} is not a call execbox's workers make")
 
 
-def ours(labels: dict[str, str] | None, deployment: str) -> bool:
-    labels = labels or {}
+def ours(labels: Any, deployment: str) -> bool:
+    if not isinstance(labels, dict):
+        return False
     return labels.get(MANAGED) == "true" and labels.get(DEPLOYMENT) == deployment
 
 
-def check_create(body: dict[str, Any], deployment: str, network_is_ours: Any) -> None:
-    """A container create body must be a hardened sandbox of this deployment (raises Refused)."""
-    host: dict[str, Any] = body.get("HostConfig") or {}
-    image = str(body.get("Image", ""))
-    if not SANDBOX_IMAGES.match(image):
-        raise Refused(f"image {image!r} is not a sandbox image")
-    user = str(body.get("User", ""))
-    if user.split(":")[0] in ("", "0", "root"):
-        raise Refused("containers must run as a non-root user")
-    if not ours(body.get("Labels"), deployment):
-        raise Refused("containers must carry this deployment's execbox labels")
-    if host.get("Privileged"):
-        raise Refused("privileged containers are refused")
-    if host.get("CapAdd") or host.get("CapDrop") != ["ALL"]:
-        raise Refused("containers must drop every capability and add none")
-    options = [str(o) for o in host.get("SecurityOpt") or []]
-    if "no-new-privileges" not in options and "no-new-privileges:true" not in options:
-        raise Refused("containers must set no-new-privileges")
-    if not any(o.startswith("seccomp=") and o != "seccomp=unconfined" for o in options):
-        raise Refused("containers must carry execbox's seccomp profile")
-    if any(o.endswith("=unconfined") or o in ("label=disable", "label:disable") for o in options):
-        raise Refused("unconfined security options are refused")
-    if host.get("Binds") or host.get("VolumesFrom") or host.get("Links") or host.get("Devices"):
-        raise Refused("host paths, other containers' volumes, links and devices are refused")
-    if host.get("DeviceRequests") or host.get("DeviceCgroupRules") or host.get("Sysctls"):
-        raise Refused("devices and sysctls are refused")
-    for mount in host.get("Mounts") or []:
-        if mount.get("Type") not in ("volume", "tmpfs") or mount.get("Source"):
-            raise Refused("only anonymous volumes and tmpfs mounts are allowed")
-    for mode in _HOST_MODES:
-        value = str(host.get(mode) or "")
-        if value == "host" or value.startswith("container:"):
-            raise Refused(f"{mode} {value!r} is refused")
-    if not host.get("ReadonlyRootfs"):
-        raise Refused("the root filesystem must be read-only")
-    memory = int(host.get("Memory") or 0)
-    if memory <= 0 or int(host.get("MemorySwap") or 0) != memory or host.get("OomKillDisable"):
-        raise Refused("a memory limit equal to memory+swap is required")
-    if int(host.get("PidsLimit") or 0) <= 0:
-        raise Refused("a pids limit is required")
-    _check_weight(host.get("CpuShares"))
-    if host.get("PortBindings") or host.get("PublishAllPorts") or host.get("CgroupParent"):
-        raise Refused("published ports and cgroup parents are refused")
-    if host.get("Runtime") not in RUNTIMES:
-        raise Refused(f"runtime {host.get('Runtime')!r} is refused")
-    network = str(host.get("NetworkMode") or "none")
-    if network != "none" and not network_is_ours(network):
-        raise Refused(f"network {network!r} is not one of this deployment's")
+def decode(body: bytes) -> Any:
+    """A checked body, parsed strictly: a key twice in one object is refused (the engine's decoder
+    merges or keeps the last, so what was checked need not be what it reads), and so are NaN and
+    Infinity (no JSON) and nesting deeper than the parser's stack."""
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for key, value in items:
+            if key in found:
+                raise Refused(key, "appears twice in one object; send each field once")
+            found[key] = value
+        return found
+
+    def constant(name: str) -> Any:
+        raise Refused("body", f"{name} is not JSON")
+
+    try:
+        return json.loads(body or b"{}", object_pairs_hook=pairs, parse_constant=constant)
+    except (ValueError, RecursionError) as exc:
+        raise Refused("body", "is not JSON (or nests deeper than any worker's)") from exc
 
 
-_DEFAULT_CPU_SHARES = 1024
-"""The engine's default CPU weight: a worker may lower a sandbox's (a waiting warm one), never raise it."""
+def check_listing(query: str, deployment: str) -> None:
+    """A listing (containers, networks) must filter on exactly this deployment's two labels: the
+    `filters` parameter once, as JSON, `{"label": ["execbox.managed=true", "execbox.deployment=<it>"]}`."""
+    if ";" in query:
+        raise Refused("query", "';' is not a separator workers use; send parameters joined by '&'")
+    params = parse_qs(query, keep_blank_values=True)
+    given = params.get("filters", [])
+    if len(given) != 1:
+        raise Refused("filters", f"a listing must give `filters` once (given {len(given)} times) with this "
+                      "deployment's label filter")  # fmt: skip
+    try:
+        filters = decode(given[0].encode())
+    except Refused as exc:
+        raise Refused("filters", f"is not JSON ({exc.reason})") from exc
+    if not isinstance(filters, dict) or set(filters) != {"label"}:
+        raise Refused("filters", 'must be exactly {"label": [...]}: no other filter, and no filter is no listing')
+    labels = filters["label"]
+    wanted = {f"{DEPLOYMENT}={deployment}"}
+    managed = [f"{MANAGED}=true", f"{MANAGED}=1"]
+    if (
+        not isinstance(labels, list)
+        or len(labels) != 2
+        or not all(isinstance(label, str) for label in labels)
+        or wanted - set(labels)
+        or not set(labels) - wanted <= set(managed)
+        or not set(labels) & set(managed)
+    ):
+        raise Refused("filters.label", f"must be exactly [{managed[0]!r}, {next(iter(wanted))!r}]")
 
 
-def _check_weight(shares: Any) -> None:
-    if shares and not 2 <= int(shares) <= _DEFAULT_CPU_SHARES:
-        raise Refused(f"a CPU weight outside 2..{_DEFAULT_CPU_SHARES} (the default) is refused")
-
-
-def check_update(body: dict[str, Any]) -> None:
-    allowed = {"Memory", "MemorySwap", "CpuPeriod", "CpuQuota", "CpuShares"}
-    if set(body) - allowed:
-        raise Refused(f"only {', '.join(sorted(allowed))} may be updated")
-    if "Memory" in body and int(body.get("MemorySwap") or 0) != int(body["Memory"]):
-        raise Refused("memory must stay equal to memory+swap")
-    _check_weight(body.get("CpuShares"))
+def check_image(name: str) -> None:
+    image = unquote(name)
+    if not SANDBOX_IMAGES.fullmatch(image):
+        raise Refused("image", f"{image!r} is not a sandbox image (execbox/sandbox-<name>[:<tag>])")
 
 
 def check_network_create(body: dict[str, Any], deployment: str) -> None:
@@ -146,15 +142,15 @@ def check_network_create(body: dict[str, Any], deployment: str) -> None:
         or body.get("Driver") not in (None, "bridge")
         or not ours(body.get("Labels"), deployment)
     ):
-        raise Refused("only internal bridge networks labelled as this deployment's may be created")
+        raise Refused("network", "only internal bridge networks labelled as this deployment's may be created")
     if (body.get("Options") or {}).get("com.docker.network.bridge.inhibit_ipv4") != "true":
-        raise Refused("per-run networks give the host no address (inhibit_ipv4)")
+        raise Refused("Options", "per-run networks give the host no address (inhibit_ipv4)")
 
 
 def check_connect(body: dict[str, Any], egress_container: str) -> None:
     if str(body.get("Container", "")) != egress_container:
-        raise Refused("only the egress proxy may be connected to or disconnected from a run's network")
+        raise Refused("Container", "only the egress proxy may be connected to or disconnected from a run's network")
 
 
-__all__ = ["ROUTES", "Refused", "Route", "check_connect", "check_create", "check_network_create",
-           "check_update", "ours", "route"]  # fmt: skip
+__all__ = ["ROUTES", "SANDBOX_IMAGES", "Refused", "Route", "check_connect", "check_image", "check_listing",
+           "check_network_create", "decode", "ours", "route"]  # fmt: skip

@@ -2,9 +2,10 @@
 
 Listens on a unix socket the worker mounts instead of the engine's. Each request head is parsed
 strictly (execbox.core.httpheads), routed, checked (bodies of container and network creates, updates
-and connects; ownership of every container or network named in the path, resolved to its full id
-through the engine and forwarded by that id), then sent to the engine as a head of the proxy's own
-making with exactly the framed body and `Connection: close`. Attach requests switch to a raw
+and connects, parsed strictly and forwarded as re-encoded from what was checked; listings' label
+filters; inspected images; ownership of every container or network named in the path, resolved to
+its full id through the engine and forwarded by that id), then sent to the engine as a head of the
+proxy's own making with exactly that body and `Connection: close`. Attach requests switch to a raw
 stream both ways, as the engine does; every other answer is passed back as it comes.
 """
 
@@ -22,7 +23,8 @@ import h11
 import httpx
 
 from execbox.core.httpheads import ClientRequest, MalformedRequest, body_chunks, hold_current_task, read_request
-from execbox.dockerproxy import rules
+from execbox.dockerproxy import containers, rules
+from execbox.dockerproxy.shape import Shape
 
 log = logging.getLogger(__name__)
 BODY_LIMIT = 1 << 20
@@ -32,10 +34,17 @@ _CHECKED = {"create", "update", "network-create", "network-connect"}
 
 class DockerProxy:
     def __init__(
-        self, engine_socket: str, deployment: str, egress_container: str, egress_service: str | None = None
+        self,
+        engine_socket: str,
+        deployment: str,
+        egress_container: str,
+        shape: Shape,
+        egress_service: str | None = None,
     ) -> None:
         self._engine = engine_socket
         self._deployment = deployment
+        self._shape = shape
+        """What a sandbox of this deployment may be (uids, seccomp profiles, the policies' ceilings)."""
         self._egress = egress_container
         self._egress_service = egress_service
         """On a Swarm node: the egress proxy is this service's task on this engine, whose container
@@ -80,11 +89,12 @@ class DockerProxy:
         route = rules.route(method, target)
         headers = {name.decode().lower(): value.decode("latin-1") for name, value in request.headers}
         if "transfer-encoding" in headers:
-            raise rules.Refused("chunked request bodies are not used by workers")
-        if route.scope == "engine" and target.split("?", 1)[0].endswith(("/containers/json", "/networks")):
-            if rules.MANAGED not in target:
-                raise rules.Refused("listings must filter on execbox's labels")
-        if route.object_id is not None:
+            raise rules.Refused("Transfer-Encoding", "chunked request bodies are not used by workers")
+        if route.scope == "listing":
+            rules.check_listing(target.partition("?")[2], self._deployment)
+        elif route.scope == "image":
+            rules.check_image(route.object_id or "")
+        elif route.object_id is not None:
             kind = "networks" if route.scope.startswith("network") else "containers"
             full = await self._owned_id(kind, route.object_id)
             target = target.replace(f"/{route.object_id}", f"/{full}", 1)
@@ -95,33 +105,32 @@ class DockerProxy:
         await self._forward(client, reader, writer, method, target, body, route.scope in _CHECKED)
 
     async def _check(self, scope: str, body: bytes) -> bytes:
-        """Refuse what a worker may not ask; the body to forward (the same, or with the egress
-        proxy's container resolved on a Swarm node)."""
-        try:
-            data: dict[str, Any] = json.loads(body or b"{}")
-        except ValueError as exc:
-            raise rules.Refused("the body is not JSON") from exc
+        """Refuse what a worker may not ask; the body to forward: what was checked, encoded again (the
+        engine reads exactly that), with the egress proxy's container resolved on a Swarm node."""
+        data: Any = rules.decode(body)
+        if not isinstance(data, dict):
+            raise rules.Refused("body", "must be a JSON object")
         if scope == "create":
-            network = str((data.get("HostConfig") or {}).get("NetworkMode") or "none")
-            ours = network == "none" or await self._is_ours("networks", network)
-            rules.check_create(data, self._deployment, lambda _: ours)
+            host = data.get("HostConfig")
+            network = host.get("NetworkMode") if isinstance(host, dict) else None
+            ours = isinstance(network, str) and network != "none" and await self._is_ours("networks", network)
+            containers.check_create(data, self._deployment, lambda name: ours and name == network, self._shape)
         elif scope == "update":
-            rules.check_update(data)
+            containers.check_update(data, self._shape)
         elif scope == "network-create":
             rules.check_network_create(data, self._deployment)
         else:
             rules.check_connect(data, self._egress)
             if self._egress_service is not None:
                 data["Container"] = await self._egress_task()
-                return json.dumps(data).encode()
-        return body
+        return json.dumps(data).encode()
 
     async def _egress_task(self) -> str:
         """The running container of the egress service's task on this engine (a Swarm node runs one)."""
         labels = json.dumps({"label": [f"com.docker.swarm.service.name={self._egress_service}"], "status": ["running"]})
         status, found = await self._engine_get(f"/containers/json?filters={quote(labels)}")
         if status != 200 or not found:
-            raise rules.Refused(f"no running task of the egress service {self._egress_service!r} on this node")
+            raise rules.Refused("Container", f"no running task of the egress service {self._egress_service!r} here")
         return str(found[0]["Id"])
 
     async def _is_ours(self, kind: str, name: str) -> bool:
@@ -138,7 +147,7 @@ class DockerProxy:
         status, data = await self._engine_get(f"/{kind}/{name}" + ("/json" if kind == "containers" else ""))
         labels = (data.get("Config") or {}).get("Labels") if kind == "containers" else data.get("Labels")
         if status != 200 or not rules.ours(labels, self._deployment):
-            raise rules.Refused(f"{kind[:-1]} {name!r} is not one of this deployment's")
+            raise rules.Refused(kind[:-1], f"{name!r} is not one of this deployment's")
         full = str(data.get("Id"))
         if len(self._owned) > 10_000:
             self._owned.clear()  # ids are never reused; the cache only saves lookups
@@ -194,7 +203,7 @@ class DockerProxy:
 
 async def _read_body(client: ClientRequest, reader: asyncio.StreamReader, length: int) -> bytes:
     if length > BODY_LIMIT:
-        raise rules.Refused(f"a {length}-byte body is larger than any a worker sends")
+        raise rules.Refused("Content-Length", f"a {length}-byte body is larger than any a worker sends")
     return b"".join([chunk async for chunk in body_chunks(client, reader, 60.0)])
 
 
@@ -240,9 +249,15 @@ async def _answer(writer: asyncio.StreamWriter, status: int, reason: str) -> Non
         await writer.drain()
 
 
-def run(listen: str, engine: str, deployment: str, egress_container: str, egress_service: str | None = None) -> None:
+def run(
+    listen: str, engine: str, deployment: str, egress_container: str, shape: Shape, egress_service: str | None = None
+) -> None:
+    """Serve until stopped; `shape` comes from the workers' own settings (EXECBOX_POLICIES_DIR,
+    EXECBOX_DOCKER__*): the proxy runs with the same environment as the deployment's workers."""
+
     async def serve() -> None:
-        server = await DockerProxy(engine, deployment, egress_container, egress_service).serve(listen)
+        proxy = DockerProxy(engine, deployment, egress_container, shape, egress_service)
+        server = await proxy.serve(listen)
         log.info("docker proxy listening on %s for deployment %s", listen, deployment)
         async with server:
             await server.serve_forever()
