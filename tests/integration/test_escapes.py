@@ -3,9 +3,13 @@ runc and under gVisor. Each test names the attack it stands for."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import select
+import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +18,8 @@ import httpx
 import pytest
 
 from execbox.sandbox.bwrap import wire
-from execbox.sandbox.protocol import LAUNCHER
+from execbox.sandbox.bwrap.helper import HEAD_WAIT_S, uid_holders
+from execbox.sandbox.protocol import LAUNCHER, frame_files
 from execbox.sandbox.runtime import EXECUTION_LABEL
 from tests.conftest import (
     ENGINE,
@@ -81,6 +86,7 @@ def test_kernel_surface_is_narrowed(api: httpx.Client) -> None:
 
 def test_cgroup_and_proc_reveal_nothing_of_the_host(api: httpx.Client) -> None:
     code = """
+import contextlib
 import json
 def read(path):
     try:
@@ -318,6 +324,168 @@ def test_the_bwrap_helper_refuses_what_a_taken_over_worker_asks_beyond_a_sandbox
         "collect:": {**good, "collect": "out/../../etc"},
         "command:": {**good, "command": ["/bin/sh", "-c", "id"]},
         "LD_PRELOAD": {**good, "env": [["LD_PRELOAD", "/workspace/evil.so"]]},
+        # Above every policy's ceiling (the helper's old bounds: 64 GiB, 86,400 s, 4,096 pids).
+        "limits.memory_mb": {**good, "limits": {**limits, "memory_mb": 65_536}},
+        "limits.timeout_s": {**good, "limits": {**limits, "timeout_s": 86_400}},
+        "limits.pids": {**good, "limits": {**limits, "pids": 4096}},
     }
     for expected, head in asks.items():
         assert expected in _ask_helper(bwrap_helper, head)["error"], expected
+
+
+# --- the bubblewrap helper's own bounds, asked straight on its socket (a taken-over worker) ----
+
+
+SLEEPER = frame_files((("main.sh", b"sleep 60\n"),), "0123456789abcdef")
+"""The launcher's frame for a program that sleeps and never reads its stdin."""
+
+
+def _bwrap_head(docker_client: docker.DockerClient, uid: int, label: str) -> dict[str, Any]:
+    limits = {"cpu": 1, "cpu_time_s": 30, "memory_mb": 128, "pids": 16, "disk_mb": 16, "timeout_s": 30}
+    return {"image": docker_client.images.get("execbox/sandbox-bash").id, "uid": uid, "label": label,
+            "collect": "out", "limits": limits, "command": [*LAUNCHER, "bash", "main.sh"], "env": []}  # fmt: skip
+
+
+def _frames(conn: socket.socket, within_s: float = 60) -> list[tuple[int, Any]]:
+    """Every frame the helper sends until it closes the connection (JSON frames decoded)."""
+    conn.settimeout(within_s)
+    found: list[tuple[int, Any]] = []
+    with contextlib.suppress(ConnectionResetError):
+        while (frame := wire.read(conn)) is not None:
+            json_kinds = (wire.EXIT, wire.FAILED, wire.TAR_END)
+            found.append((frame[0], json.loads(frame[1]) if frame[0] in json_kinds else frame[1]))
+    return found
+
+
+def _cgroup_dirs(label: str) -> list[Path]:
+    """The run cgroup directories named after `label`, in every v1 controller (or v2)."""
+    roots = [Path("/sys/fs/cgroup") / c / "execbox-bwrap" for c in ("memory", "pids", "cpu", "freezer")]
+    return [d for root in [*roots, Path("/sys/fs/cgroup/execbox-bwrap")] for d in root.glob(f"*.{label}.*")]
+
+
+def test_a_run_released_in_the_same_send_as_its_head_leaves_no_process_and_no_cgroup(
+    bwrap_helper: str, docker_client: docker.DockerClient
+) -> None:
+    """HEAD, STDIN, STDIN_END and RELEASE in one send: the shell that joins the run's cgroups ran after
+    Popen returned, so RELEASE's kill met an empty cgroup, the launcher lived on holding the run's
+    uid (its uid then given to the next run) and four v1 cgroup directories stayed. The run's first
+    process is now in its cgroups before anything of the conversation is read, and the helper says
+    the uid is free only once no process holds it."""
+    uid, label = 299_901, "exe_race"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(bwrap_helper)
+        conn.sendall(wire.pack_json(wire.HEAD, _bwrap_head(docker_client, uid, label)) + wire.pack(wire.STDIN, SLEEPER)
+                     + wire.pack(wire.STDIN_END) + wire.pack(wire.RELEASE))  # fmt: skip
+        frames = _frames(conn)
+    assert (wire.EXIT, {"event": "released", "uid_free": True}) in frames, frames
+    assert uid_holders(uid) == [], "a process of the released run still holds its uid"
+    assert _cgroup_dirs(label) == []
+
+
+def test_a_head_and_then_an_end_of_the_connection_leaves_no_cgroup(
+    bwrap_helper: str, docker_client: docker.DockerClient
+) -> None:
+    """A HEAD and then the end of the connection, over and over: each left its four v1 cgroup
+    directories (the memory controller's ids run out at 65,535 for the whole host)."""
+    for attempt in range(3):
+        label = f"exe_headonly{attempt}"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(bwrap_helper)
+            conn.sendall(wire.pack_json(wire.HEAD, _bwrap_head(docker_client, 299_911 + attempt, label)))
+            conn.shutdown(socket.SHUT_WR)
+            _frames(conn)  # until the helper closes its side: the run is cleaned up by then
+        assert _cgroup_dirs(label) == [], attempt
+        assert uid_holders(299_911 + attempt) == []
+
+
+def test_a_head_trickled_a_byte_at_a_time_is_cut_at_the_heads_deadline(
+    bwrap_helper: str, docker_client: docker.DockerClient
+) -> None:
+    """32 connections trickling a byte every 8 s held every slot: the deadline was per recv. It is
+    now the whole HEAD's, however slowly its bytes come."""
+    head = wire.pack_json(wire.HEAD, _bwrap_head(docker_client, 299_921, "exe_trickle"))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(bwrap_helper)
+        started = time.monotonic()
+        answer = None
+        for byte in head:
+            conn.sendall(bytes([byte]))
+            if select.select([conn], [], [], 0.5)[0]:
+                answer = wire.read(conn)
+                break
+        waited = time.monotonic() - started
+    assert answer is not None and answer[0] == wire.FAILED, answer
+    assert "deadline" in wire.parse_json(answer[1], "FAILED")["error"]
+    assert waited < HEAD_WAIT_S + 2, waited
+
+
+def test_stdin_past_the_helpers_window_ends_the_run(bwrap_helper: str, docker_client: docker.DockerClient) -> None:
+    """A worker that sends stdin its program never reads: the root helper held up to 64 MiB of it
+    per run. It now holds one window (1 MiB) and ends a run whose worker sends past it."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(bwrap_helper)
+        conn.sendall(wire.pack_json(wire.HEAD, _bwrap_head(docker_client, 299_931, "exe_stdin"))
+                     + wire.pack(wire.STDIN, SLEEPER))  # fmt: skip
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            for _ in range(4):
+                conn.sendall(wire.pack(wire.STDIN, b"x" * wire.MAX_FRAME))
+        frames = _frames(conn)
+    failed = [f[1]["error"] for f in frames if f[0] == wire.FAILED]
+    assert failed and "window" in failed[0], frames
+    assert (wire.EXIT, {"event": "released", "uid_free": True}) in frames, frames
+
+
+def test_stopping_the_bwrap_helper_kills_its_runs_and_tells_their_workers(
+    docker_client: docker.DockerClient, tmp_path: Path
+) -> None:
+    """SIGTERM to the helper left its runs alive (the launcher drops PR_SET_PDEATHSIG with its uid)
+    and the worker read the closed connection as the program's end ("exit code None"). Now every
+    run is killed and its worker told (a retryable fault, not the program's)."""
+    path = tmp_path / "stopping.sock"
+    helper = subprocess.Popen([EXECBOX, "bwrap-helper", "--socket", str(path), "--engine", ENGINE, "--state",
+                               str(tmp_path / "state"), "--seccomp", str(ROOT / "policies" / "seccomp.json")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    uid = 299_941
+    try:
+        wait_until(path.exists, 10, "the helper's socket")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(str(path))
+            conn.sendall(wire.pack_json(wire.HEAD, _bwrap_head(docker_client, uid, "exe_stopped"))
+                         + wire.pack(wire.STDIN, SLEEPER))  # fmt: skip
+            conn.settimeout(60)
+            assert wire.read(conn) == (wire.EXIT, b'{"event":"started"}')
+            wait_until(lambda: uid_holders(uid), 10, "the program to run")
+            helper.send_signal(signal.SIGTERM)
+            frames = _frames(conn)
+        assert helper.wait(20) == 0
+    finally:
+        if helper.poll() is None:
+            helper.kill()
+            helper.wait(10)
+    failed = [f[1]["error"] for f in frames if f[0] == wire.FAILED]
+    assert failed and "helper stopped" in failed[0], frames
+    assert uid_holders(uid) == [], "the stopped helper's run lives on"
+    assert _cgroup_dirs("exe_stopped") == []
+
+
+SHM_AND_PROC_SYS = """
+import json, os, shutil, subprocess
+def flags(path):
+    return "ro" if os.statvfs(path).f_flag & os.ST_RDONLY else "rw"
+shutil.copy("/bin/true", "/dev/shm/t")
+os.chmod("/dev/shm/t", 0o755)
+try:
+    subprocess.run(["/dev/shm/t"], check=True)
+    ran = "ran"
+except PermissionError:
+    ran = "refused"
+print(json.dumps({"proc_sys": flags("/proc/sys"), "shm_exec": ran}))
+"""
+
+
+def test_dev_shm_runs_nothing_and_proc_sys_is_read_only(api: httpx.Client) -> None:
+    """Under bwrap, /dev/shm allowed exec (a dropped binary ran from it) and /proc/sys was the
+    writable proc mount, while setpriv ran as uid 0 before dropping (core_pattern is writable by
+    uid 0 without any capability). Each runtime now mounts /dev/shm noexec and /proc/sys read-only."""
+    found = results(run_code(api, SHM_AND_PROC_SYS))
+    assert found == {"proc_sys": "ro", "shm_exec": "refused"}, found

@@ -13,14 +13,18 @@ from __future__ import annotations
 import copy
 import math
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from execbox.sandbox.bwrap.checks import BadRun, Run, checked
+from execbox.sandbox.bwrap.checks import BadRun, BoundsError, Run, checked, policy_bounds
 from execbox.sandbox.protocol import LAUNCHER
 
+ROOT = Path(__file__).resolve().parents[2]
 UIDS = range(200_000, 300_000)
+BOUNDS = policy_bounds(ROOT / "policies")
+"""The shipped policies' highest ceilings, as the helper reads them at start."""
 IMAGE = "sha256:" + "ab" * 32
 LIMITS: dict[str, Any] = {"cpu": 1.0, "cpu_time_s": 10, "memory_mb": 256, "pids": 64, "disk_mb": 64, "timeout_s": 10.0}
 
@@ -71,7 +75,7 @@ def with_limit(name: str, value: Any) -> dict[str, Any]:
 def refused(head: dict[str, Any], field: str) -> BadRun:
     """checked(head) raises BadRun whose message starts with the field's name."""
     with pytest.raises(BadRun, match=rf"^{re.escape(field)}:") as caught:
-        checked(head, UIDS)
+        checked(head, UIDS, BOUNDS)
     return caught.value
 
 
@@ -79,7 +83,7 @@ def refused(head: dict[str, Any], field: str) -> BadRun:
 
 
 def test_the_workers_own_head_is_accepted() -> None:
-    run = checked(good_head(), UIDS)
+    run = checked(good_head(), UIDS, BOUNDS)
     assert isinstance(run, Run)
     assert run.image == IMAGE
     assert run.uid == 200_123
@@ -93,27 +97,26 @@ def test_the_workers_own_head_is_accepted() -> None:
 
 
 def test_optional_fields_take_their_defaults() -> None:
-    run = checked(hostile(env=_MISSING, collect=_MISSING, seccomp_deny=_MISSING, label=_MISSING), UIDS)
+    run = checked(hostile(env=_MISSING, collect=_MISSING, seccomp_deny=_MISSING, label=_MISSING), UIDS, BOUNDS)
     assert (run.env, run.collect, run.seccomp_deny, run.label) == ((), "out", (), "run")
 
 
 def test_bounds_are_inclusive_and_an_int_cpu_is_a_float() -> None:
     low = {"cpu": 0.01, "cpu_time_s": 1, "memory_mb": 16, "pids": 1, "disk_mb": 1, "timeout_s": 0.1}
-    high = {"cpu": 64, "cpu_time_s": 86_400, "memory_mb": 65_536, "pids": 4096, "disk_mb": 65_536,
-            "timeout_s": 86_400}  # fmt: skip
-    assert checked(hostile(limits=low), UIDS).memory_mb == 16
-    run = checked(hostile(limits=high), UIDS)
+    high = {"cpu": 2, "cpu_time_s": 1800, "memory_mb": 8192, "pids": 256, "disk_mb": 2048, "timeout_s": 900}
+    assert checked(hostile(limits=low), UIDS, BOUNDS).memory_mb == 16
+    run = checked(hostile(limits=high), UIDS, BOUNDS)
     assert isinstance(run.cpu, float) and isinstance(run.timeout_s, float)
-    assert checked(hostile(uid=UIDS.start), UIDS).uid == UIDS.start
-    assert checked(hostile(uid=UIDS.stop - 1), UIDS).uid == UIDS.stop - 1
+    assert checked(hostile(uid=UIDS.start), UIDS, BOUNDS).uid == UIDS.start
+    assert checked(hostile(uid=UIDS.stop - 1), UIDS, BOUNDS).uid == UIDS.stop - 1
 
 
 def test_the_whole_workspace_may_be_collected() -> None:
-    assert checked(hostile(collect=""), UIDS).collect == ""
+    assert checked(hostile(collect=""), UIDS, BOUNDS).collect == ""
 
 
 def test_duplicate_denials_collapse() -> None:
-    assert checked(hostile(seccomp_deny=["ptrace", "ptrace"]), UIDS).seccomp_deny == ("ptrace",)
+    assert checked(hostile(seccomp_deny=["ptrace", "ptrace"]), UIDS, BOUNDS).seccomp_deny == ("ptrace",)
 
 
 # --- uid -------------------------------------------------------------------------------------
@@ -163,7 +166,7 @@ def test_a_command_other_than_the_launchers_is_refused(command: Any) -> None:
 
 def test_thirty_two_arguments_are_the_most() -> None:
     command = list(LAUNCHER) + ["x"] * (32 - len(LAUNCHER))
-    assert len(checked(hostile(command=command), UIDS).command) == 32
+    assert len(checked(hostile(command=command), UIDS, BOUNDS).command) == 32
 
 
 # --- env -------------------------------------------------------------------------------------
@@ -205,7 +208,7 @@ def test_a_malformed_env_is_refused(env: Any) -> None:
 
 def test_sixty_four_pairs_and_long_values_are_accepted() -> None:
     env = [[f"V{i}", "x" * 4096] for i in range(64)]
-    assert len(checked(hostile(env=env), UIDS).env) == 64
+    assert len(checked(hostile(env=env), UIDS, BOUNDS).env) == 64
 
 
 # --- collect ---------------------------------------------------------------------------------
@@ -242,13 +245,14 @@ def test_limits_must_be_an_object(limits: Any) -> None:
 
 
 OUT_OF_BOUNDS = [
-    ("cpu", 0.0), ("cpu", 0.009), ("cpu", 64.01), ("cpu", -1.0), ("cpu", 1e308),
-    ("cpu_time_s", 0), ("cpu_time_s", 86_401), ("cpu_time_s", -1),
-    ("memory_mb", 15), ("memory_mb", 65_537), ("memory_mb", 0), ("memory_mb", -(1 << 20)),
-    ("pids", 0), ("pids", 4097), ("pids", -1),
-    ("disk_mb", 0), ("disk_mb", 65_537), ("disk_mb", 2**63),
-    ("timeout_s", 0.0), ("timeout_s", 0.09), ("timeout_s", 86_400.5), ("timeout_s", -5.0),
+    ("cpu", 0.0), ("cpu", 0.009), ("cpu", 2.01), ("cpu", 64.0), ("cpu", -1.0), ("cpu", 1e308),
+    ("cpu_time_s", 0), ("cpu_time_s", 1801), ("cpu_time_s", 86_400), ("cpu_time_s", -1),
+    ("memory_mb", 15), ("memory_mb", 8193), ("memory_mb", 65_536), ("memory_mb", 0), ("memory_mb", -(1 << 20)),
+    ("pids", 0), ("pids", 257), ("pids", 4096), ("pids", -1),
+    ("disk_mb", 0), ("disk_mb", 2049), ("disk_mb", 65_536), ("disk_mb", 2**63),
+    ("timeout_s", 0.0), ("timeout_s", 0.09), ("timeout_s", 900.5), ("timeout_s", 86_400.0), ("timeout_s", -5.0),
 ]  # fmt: skip
+"""Above the shipped policies' highest ceilings: 86,400 s, 64 GiB and 4,096 pids passed the old fixed bounds."""
 
 
 @pytest.mark.parametrize(("name", "value"), OUT_OF_BOUNDS, ids=repr)
@@ -332,3 +336,31 @@ def test_a_nested_collect_path_is_refused(collect: str) -> None:
     `link/etc` get the host's /etc. The worker itself only ever asks for "out" or "" (the whole
     workspace), so a path with more than one component has no use but this."""
     refused(hostile(collect=collect), "collect")
+
+
+# --- bounds from the policies ----------------------------------------------------------------
+
+
+def test_the_helpers_bounds_are_the_policies_highest_ceilings(tmp_path: Path) -> None:
+    """A worker may ask the helper for no more than some policy lets a request ask for: the highest
+    ceiling over every policy file (a named policy may raise default.yaml's)."""
+    (tmp_path / "default.yaml").write_text(
+        "ceilings: {timeout_s: 120, cpu: 2.0, cpu_time_s: 240, memory_mb: 2048, pids: 256, disk_mb: 512}\n"
+    )
+    (tmp_path / "large.yaml").write_text("ceilings: {timeout_s: 900, memory_mb: 8192}\n")
+    (tmp_path / "tenants.yaml").write_text("tenants: {}\n")
+    bounds = policy_bounds(tmp_path)
+    assert bounds["timeout_s"] == (0.1, 900.0) and bounds["memory_mb"] == (16, 8192)
+    assert bounds["pids"] == (1, 256) and isinstance(bounds["pids"][1], int)
+    assert checked(with_limit("memory_mb", 8192), UIDS, bounds).memory_mb == 8192
+    refused_with = pytest.raises(BadRun, match=r"^limits.memory_mb: 8193 is outside 16..8192")
+    with refused_with:
+        checked(with_limit("memory_mb", 8193), UIDS, bounds)
+
+
+def test_without_the_policies_ceilings_the_helper_does_not_start(tmp_path: Path) -> None:
+    with pytest.raises(BoundsError, match="default.yaml is missing"):
+        policy_bounds(tmp_path)
+    (tmp_path / "default.yaml").write_text("ceilings: {timeout_s: 120}\n")
+    with pytest.raises(BoundsError, match="ceilings must give cpu, cpu_time_s, memory_mb, pids, disk_mb"):
+        policy_bounds(tmp_path)

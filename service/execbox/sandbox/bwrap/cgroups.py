@@ -64,6 +64,21 @@ class RunCgroup:
     def pids(self) -> list[int]:
         return _read_pids(self.dirs["pids"] / "cgroup.procs")
 
+    def holds(self, pid: int) -> bool:
+        """Whether `pid` is in every one of the run's cgroups (the kernel's word, read back)."""
+        return all(pid in _read_pids(Path(f)) for f in self.procs_files)
+
+    def oom_kills(self) -> int:
+        """How many processes of the run the kernel's OOM killer ended (the memory limit's work)."""
+        path = self.dirs["memory"] / ("memory.events" if self.v2 else "memory.oom_control")
+        try:
+            for line in path.read_text().splitlines():
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+        except (OSError, ValueError):
+            pass
+        return 0
+
     def _freeze(self, frozen: bool) -> None:
         with contextlib.suppress(OSError):
             if self.v2:
@@ -93,10 +108,12 @@ class RunCgroup:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
-    def remove(self) -> None:
+    def remove(self) -> bool:
+        """Remove the run's cgroup directories; True once none is left."""
         for path in set(self.dirs.values()):
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):  # gone already, or still busy: told by what is left
                 path.rmdir()
+        return not any(path.exists() for path in self.dirs.values())
 
 
 def sweep_leftovers(prefix: str, root: Path = ROOT, within_s: float = 10.0) -> int:

@@ -1,11 +1,18 @@
 """What the bubblewrap helper accepts of a worker: each field of a run's HEAD checked against the
-helper's own bounds (execbox.sandbox.bwrap.helper), never taken on the worker's word."""
+helper's own bounds (execbox.sandbox.bwrap.helper), never taken on the worker's word.
+
+A limit's upper bound is the highest ceiling any policy of the deployment gives it (read from the
+policy files when the helper starts): a worker can ask for no more than some request could."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from execbox.sandbox.protocol import LAUNCHER
 
@@ -17,8 +24,11 @@ _LABEL = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _SYSCALL = re.compile(r"[a-z0-9_]{1,64}")
 COLLECTABLE = ("", "out")
 """What a run may have collected: the whole workspace or its output directory, nothing deeper."""
-_BOUNDS = {"cpu": (0.01, 64.0), "cpu_time_s": (1, 86_400), "memory_mb": (16, 65_536), "pids": (1, 4096),
-           "disk_mb": (1, 65_536), "timeout_s": (0.1, 86_400.0)}  # fmt: skip
+LOWS: dict[str, float] = {"cpu": 0.01, "cpu_time_s": 1, "memory_mb": 16, "pids": 1, "disk_mb": 1, "timeout_s": 0.1}
+"""Each limit's lowest value (an int where the limit is a whole number)."""
+Bounds = Mapping[str, tuple[float, float]]
+"""Each limit's (lowest, highest) value."""
+_NOT_POLICIES = {"tenants.yaml"}
 
 
 class BadRun(Exception):
@@ -43,13 +53,42 @@ class Run:
     """The execution's id: in the helper's log lines and the run's cgroup name."""
 
 
-def checked(head: dict[str, Any], uids: range) -> Run:
+class BoundsError(Exception):
+    """The policy files give no usable ceilings: the helper must not start."""
+
+
+def policy_bounds(policies: Path) -> dict[str, tuple[float, float]]:
+    """Each limit's bounds: LOWS up to the highest ceiling over every policy file in `policies`
+    (default.yaml must give each; a named policy may raise one)."""
+    ceilings: dict[str, float] = {}
+    default = policies / "default.yaml"
+    if not default.is_file():
+        raise BoundsError(f"{default} is missing: the helper takes its bounds from the policies' ceilings")
+    for path in sorted(policies.glob("*.yaml")):
+        if path.name in _NOT_POLICIES:
+            continue
+        try:
+            found = (yaml.safe_load(path.read_text()) or {}).get("ceilings") or {}
+        except (OSError, yaml.YAMLError, AttributeError) as exc:
+            raise BoundsError(f"{path}: {exc}") from exc
+        for name in LOWS:
+            value = found.get(name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                ceilings[name] = max(ceilings.get(name, value), value)
+    missing = [name for name in LOWS if name not in ceilings]
+    if missing:
+        raise BoundsError(f"{default}: ceilings must give {', '.join(missing)}")
+    return {name: (low, type(low)(ceilings[name])) for name, low in LOWS.items()}
+
+
+def checked(head: dict[str, Any], uids: range, bounds: Bounds) -> Run:
     """The run a HEAD asks for, or BadRun naming the field."""
     limits = head.get("limits")
     if not isinstance(limits, dict):
         raise BadRun("limits: an object is required")
     values: dict[str, Any] = {}
-    for name, (low, high) in _BOUNDS.items():
+    for name, low in LOWS.items():
+        high = bounds[name][1]
         value = limits.get(name)
         kind = int if isinstance(low, int) else float
         if (

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import itertools
+import logging
 import queue
 import secrets
 import socket
@@ -29,11 +30,13 @@ from execbox.sandbox.protocol import BASE_ENV, LAUNCHER, done_marker, frame_file
 from execbox.sandbox.runtime import SandboxControl, SandboxOutcome, SandboxSpec
 from execbox.sandbox.uids import UidAllocator
 
+log = logging.getLogger(__name__)
 NAME = "bwrap"
 """The policy's `runtime` that picks this runtime."""
-_PIECE = 1 << 20
 COLLECT_WAIT_S = 60.0
 """Longest pause in the output directory's stream before the collection is given up."""
+RELEASE_WAIT_S = 30.0
+"""How long the helper may take to clean a run up and say whether its uid is free."""
 START_WAIT_S = 600.0
 """How long a run may wait for the helper to start it (the first run of an image version waits
 while the helper unpacks it: about 20 s for the 1.2 GB Python image here)."""
@@ -61,11 +64,20 @@ class _Session:
         self.settled = threading.Event()
         """Set once the run started, or the helper refused it or went away before."""
         self.exited = threading.Event()
+        self.released = threading.Event()
+        """Set once the helper cleaned the run up (uid_free says whether its uid may be reused) or went away."""
+        self.uid_free: bool | None = None
         self.status: int | None = None
+        self.oom = False
         self.failure: str | None = None
         self.tar: queue.Queue[bytes | None] = queue.Queue()
         self.tar_error: str | None = None
+        self.tar_taken = False
+        """The collector is done: further TAR frames are dropped, not queued."""
         self.lock = threading.Lock()
+        self.window = wire.STDIN_WINDOW
+        self.credit = threading.Condition()
+        self.closed = False
 
     def send(self, data: bytes) -> None:
         with self.lock:
@@ -82,22 +94,36 @@ class _Session:
                 kind, payload = frame
                 if kind in (wire.OUT, wire.ERR):
                     self.capture.take(STDOUT if kind == wire.OUT else STDERR, payload)
+                elif kind == wire.CREDIT:
+                    with self.credit:
+                        self.window += wire.parse_credit(payload)
+                        self.credit.notify_all()
                 elif kind == wire.EXIT:
                     self._event(wire.parse_json(payload, "EXIT"))
                 elif kind == wire.TAR:
-                    self.tar.put(payload)
+                    if not self.tar_taken:
+                        self.tar.put(payload)
                 elif kind == wire.TAR_END:
                     self.tar_error = wire.parse_json(payload, "TAR_END").get("error")
                     self.tar.put(None)
                 elif kind == wire.FAILED:
                     self.failure = str(wire.parse_json(payload, "FAILED").get("error"))
-                    break
+                    self.wake.set()
+                    if not self.started.is_set():
+                        break
         except (OSError, wire.WireError) as exc:
             self.failure = self.failure or f"the connection to the bubblewrap helper broke ({exc})"
+        if not (self.released.is_set() or self.exited.is_set()):
+            # Not the program's doing: the helper stopped (or was killed) with the run alive.
+            self.failure = self.failure or "the bubblewrap helper closed the connection before the run ended"
+        with self.credit:
+            self.closed = True
+            self.credit.notify_all()
         self.capture.eof = True
         self.tar.put(None)
         self.exited.set()
         self.settled.set()
+        self.released.set()
         self.wake.set()
 
     def _event(self, event: dict[str, Any]) -> None:
@@ -107,14 +133,26 @@ class _Session:
         elif event.get("event") == "exited":
             status = event.get("status")
             self.status = 128 - status if isinstance(status, int) and status < 0 else status
+            self.oom = bool(event.get("oom_kills"))
             self.capture.eof = True
             self.exited.set()
             self.wake.set()
+        elif event.get("event") == "released":
+            self.uid_free = event.get("uid_free") is True
+            self.released.set()
 
     def feed(self, payload: bytes) -> None:
+        """The frame and stdin, no more than the helper's window ahead of what it wrote to the program."""
         try:
-            for start in range(0, len(payload), _PIECE):
-                self.send(wire.pack(wire.STDIN, payload[start : start + _PIECE]))
+            for start in range(0, len(payload), wire.STDIN_PIECE):
+                piece = payload[start : start + wire.STDIN_PIECE]
+                with self.credit:
+                    while self.window < len(piece) and not self.closed:
+                        self.credit.wait()
+                    if self.closed:
+                        return
+                    self.window -= len(piece)
+                self.send(wire.pack(wire.STDIN, piece))
             self.send(wire.pack(wire.STDIN_END))
         except OSError:
             pass  # the run is over
@@ -152,12 +190,18 @@ class BwrapRuntime:
         t0 = time.monotonic()
         image_id = self._image_id(spec.image)
         uid = self._uids.reserve()
+        free = [True]
         try:
-            return self._run(spec, control, image_id, uid, t0)
+            return self._run(spec, control, image_id, uid, t0, free)
         finally:
-            self._uids.release(uid)
+            if free[0]:
+                self._uids.release(uid)
+            else:  # its reservation expires on its own (UID_HOLD_S), long after the helper's sweep
+                log.warning("sandbox uid %d kept reserved: the helper did not show it free", uid)
 
-    def _run(self, spec: SandboxSpec, control: SandboxControl, image_id: str, uid: int, t0: float) -> SandboxOutcome:
+    def _run(
+        self, spec: SandboxSpec, control: SandboxControl, image_id: str, uid: int, t0: float, free: list[bool]
+    ) -> SandboxOutcome:
         lim = spec.limits
         nonce = secrets.token_hex(8)
         wake = threading.Event()
@@ -196,19 +240,24 @@ class BwrapRuntime:
                     chunks = session.chunks()
                     first = next(chunks, None)
                     if first is not None:  # else no such directory (or the connection broke): nothing to collect
-                        spec.collector(itertools.chain((first,), chunks))
+                        try:
+                            spec.collector(itertools.chain((first,), chunks))
+                        finally:
+                            session.tar_taken = True  # what the collector did not read is dropped
                     collect_error = session.tar_error
             collected_at = time.monotonic()
             if finished:
                 exit_code, oom_killed = capture.exit_code, capture.oom
             else:
                 session.exited.wait(timeout=10.0)
-                exit_code, oom_killed = session.status, capture.oom
+                # The launcher itself killed by the run's memory limit reports nothing: the helper
+                # read the OOM kill from the run's memory cgroup.
+                exit_code, oom_killed = session.status, capture.oom or session.oom
                 if capture.eof and not (timed_out or stopped) and session.status is not None:
                     fault = f"the sandbox's init ended without reporting the run (exit code {exit_code})"
                 capture.flush_held()
             if session.failure and not finished:
-                fault = fault or session.failure
+                fault = session.failure
             stdout, stdout_total, stdout_over = capture.result(STDOUT)
             stderr, stderr_total, stderr_over = capture.result(STDERR)
             return SandboxOutcome(
@@ -222,4 +271,7 @@ class BwrapRuntime:
             )  # fmt: skip
         finally:
             session.tell(wire.RELEASE)
+            if session.started.is_set():  # a run that never started held no process
+                session.released.wait(timeout=RELEASE_WAIT_S)
+                free[0] = session.uid_free is True
             conn.close()
