@@ -28,10 +28,11 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, cast, overload
+from urllib.parse import quote
 
 import httpx
 
-from execbox_client.errors import ExecboxError, error_for
+from execbox_client.errors import ExecboxError, InvalidRequest, error_for
 from execbox_client.types import (
     ApprovalPublic,
     ExecutionPublic,
@@ -125,6 +126,32 @@ def _wait(wait_s: float | None) -> dict[str, Any]:
     return {} if wait_s is None else {"wait": min(max(wait_s, 0.0), SERVER_WAIT_S)}
 
 
+def _one(field: str, value: str) -> str:
+    """A path parameter as exactly one segment of the URL: quoted whole (`?`, `#`, `%` included), and
+    refused when no quoting can keep it one (a `/`, a dot segment, a control character), so that no
+    value reaches another route than its method's (an MCP tool's argument is an agent's text)."""
+    problem = _segment_problem(value)
+    if problem is not None:
+        raise InvalidRequest(422, {"code": "request.invalid", "detail": f"{field}: {problem}",
+                                   "errors": [{"field": f"path.{field}", "message": problem}]})  # fmt: skip
+    return quote(value, safe="{}")  # httpx encodes braces itself; left so a path template reads as one
+
+
+def _segment_problem(value: object) -> str | None:
+    if not isinstance(value, str) or value in ("", ".", ".."):
+        return f"{str(value)[:60]!r} is not an id or a name"
+    if "/" in value:
+        return f"{value[:60]!r} holds a `/`; give the id or name alone"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        return f"{value[:60]!r} holds a control character"
+    return None
+
+
+def _path(field: str, value: str) -> str:
+    """A path parameter that may have several segments (an artifact's name): each one as _one's."""
+    return "/".join(_one(field, part) for part in str(value).split("/"))
+
+
 def _drop_none(**fields: Any) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if v is not None}
 
@@ -171,31 +198,35 @@ class Endpoints:
 
     @endpoint
     def get_execution(self, execution_id: str, *, wait_s: float | None = None) -> Call[ExecutionPublic]:
-        return Call("GET", f"/v1/executions/{execution_id}", _wait(wait_s))
+        return Call("GET", f"/v1/executions/{_one('execution_id', execution_id)}", _wait(wait_s))
 
     @endpoint
     def get_execution_record(self, execution_id: str) -> Call[RunRecord]:
         """The run record: request and code hashes, policy, image, worker, transitions, resources, outcome."""
-        return Call("GET", f"/v1/executions/{execution_id}/record")
+        return Call("GET", f"/v1/executions/{_one('execution_id', execution_id)}/record")
 
     @endpoint
     def cancel_execution(self, execution_id: str) -> Call[ExecutionPublic]:
-        return Call("POST", f"/v1/executions/{execution_id}/cancel")
+        return Call("POST", f"/v1/executions/{_one('execution_id', execution_id)}/cancel")
 
     @endpoint
     def reconcile_execution(self, execution_id: str, body: dict[str, Any]) -> Call[ExecutionPublic]:
         """Settle an `unknown_outcome`: {"outcome": "applied" | "not_applied", "reason", "outputs"}."""
-        return Call("POST", f"/v1/executions/{execution_id}/reconcile", json=body)
+        return Call("POST", f"/v1/executions/{_one('execution_id', execution_id)}/reconcile", json=body)
 
     @endpoint
     def artifact(self, execution_id: str, name: str) -> Call[bytes]:
         """An artifact's bytes."""
-        return Call("GET", f"/v1/executions/{execution_id}/artifacts/{name}", raw=True)
+        return Call(
+            "GET", f"/v1/executions/{_one('execution_id', execution_id)}/artifacts/{_path('name', name)}", raw=True
+        )
 
     @endpoint
     def result_file(self, execution_id: str, file: str) -> Call[bytes]:
         """A rich result's representation (an image/png, a text/html) by the file name its URL ends in."""
-        return Call("GET", f"/v1/executions/{execution_id}/results/{file}", raw=True)
+        return Call(
+            "GET", f"/v1/executions/{_one('execution_id', execution_id)}/results/{_one('file', file)}", raw=True
+        )
 
     @endpoint
     def download(self, url: str) -> Call[bytes]:
@@ -210,7 +241,7 @@ class Endpoints:
 
     @endpoint
     def get_file(self, file_id: str) -> Call[FilePublic]:
-        return Call("GET", f"/v1/files/{file_id}")
+        return Call("GET", f"/v1/files/{_one('file_id', file_id)}")
 
     # -- sessions --------------------------------------------------------------------------
     @endpoint
@@ -220,7 +251,7 @@ class Endpoints:
 
     @endpoint
     def get_session(self, session_id: str) -> Call[SessionPublic]:
-        return Call("GET", f"/v1/sessions/{session_id}")
+        return Call("GET", f"/v1/sessions/{_one('session_id', session_id)}")
 
     @endpoint
     def list_sessions(self, status: str | None = None) -> Call[SessionList]:
@@ -228,7 +259,7 @@ class Endpoints:
 
     @endpoint
     def delete_session(self, session_id: str) -> Call[SessionPublic]:
-        return Call("DELETE", f"/v1/sessions/{session_id}")
+        return Call("DELETE", f"/v1/sessions/{_one('session_id', session_id)}")
 
     # -- languages and health --------------------------------------------------------------
     @endpoint
@@ -237,7 +268,7 @@ class Endpoints:
 
     @endpoint
     def language(self, name: str) -> Call[LanguagePublic]:
-        return Call("GET", f"/v1/languages/{name}")
+        return Call("GET", f"/v1/languages/{_one('name', name)}")
 
     @endpoint
     def healthz(self) -> Call[dict[str, str]]:
@@ -266,43 +297,43 @@ class Endpoints:
         """With `wait_s`, the run once it stops running; with `after` too, as soon as it has more
         than that many events (a step changed)."""
         params = _wait(wait_s) | ({} if after is None else {"after": after})
-        return Call("GET", f"/v1/runs/{run_id}", params)
+        return Call("GET", f"/v1/runs/{_one('run_id', run_id)}", params)
 
     @endpoint
     def run_handoff(self, run_id: str) -> Call[Handoff]:
         """What a run that needs a re-plan hands back to the planner."""
-        return Call("GET", f"/v1/runs/{run_id}/handoff")
+        return Call("GET", f"/v1/runs/{_one('run_id', run_id)}/handoff")
 
     @endpoint
     def revise_run(self, run_id: str, body: dict[str, Any]) -> Call[RunPublic]:
-        return Call("POST", f"/v1/runs/{run_id}/revisions", json=body)
+        return Call("POST", f"/v1/runs/{_one('run_id', run_id)}/revisions", json=body)
 
     @endpoint
     def cancel_run(self, run_id: str, *, compensate: bool = False, reason: str | None = None) -> Call[RunPublic]:
         """Stop a run; with `compensate`, then undo its succeeded writes in reverse order."""
         body = {"compensate": compensate, **({"reason": reason} if reason else {})}
-        return Call("POST", f"/v1/runs/{run_id}/cancel", json=body)
+        return Call("POST", f"/v1/runs/{_one('run_id', run_id)}/cancel", json=body)
 
     @endpoint
     def compensate_run(self, run_id: str, reason: str) -> Call[RunPublic]:
         """Undo a run's succeeded writes (an unfinished run is abandoned first); resumes a stopped one."""
-        return Call("POST", f"/v1/runs/{run_id}/compensate", json={"reason": reason})
+        return Call("POST", f"/v1/runs/{_one('run_id', run_id)}/compensate", json={"reason": reason})
 
     @endpoint
     def reconcile_step(self, run_id: str, step_id: str, body: dict[str, Any]) -> Call[RunPublic]:
-        return Call("POST", f"/v1/runs/{run_id}/steps/{step_id}/reconcile", json=body)
+        return Call("POST", f"/v1/runs/{_one('run_id', run_id)}/steps/{_one('step_id', step_id)}/reconcile", json=body)
 
     @endpoint
     def report_usage(self, run_id: str, body: dict[str, Any]) -> Call[RunPublic]:
         """One model call of the agent's: model, role, input_tokens, output_tokens, cost_usd,
         latency_ms and an optional call_id (reported twice, counted once)."""
-        return Call("POST", f"/v1/runs/{run_id}/usage", json=body)
+        return Call("POST", f"/v1/runs/{_one('run_id', run_id)}/usage", json=body)
 
     @endpoint
     def supply_input(self, run_id: str, step_id: str, value: dict[str, Any], supplied_by: str = "") -> Call[RunPublic]:
         """The value an input step waits for (`awaiting_input`); checked against its schema (422)."""
         body = {"value": value, "supplied_by": supplied_by}
-        return Call("POST", f"/v1/runs/{run_id}/steps/{step_id}/input", json=body)
+        return Call("POST", f"/v1/runs/{_one('run_id', run_id)}/steps/{_one('step_id', step_id)}/input", json=body)
 
     @endpoint
     def list_approvals(self, /, **params: Any) -> Call[list[ApprovalPublic]]:
@@ -310,11 +341,11 @@ class Endpoints:
 
     @endpoint
     def get_approval(self, approval_id: str) -> Call[ApprovalPublic]:
-        return Call("GET", f"/v1/approvals/{approval_id}")
+        return Call("GET", f"/v1/approvals/{_one('approval_id', approval_id)}")
 
     @endpoint
     def decide_approval(self, approval_id: str, body: dict[str, Any]) -> Call[ApprovalPublic]:
-        return Call("POST", f"/v1/approvals/{approval_id}/decision", json=body)
+        return Call("POST", f"/v1/approvals/{_one('approval_id', approval_id)}/decision", json=body)
 
     # -- scripts and schedules -------------------------------------------------------------
     @endpoint
@@ -327,22 +358,24 @@ class Endpoints:
 
     @endpoint
     def get_script(self, name: str) -> Call[ScriptDetail]:
-        return Call("GET", f"/v1/scripts/{name}")
+        return Call("GET", f"/v1/scripts/{_one('name', name)}")
 
     @endpoint
     def get_script_version(self, name: str, version: str) -> Call[ScriptVersion]:
-        return Call("GET", f"/v1/scripts/{name}/versions/{version}")
+        return Call("GET", f"/v1/scripts/{_one('name', name)}/versions/{_one('version', version)}")
 
     @endpoint
     def promote_script(self, name: str, version: str, body: dict[str, Any] | None = None) -> Call[ScriptVersion]:
-        return Call("POST", f"/v1/scripts/{name}/versions/{version}/promote", json=body or {})
+        return Call(
+            "POST", f"/v1/scripts/{_one('name', name)}/versions/{_one('version', version)}/promote", json=body or {}
+        )
 
     @endpoint
     def invoke_script(
         self, name: str, body: dict[str, Any] | None = None, *, wait_s: float | None = None
     ) -> Call[ExecutionPublic]:
         """Run a version of a script (body: version, inputs, files, labels); `wait_s` as for submit."""
-        return Call("POST", f"/v1/scripts/{name}/invoke", _wait(wait_s), body or {}, creates=True)
+        return Call("POST", f"/v1/scripts/{_one('name', name)}/invoke", _wait(wait_s), body or {}, creates=True)
 
     @endpoint
     def create_schedule(self, body: dict[str, Any]) -> Call[Schedule]:
@@ -354,27 +387,27 @@ class Endpoints:
 
     @endpoint
     def get_schedule(self, schedule_id: str) -> Call[Schedule]:
-        return Call("GET", f"/v1/schedules/{schedule_id}")
+        return Call("GET", f"/v1/schedules/{_one('schedule_id', schedule_id)}")
 
     @endpoint
     def update_schedule(self, schedule_id: str, body: dict[str, Any]) -> Call[Schedule]:
-        return Call("PATCH", f"/v1/schedules/{schedule_id}", json=body)
+        return Call("PATCH", f"/v1/schedules/{_one('schedule_id', schedule_id)}", json=body)
 
     @endpoint
     def pause_schedule(self, schedule_id: str) -> Call[Schedule]:
-        return Call("POST", f"/v1/schedules/{schedule_id}/pause")
+        return Call("POST", f"/v1/schedules/{_one('schedule_id', schedule_id)}/pause")
 
     @endpoint
     def resume_schedule(self, schedule_id: str) -> Call[Schedule]:
-        return Call("POST", f"/v1/schedules/{schedule_id}/resume")
+        return Call("POST", f"/v1/schedules/{_one('schedule_id', schedule_id)}/resume")
 
     @endpoint
     def delete_schedule(self, schedule_id: str) -> Call[None]:
-        return Call("DELETE", f"/v1/schedules/{schedule_id}")
+        return Call("DELETE", f"/v1/schedules/{_one('schedule_id', schedule_id)}")
 
     @endpoint
     def schedule_firings(self, schedule_id: str) -> Call[list[Firing]]:
-        return Call("GET", f"/v1/schedules/{schedule_id}/firings")
+        return Call("GET", f"/v1/schedules/{_one('schedule_id', schedule_id)}/firings")
 
     @endpoint
     def list_events(self, /, **params: Any) -> Call[list[Surprise]]:
@@ -458,10 +491,11 @@ class Client(Endpoints):
         dropped connection is resumed where it broke."""
         from httpx_sse import connect_sse
 
+        path = f"/v1/executions/{_one('execution_id', execution_id)}/events"
         for resumed in itertools.count():
             headers = _event_headers(self.traceparent, last_event_id)
             try:
-                with connect_sse(self._http, "GET", f"/v1/executions/{execution_id}/events", headers=headers,
+                with connect_sse(self._http, "GET", path, headers=headers,
                                  timeout=STREAM_TIMEOUT) as source:  # fmt: skip
                     if source.response.status_code >= 400:
                         source.response.read()
@@ -522,10 +556,11 @@ class AsyncClient(Endpoints):
     async def events(self, execution_id: str, *, last_event_id: str | None = None) -> AsyncIterator[Event]:
         from httpx_sse import aconnect_sse
 
+        path = f"/v1/executions/{_one('execution_id', execution_id)}/events"
         for resumed in itertools.count():
             headers = _event_headers(self.traceparent, last_event_id)
             try:
-                async with aconnect_sse(self._http, "GET", f"/v1/executions/{execution_id}/events",
+                async with aconnect_sse(self._http, "GET", path,
                                         headers=headers, timeout=STREAM_TIMEOUT) as source:  # fmt: skip
                     if source.response.status_code >= 400:
                         await source.response.aread()
