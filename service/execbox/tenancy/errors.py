@@ -65,9 +65,29 @@ class StorageBudgetFull(RateLimited):
         self.used, self.budget, self.wanted, self.room_at = used, budget, wanted, room_at
 
 
+class SignInThrottled(RateLimited):
+    """Too many failed console sign-ins from this source, or admin-token tries from anywhere, in a window."""
+
+    def __init__(self, retry_after_s: int, whose: str) -> None:
+        super().__init__(
+            f"too many failed sign-ins {whose}; try again in {retry_after_s} s (or use the CLI with the admin token)",
+            headers={"Retry-After": str(retry_after_s)},
+        )
+        self.retry_after_s = retry_after_s
+
+
 class QueueFull(CapacityError):
     code = "queue_full"
     http_status = 503
 
 
-__all__ = ["AdminOff", "InvalidKey", "KeyNotFound", "PolicyNotAllowed", "QueueFull", "RateLimited", "StorageBudgetFull"]
+__all__ = [
+    "AdminOff",
+    "InvalidKey",
+    "KeyNotFound",
+    "PolicyNotAllowed",
+    "QueueFull",
+    "RateLimited",
+    "SignInThrottled",
+    "StorageBudgetFull",
+]

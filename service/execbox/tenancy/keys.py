@@ -28,6 +28,14 @@ SCHEMA: tuple[KeySpec, ...] = (
     KeySpec("apikey:{digest}", "string (JSON)", "none", ("api", "admin"), (), "an API key, by its SHA-256"),
     KeySpec("apikeys", "set of digests", "none", ("api", "admin"), (), "every API key, for listing"),
     KeySpec("console:{digest}", "string (JSON)", "8 h", ("api",), (), "a console sign-in, by its cookie's SHA-256"),
+    KeySpec(
+        "console:rate:{source}:{window}",
+        "string counter",
+        "2 windows",
+        ("api",),
+        (),
+        "failed console sign-ins in a window, from one source (its address's SHA-256) or `all` (admin-token tries)",
+    ),
 )
 
 
@@ -53,6 +61,9 @@ class TenancyKeys(KeyBuilder):
 
     def console_signin(self, digest: str) -> str:
         return self._k("console", digest)
+
+    def console_failures(self, source: str, window: int) -> str:
+        return self._k("console", "rate", source, str(window))
 
 
 __all__ = ["SCHEMA", "TenancyKeys"]

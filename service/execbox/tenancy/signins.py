@@ -8,6 +8,14 @@ admin token could be guessed offline: the cookie's token is not stored). Each re
 credential again: a key revoked since, or an admin token changed since, ends the sign-in at its
 next request. A sign-in lasts
 `SIGNIN_TTL_S` from its start, whatever is done with it (no sliding renewal).
+
+Failed sign-ins are counted in Redis per fixed window of `FAILURE_WINDOW_S` (every API process counts
+into the same counters, so adding processes adds no tries): `FAILURES_PER_SOURCE` from one address,
+then that address is refused until the window ends; and `ADMIN_FAILURES` tries of something that is
+not shaped like an API key (a guess at the admin token, which may be weak) from all addresses
+together, then every such try is refused until the window ends. API keys carry 256 random bits, so
+that global bound never refuses a tenant's key; the operator keeps the CLI meanwhile. A refused
+try is not checked at all (it learns nothing) and answers 429 with Retry-After.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import secrets
 import time
 from dataclasses import asdict, dataclass
@@ -23,10 +32,17 @@ import redis
 
 from execbox.core.redis import redis_errors
 from execbox.tenancy.apikeys import ApiKeys
-from execbox.tenancy.errors import InvalidKey
+from execbox.tenancy.errors import InvalidKey, SignInThrottled
 from execbox.tenancy.keys import TenancyKeys
 
 SIGNIN_TTL_S = 8 * 3600
+FAILURE_WINDOW_S = 300
+FAILURES_PER_SOURCE = 10
+"""Failed sign-ins one address may make in a window."""
+ADMIN_FAILURES = 50
+"""Failed sign-ins with something not shaped like an API key (admin-token guesses), from all addresses, in a window."""
+API_KEY_PREFIX = "ebx_"
+"""How every API key starts (ApiKeys.create); anything else tried at sign-in is a guess at the admin token."""
 OPERATOR = "operator"
 """The key id of a sign-in with the admin token: the operator's pages, no tenant's data."""
 
@@ -61,19 +77,43 @@ class SignIns:
         self._keys = keys
         self._api_keys = api_keys
 
-    def start(self, credential: str, admin_token: str | None) -> tuple[str, SignIn]:
-        """(the cookie's token, the sign-in) for an API key or the admin token; InvalidKey otherwise."""
-        if admin_token and secrets.compare_digest(credential.encode(), admin_token.encode()):
-            tenant, key_id = "", OPERATOR
-        else:
-            info = self._api_keys.key_from(self._stored_key(credential))
-            tenant, key_id = info.tenant, info.key_id
+    def start(self, credential: str, admin_token: str | None, source: str = "") -> tuple[str, SignIn]:
+        """(the cookie's token, the sign-in) for an API key or the admin token from address `source`;
+        InvalidKey otherwise, SignInThrottled (not checked) past the failures a window allows."""
+        now = time.time()
+        window = int(now // FAILURE_WINDOW_S)
+        counters = [self._keys.console_failures(_digest(source), window)]
+        if not credential.startswith(API_KEY_PREFIX):
+            counters.append(self._keys.console_failures("all", window))
+        with redis_errors():
+            counts = [int(n or 0) for n in self._redis.mget(counters)]
+        retry_after_s = max(1, math.ceil((window + 1) * FAILURE_WINDOW_S - now))
+        if counts[0] >= FAILURES_PER_SOURCE:
+            raise SignInThrottled(retry_after_s, "from this address")
+        if len(counts) > 1 and counts[1] >= ADMIN_FAILURES:
+            raise SignInThrottled(retry_after_s, "with an admin token, from all addresses")
+        try:
+            tenant, key_id = self._credential(credential, admin_token)
+        except InvalidKey:
+            with redis_errors(), self._redis.pipeline(transaction=False) as pipe:
+                for counter in counters:
+                    pipe.incr(counter)
+                    pipe.expire(counter, 2 * FAILURE_WINDOW_S)
+                pipe.execute()
+            raise
         token = secrets.token_urlsafe(32)
         proof = _operator_proof(credential, token) if key_id == OPERATOR else _digest(credential)
         signin = SignIn(tenant, key_id, secrets.token_urlsafe(32), proof, time.time())
         with redis_errors():
             self._redis.set(self._keys.console_signin(_digest(token)), json.dumps(asdict(signin)), ex=SIGNIN_TTL_S)
         return token, signin
+
+    def _credential(self, credential: str, admin_token: str | None) -> tuple[str, str]:
+        """(tenant, key id) of an API key or the admin token; InvalidKey otherwise."""
+        if admin_token and secrets.compare_digest(credential.encode(), admin_token.encode()):
+            return "", OPERATOR
+        info = self._api_keys.key_from(self._stored_key(credential))
+        return info.tenant, info.key_id
 
     def read(self, token: str | None, admin_token: str | None) -> SignIn | None:
         """The sign-in a cookie's token stands for, while it lasts and its credential still holds."""
@@ -111,4 +151,4 @@ class SignIns:
         return raw
 
 
-__all__ = ["OPERATOR", "SIGNIN_TTL_S", "SignIn", "SignIns"]
+__all__ = ["ADMIN_FAILURES", "FAILURES_PER_SOURCE", "FAILURE_WINDOW_S", "OPERATOR", "SIGNIN_TTL_S", "SignIn", "SignIns"]

@@ -45,7 +45,7 @@ from execbox.files.collect import RICH_DIR
 from execbox.plans.schemas import ApprovalStatus, Decision, RunStatus
 from execbox.plans.validation import dependencies
 from execbox.schedules import calendar
-from execbox.tenancy.errors import InvalidKey
+from execbox.tenancy.errors import InvalidKey, SignInThrottled
 
 router = APIRouter(prefix=PATH, include_in_schema=False, route_class=OffLoopRoute)
 PAGE_BYTES = 64 * 1024
@@ -71,10 +71,15 @@ def signin_form(request: Request) -> HTMLResponse:
 @router.post("/signin", response_class=HTMLResponse)
 def signin(request: Request, services: ServicesDep, key: Annotated[str, Form(max_length=200)] = "") -> Response:
     same_origin(request)
+    source = request.client.host if request.client is not None else ""
     try:
-        cookie, started = services.console.start(key.strip(), admin_token(services))
+        cookie, started = services.console.start(key.strip(), admin_token(services), source)
     except InvalidKey:
         return page(request, "signin.html", 401, problem="That key is not a valid API key or admin token.")
+    except SignInThrottled as exc:
+        refused = page(request, "signin.html", 429, problem=exc.message)
+        refused.headers["Retry-After"] = str(exc.retry_after_s)
+        return refused
     response = redirect(f"{PATH}/operators" if started.operator else f"{PATH}/approvals")
     set_cookie(request, response, cookie)
     return response
