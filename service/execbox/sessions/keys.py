@@ -32,6 +32,14 @@ SCHEMA: tuple[KeySpec, ...] = (
         "what the sandbox said to one request: a read's chunks, the reply, a process's output and end",
     ),
     KeySpec(
+        "ses:{id}:bytes",
+        "hash list name -> bytes",
+        "retention_s; deleted when the session ends",
+        ("api", "worker"),
+        (),
+        "bytes waiting in the session's asks and answer lists (their byte caps)",
+    ),
+    KeySpec(
         "ses:{id}:lease", "string (worker name)", "worker.lease_s, renewed", ("worker",), ("api",), "the holder's lease"
     ),
     KeySpec("t:ses:tenant:{tenant}", "zset id -> created_at", "none", ("api", "worker"), (), "a tenant's sessions"),
@@ -53,6 +61,9 @@ class SessionKeys(ExecutionKeys):
 
     def session_answers(self, session_id: str, op: str) -> str:
         return self._k("ses", session_id, "answers", op)
+
+    def session_bytes(self, session_id: str) -> str:
+        return self._k("ses", session_id, "bytes")
 
     def session_lease(self, session_id: str) -> str:
         return self._k("ses", session_id, "lease")

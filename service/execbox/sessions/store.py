@@ -18,9 +18,12 @@ import redis
 from execbox.core.redis import compare_and_set, redis_errors, text
 from execbox.executions.schemas import ExecutionError
 from execbox.executions.status import ErrorCategory
+from execbox.sessions.errors import SessionEnded
 from execbox.sessions.keys import SessionKeys
+from execbox.sessions.ops import ANSWER_CAP, ANSWER_TTL_S
 from execbox.sessions.record import SessionRecord
 from execbox.sessions.status import SessionEnd, SessionStatus
+from execbox.tenancy.errors import RateLimited
 
 WAKE = "wake"
 """Pushed on a session's list to wake its holder (it re-reads the record)."""
@@ -34,11 +37,54 @@ return 'ok'
 """
 
 
+ASK_CAP = 256
+"""Requests waiting for a session's holder (`ses:{id}:asks`); past it, or ASK_BYTES, the asker gets 429."""
+ASK_BYTES = 32 << 20
+ANSWER_BYTES = 32 << 20
+"""Bytes an answer list may hold (a whole read of E2B's default 16 MiB largest file, in base64, fits);
+past it nothing more is added but a short last word (SMALL_ANSWER, within ANSWER_SLACK), and the holder
+is told the list is full (`FULL`), as for ANSWER_CAP entries."""
+SMALL_ANSWER = 512
+ANSWER_SLACK = 64 << 10
+FULL = ANSWER_CAP + 1
+"""What `answer` returns when it did not add the answer: above the entry cap, so the holder stops."""
+
+# A list's bytes are counted in the session's `ses:{id}:bytes` hash (field: the list's name) from the
+# moment it was last empty: a reader that catches up resets it, so it bounds what waits without the
+# readers having to count what they take (never less than what waits, sometimes more).
+_PUSH = """
+if ARGV[5] == '1' then
+  local raw = redis.call('GET', KEYS[3])
+  if raw and cjson.decode(raw).status == 'ended' then return -1 end
+end
+local waiting = redis.call('LLEN', KEYS[1])
+local held = 0
+if waiting > 0 then held = tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0') end
+local size = string.len(ARGV[1])
+if waiting >= tonumber(ARGV[3]) or held + size > tonumber(ARGV[4]) then return -2 end
+waiting = redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[2], held + size)
+redis.call('EXPIRE', KEYS[1], ARGV[6])
+if redis.call('TTL', KEYS[2]) < tonumber(ARGV[6]) then redis.call('EXPIRE', KEYS[2], ARGV[6]) end
+return waiting
+"""
+
+
 class SessionStore:
     def __init__(self, client: redis.Redis, keys: SessionKeys, retention_s: int) -> None:
         self.redis = client
         self.keys = keys
         self.retention_s = retention_s
+        self._push = client.register_script(_PUSH)
+
+    def _bounded_push(
+        self, session_id: str, key: str, field: str, item: str, entries: int, nbytes: int, ttl_s: int, live: bool
+    ) -> int:
+        """RPUSH under the list's caps: the entries now waiting, -1 (the session's record says it ended:
+        `live` asks that it has not), -2 (a cap would be passed; nothing added)."""
+        keys = [key, self.keys.session_bytes(session_id), self.keys.session(session_id)]
+        with redis_errors():
+            return int(self._push(keys=keys, args=[item, field, entries, nbytes, int(live), ttl_s]))
 
     def admit(self, tenant: str, session_id: str, limit: int, fleet: int | None = None) -> str:
         """Take one of the tenant's `limit` open-session slots and one of the fleet's `fleet` (None:
@@ -101,9 +147,12 @@ class SessionStore:
             if ended:
                 pipe.zrem(self.keys.open_sessions(record.tenant), record.id)
                 pipe.zrem(self.keys.live_sessions, record.id)
-                pipe.delete(self.keys.session_lease(record.id))
+                # What the session owns goes with it: its requests now; its queue once the holder has been
+                # woken (it drains it) or within ANSWER_TTL_S, as its answer lists ("gone" is the last).
+                pipe.delete(self.keys.session_lease(record.id), self.keys.session_ops(record.id),
+                            self.keys.session_bytes(record.id))  # fmt: skip
                 pipe.rpush(self.keys.session_cells(record.id), WAKE)
-                pipe.expire(self.keys.session_cells(record.id), self.retention_s)
+                pipe.expire(self.keys.session_cells(record.id), ANSWER_TTL_S)
             return True
 
         return compare_and_set(self.redis, self.keys.session(session_id), SessionRecord.model_validate_json, change)
@@ -156,10 +205,18 @@ class SessionStore:
 
     # file and process requests beside the cells (execbox.sessions.ops)
     def ask(self, session_id: str, request: str) -> None:
-        with redis_errors(), self.redis.pipeline() as pipe:
-            pipe.rpush(self.keys.session_ops(session_id), request)
-            pipe.expire(self.keys.session_ops(session_id), self.retention_s)
-            pipe.execute()
+        """Queue a request for the holder; SessionEnded when the session ended, RateLimited (429) when
+        ASK_CAP requests or ASK_BYTES wait already."""
+        key = self.keys.session_ops(session_id)
+        done = self._bounded_push(session_id, key, "asks", request, ASK_CAP, ASK_BYTES, self.retention_s, live=True)
+        if done == -1:
+            raise SessionEnded(f"session {session_id} ended; its sandbox takes no more requests")
+        if done == -2:
+            raise RateLimited(
+                f"session {session_id} has {ASK_CAP} requests or {ASK_BYTES} bytes waiting for its sandbox, its "
+                "limit; wait for answers to come back, then retry",
+                headers={"Retry-After": "1"},
+            )
 
     def next_op(self, session_id: str, timeout_s: float) -> str | None:
         with redis_errors():
@@ -167,13 +224,12 @@ class SessionStore:
         return None if got is None else text(got[1])
 
     def answer(self, session_id: str, op: str, answer: str, ttl_s: int) -> int:
-        """Add to a request's answers; how many are now waiting to be read."""
+        """Add to a request's answers; how many are now waiting to be read, or FULL (not added) when the
+        list holds ANSWER_BYTES (a short answer, such as the last "dropped", has ANSWER_SLACK more)."""
         key = self.keys.session_answers(session_id, op)
-        with redis_errors(), self.redis.pipeline() as pipe:
-            pipe.rpush(key, answer)
-            pipe.expire(key, ttl_s)
-            waiting, _ = pipe.execute()
-        return int(waiting)
+        cap = ANSWER_BYTES + (ANSWER_SLACK if len(answer) <= SMALL_ANSWER else 0)
+        waiting = self._bounded_push(session_id, key, f"answers:{op}", answer, FULL, cap, ttl_s, live=False)
+        return FULL if waiting < 0 else waiting
 
     def next_start(self, queue: str, timeout_s: float) -> str | None:
         with redis_errors():

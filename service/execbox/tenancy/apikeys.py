@@ -26,7 +26,7 @@ from execbox.tenancy.keys import TenancyKeys
 TENANT_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 DEFAULT_TENANT = "default"
 KEY_WORDS = frozenset(
-    {"active", "answers", "apikey", "apikeys", "approval", "approvals", "asks", "cancel", "cells", "contexts",
+    {"active", "answers", "apikey", "apikeys", "approval", "approvals", "asks", "bytes", "cancel", "cells", "contexts",
      "console", "dead", "deadlines", "denied", "done", "drained", "due", "e2b", "egress", "events", "exe", "file",
      "finished", "firings", "idem", "kept", "lease", "live", "members", "nodes", "open", "pending", "poison", "q",
      "rate", "replay", "ring", "rule", "run", "runlock", "running", "runrate", "runs", "schedule", "schedules",
