@@ -150,7 +150,7 @@ def test_the_operators_shared_scripts_reach_every_tenant(settings: Settings, cli
     http = InProcess(create_app(admin))
     try:
         shared = {**REPORT, "name": "shared.errors"}
-        assert http.post("/v1/admin/scripts", json=shared, headers=alpha).status_code == 401, "tenants cannot publish"
+        assert http.post("/v1/admin/scripts", json=shared, headers=alpha).status_code == 403, "tenants cannot publish"
         assert http.post("/v1/admin/scripts", json=shared, headers=operator).status_code == 201
         found = http.get("/v1/scripts?q=instrument", headers=beta).json()
         assert [(s["name"], s["shared"]) for s in found] == [("shared.errors", True)]

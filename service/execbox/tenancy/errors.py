@@ -16,6 +16,17 @@ class InvalidKey(RequestError):
         super().__init__(f"{why}; send `Authorization: Bearer <API key>` (keys: `execbox keys create --tenant T`)")
 
 
+class NotAdmin(RequestError):
+    code = "auth.not_admin"
+    http_status = 403
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this is a tenant's API key: admin routes take the operator's admin token "
+            "(`Authorization: Bearer <EXECBOX_AUTH__ADMIN_TOKEN>`)"
+        )
+
+
 class PolicyNotAllowed(RequestError):
     code = "request.policy_not_allowed"
     http_status = 403
@@ -85,6 +96,7 @@ __all__ = [
     "AdminOff",
     "InvalidKey",
     "KeyNotFound",
+    "NotAdmin",
     "PolicyNotAllowed",
     "QueueFull",
     "RateLimited",

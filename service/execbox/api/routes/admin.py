@@ -6,7 +6,7 @@ from __future__ import annotations
 import secrets
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path
+from fastapi import APIRouter, Depends, Header, Path
 from pydantic import BaseModel, Field
 
 from execbox.api.bodies import OffLoopRoute
@@ -17,13 +17,13 @@ from execbox.fleet.schemas import NodePublic
 from execbox.library.schemas import NAME_PATTERN, VERSION_PATTERN, Promote, ScriptCreate, ScriptVersion
 from execbox.library.service import SHARED
 from execbox.tenancy.apikeys import TENANT_PATTERN, TenantName, bearer_token
-from execbox.tenancy.errors import AdminOff, InvalidKey, KeyNotFound
+from execbox.tenancy.errors import AdminOff, InvalidKey, KeyNotFound, NotAdmin
 
-router = APIRouter(prefix="/v1/admin", tags=["admin"], route_class=OffLoopRoute)
 _PROBLEM = PROBLEM_DOC
 _RESPONSES: dict[int | str, dict[str, object]] = {
     400: {"description": "The body is not JSON.", **_PROBLEM},
     401: {"description": "Missing or wrong admin token.", **_PROBLEM},
+    403: {"description": "A tenant's API key, not the admin token.", **_PROBLEM},
     404: {"description": "Admin endpoints are off (no admin token configured) or no such key.", **_PROBLEM},
     422: {"description": "Invalid input.", **_PROBLEM},
 }
@@ -41,28 +41,35 @@ class KeyPublic(BaseModel):
     key: str | None = Field(None, description="The key itself: returned once, at creation, never again.")
 
 
-def _admin(services: ServicesDep, authorization: str | None) -> None:
+AdminHeader = Annotated[str | None, Header(alias="Authorization", description="`Bearer <admin token>`")]
+
+
+def _admin(services: ServicesDep, authorization: AdminHeader = None) -> None:
+    """Every admin route's first check, before its body is read (a router dependency)."""
     token = services.settings.auth.admin_token
     if token is None:
         raise AdminOff()
     given = bearer_token(authorization) or ""
-    if not secrets.compare_digest(given, token.get_secret_value()):
-        raise InvalidKey("wrong admin token")
+    if secrets.compare_digest(given, token.get_secret_value()):
+        return
+    try:
+        services.keys.tenant_of(authorization)
+    except InvalidKey:
+        raise InvalidKey("no admin token, or a wrong one") from None
+    raise NotAdmin()  # a valid key of a tenant: who it is is known, what it asks is not its to do
 
 
-AdminHeader = Annotated[str | None, Header(alias="Authorization", description="`Bearer <admin token>`")]
+router = APIRouter(prefix="/v1/admin", tags=["admin"], route_class=OffLoopRoute, dependencies=[Depends(_admin)])
 
 
 @router.post("/keys", status_code=201, response_model=KeyPublic, responses=_RESPONSES, summary="Issue an API key")
-def create_key(body: KeyCreate, services: ServicesDep, authorization: AdminHeader = None) -> KeyPublic:
-    _admin(services, authorization)
+def create_key(body: KeyCreate, services: ServicesDep) -> KeyPublic:
     key, info = services.keys.create(body.tenant)
     return KeyPublic(**info.__dict__, key=key)
 
 
 @router.get("/keys", response_model=list[KeyPublic], responses=_RESPONSES, summary="List API keys (never the keys)")
-def list_keys(services: ServicesDep, authorization: AdminHeader = None) -> list[KeyPublic]:
-    _admin(services, authorization)
+def list_keys(services: ServicesDep) -> list[KeyPublic]:
     return [KeyPublic(**info.__dict__) for info in services.keys.list()]
 
 
@@ -70,17 +77,14 @@ def list_keys(services: ServicesDep, authorization: AdminHeader = None) -> list[
 def revoke_key(
     key_id: Annotated[str, Path(pattern=r"^[0-9a-f]{8}$", description="Key id.")],
     services: ServicesDep,
-    authorization: AdminHeader = None,
 ) -> None:
-    _admin(services, authorization)
     if not services.keys.revoke(key_id):
         raise KeyNotFound(key_id)
 
 
 @router.post("/scripts", status_code=201, response_model=ScriptVersion, responses=_RESPONSES,
              summary="Publish a shared script version every tenant may find and invoke")  # fmt: skip
-def publish_script(body: ScriptCreate, services: ServicesDep, authorization: AdminHeader = None) -> ScriptVersion:
-    _admin(services, authorization)
+def publish_script(body: ScriptCreate, services: ServicesDep) -> ScriptVersion:
     stored, _ = services.scripts.register(SHARED, body, services.policies.names)
     return stored
 
@@ -92,9 +96,7 @@ def promote_shared(
     version: Annotated[str, Path(pattern=VERSION_PATTERN)],
     body: Promote,
     services: ServicesDep,
-    authorization: AdminHeader = None,
 ) -> ScriptVersion:
-    _admin(services, authorization)
     return services.scripts.promote(SHARED, name, version, body)
 
 
@@ -110,15 +112,13 @@ def _nodes(services: ServicesDep) -> Nodes:
 
 @router.get("/nodes", response_model=list[NodePublic], responses=_RESPONSES,
             summary="Every node: live workers, drained or not, executions running and finished")  # fmt: skip
-def list_nodes(services: ServicesDep, authorization: AdminHeader = None) -> list[NodePublic]:
-    _admin(services, authorization)
+def list_nodes(services: ServicesDep) -> list[NodePublic]:
     return [NodePublic.of(view) for view in _nodes(services).overview(services.store.holders())]
 
 
 @router.post("/nodes/{node}/drain", response_model=NodePublic, responses=_RESPONSES,
              summary="Drain a node: its workers finish what they run and take nothing new")  # fmt: skip
-def drain_node(node: NodeName, services: ServicesDep, authorization: AdminHeader = None) -> NodePublic:
-    _admin(services, authorization)
+def drain_node(node: NodeName, services: ServicesDep) -> NodePublic:
     nodes = _nodes(services)
     nodes.drain(node)
     return NodePublic.of(nodes.view(node, services.store.holders()))
@@ -126,8 +126,7 @@ def drain_node(node: NodeName, services: ServicesDep, authorization: AdminHeader
 
 @router.delete("/nodes/{node}/drain", response_model=NodePublic, responses=_RESPONSES,
                summary="Undrain a node: its workers take work again")  # fmt: skip
-def undrain_node(node: NodeName, services: ServicesDep, authorization: AdminHeader = None) -> NodePublic:
-    _admin(services, authorization)
+def undrain_node(node: NodeName, services: ServicesDep) -> NodePublic:
     nodes = _nodes(services)
     nodes.undrain(node)
     return NodePublic.of(nodes.view(node, services.store.holders()))
