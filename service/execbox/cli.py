@@ -51,6 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     keys = sub.add_parser("keys", help="manage API keys").add_subparsers(dest="keys_command", required=True)
     create = keys.add_parser("create", help="issue a key for a tenant and print it (shown once)")
     create.add_argument("--tenant", required=True)
+    create.add_argument(
+        "--require-approval",
+        action="store_true",
+        help="its executions and run steps with side effects wait for another key's approval; it decides none",
+    )
     keys.add_parser("list", help="list keys (ids and tenants, never the keys)")
     revoke = keys.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("key_id")
@@ -169,12 +174,14 @@ def main(argv: list[str] | None = None) -> int:
 
         api_keys = ApiKeys(connect(settings), settings.redis.key_prefix)
         if args.keys_command == "create":
-            key, info = api_keys.create(args.tenant)
+            key, info = api_keys.create(args.tenant, args.require_approval)
             print(key)
-            print(f"key id {info.key_id} for tenant {info.tenant}", file=sys.stderr)
+            gated = ", its writes need approval" if info.require_approval else ""
+            print(f"key id {info.key_id} for tenant {info.tenant}{gated}", file=sys.stderr)
         elif args.keys_command == "list":
             for info in api_keys.list():
-                print(f"{info.key_id}  {info.tenant}  {'revoked' if info.revoked else 'active'}")
+                gated = "  requires-approval" if info.require_approval else ""
+                print(f"{info.key_id}  {info.tenant}  {'revoked' if info.revoked else 'active'}{gated}")
         elif not api_keys.revoke(args.key_id):
             print(f"no key {args.key_id}", file=sys.stderr)
             return 1

@@ -19,12 +19,12 @@ __all__ = [
     "LanguagesPublic", "ModelCall", "NetworkAllowlist", "NetworkDenial", "NetworkReport", "Origin", "PolicyRequest",
     "Resources", "ResultData", "RichResult", "RoleUsage", "RunEvent", "RunPublic", "RunRecord", "RunStatus",
     "RuntimePublic", "Schedule", "ScriptDetail", "ScriptSummary", "ScriptVersion", "SessionEnd", "SessionList",
-    "SessionPublic", "SessionStatus", "StatusCheck", "StepError", "StepState", "StepStatus", "StoredWebhook",
-    "Surprise", "Timing", "Transition", "Undo", "Usage", "Validation", "VersionStatus", "VersionView",
+    "SessionPublic", "SessionStatus", "ShownCode", "ShownFile", "StatusCheck", "StepError", "StepState", "StepStatus",
+    "StoredWebhook", "Surprise", "Timing", "Transition", "Undo", "Usage", "Validation", "VersionStatus", "VersionView",
     "WebhookDelivery",
 ]  # fmt: skip
 
-ApprovalStatus = Literal["pending", "approved", "rejected", "expired"]
+ApprovalStatus = Literal["pending", "approved", "rejected", "expired", "withdrawn"]
 
 ErrorCategory = Literal[
     "code.exit_nonzero",
@@ -108,6 +108,21 @@ class AppliedPolicy(TypedDict):
     artifact_total_bytes: int
 
 
+class ShownCode(TypedDict):
+    role: Literal["precondition", "status_check", "compensation"]
+    name: NotRequired[str]
+    language: str
+    code: str
+    args: NotRequired[dict[str, Any]]
+
+
+class ShownFile(TypedDict):
+    path: str
+    size: NotRequired[int | None]
+    sha256: NotRequired[str | None]
+    source: str
+
+
 class ApprovalPublic(TypedDict):
     id: str
     run_id: NotRequired[str | None]
@@ -124,6 +139,16 @@ class ApprovalPublic(TypedDict):
     by: NotRequired[list[str]]
     reason: NotRequired[str | None]
     tenant: str
+    language: NotRequired[str | None]
+    inputs: NotRequired[Any]
+    env_sha256: NotRequired[dict[str, str]]
+    stdin_bytes: NotRequired[int]
+    stdin_sha256: NotRequired[str | None]
+    files: NotRequired[list[ShownFile]]
+    network: NotRequired[Literal["none"] | NetworkAllowlist | None]
+    policy: NotRequired[str | None]
+    also_runs: NotRequired[list[ShownCode]]
+    required_by: NotRequired[str | None]
 
 
 class Artifact(TypedDict):
@@ -492,6 +517,7 @@ class StepState(TypedDict):
     due_at: NotRequired[float | None]
     args: NotRequired[dict[str, Any] | None]
     reconciled: NotRequired[str | None]
+    approval_required: NotRequired[bool]
     script: NotRequired[str | None]
     checks: NotRequired[list[str]]
     phase: NotRequired[str | None]

@@ -93,6 +93,7 @@ async def _tenant(
         raw = await services.waiters.redis.get(redis_key)
     info = services.keys.key_from(raw)
     request.state.api_key_id = info.key_id  # who is calling, within the tenant (approvals name keys)
+    request.state.api_key_gated = info.require_approval  # its writes wait for another key's approval
     return info.tenant
 
 

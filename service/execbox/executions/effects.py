@@ -200,6 +200,27 @@ def call_context(
     return found
 
 
+REQUIRED_BY = "the operator's policy: the submitting API key's writes need approval"
+"""What an approval the submitter did not ask for says required it."""
+
+
+def gate(
+    approval: Approval | None, effect: str | None, has_network: bool, approval_required: bool, offered: bool
+) -> tuple[Approval | None, str | None]:
+    """The approval an execution waits for (None: it runs at once), and who required it when the
+    submitter did not ask: the operator's policy, for a key whose writes need approval
+    (`approval_required`), on anything with side effects (a write, or network access)."""
+    if approval is not None and approval.required:
+        return approval, None
+    if not approval_required or (effect != "write" and not has_network):
+        return None, None
+    if not offered:
+        problem = FieldProblem("approval", "required for this API key's writes, and not offered to this submitter")
+        raise InvalidRequest(f"approval: {problem.message}", (problem,))
+    expires = approval.expires_in_s if approval is not None else Approval().expires_in_s
+    return Approval(summary=approval.summary if approval is not None else "", expires_in_s=expires), REQUIRED_BY
+
+
 def effect_problems(
     effect: str | None, approval: Approval | None, has_network: bool, must_declare: bool, gated: bool
 ) -> list[FieldProblem]:

@@ -4,6 +4,9 @@
 webhook host), admits it under the tenant's quotas before any byte is stored, stores its input
 files and the record, and queues it; every failure after admission gives the quota slot back.
 Under an Idempotency-Key a retry gets the first execution instead of a second one.
+
+Longer than 400 lines because accepting an execution is one sequence (catalog, effects and their
+approval, admission, storage, queueing) whose failure paths must all give the quota slot back.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from execbox.core.errors import ConflictError, FieldProblem, InvalidRequest, Ser
 from execbox.core.readable import schema_problems
 from execbox.core.schemacheck import schema_errors
 from execbox.core.tracing import Spans, TraceContext, from_traceparent
-from execbox.executions.effects import Approval, call_context, effect_problems
+from execbox.executions.effects import Approval, call_context, effect_problems, gate
 from execbox.executions.errors import ExecutionNotFound
 from execbox.executions.idempotency import IdempotencyKeys
 from execbox.executions.inputs import prepare
@@ -75,8 +78,9 @@ class Gate(Protocol):
     def new_id(self) -> str:
         """An approval id, given to the execution before it is stored."""
 
-    def request(self, record: ExecutionRecord, approval: Approval) -> None:
-        """Keep a pending approval for the stored execution awaiting it (`record.approval_id`)."""
+    def request(self, record: ExecutionRecord, approval: Approval, required_by: str | None = None) -> None:
+        """Keep a pending approval for the stored execution awaiting it (`record.approval_id`);
+        `required_by` says why when the submitter did not ask for it (the operator's policy)."""
 
 
 class Placement(Protocol):
@@ -130,18 +134,27 @@ class Submissions:
         route: str = "POST /v1/executions",
         context: dict[str, str] | None = None,
         origin: Origin | None = None,
+        approval_required: bool = False,
     ) -> Submission:
         """Accept one execution for tenant; raises a ServiceError (4xx/5xx) and stores nothing when
         refused. `context` travels with the record to the program (see ExecutionRecord.context);
         `origin` is the service's link to what started it (a script, a schedule's slot, a run's step),
-        given only by the service's own submitters, never taken from a request."""
+        given only by the service's own submitters, never taken from a request. With
+        `approval_required` (the submitting key's writes need approval), an execution with side
+        effects (a write, or network access) waits for an approval whether or not it asks for one."""
         submission, _ = self.idempotency.once(
             tenant,
             route,
             idempotency_key,
             lambda: request_digest(body, extra),
             lambda: self._accept(
-                tenant, body, extra, traceparent, call_context(body.idempotency, context, idempotency_key), origin
+                tenant,
+                body,
+                extra,
+                traceparent,
+                call_context(body.idempotency, context, idempotency_key),
+                origin,
+                approval_required,
             ),
             lambda first: first.record.id,
             lambda execution_id: Submission(
@@ -196,10 +209,11 @@ class Submissions:
         traceparent: str | None,
         context: dict[str, str],
         origin: Origin | None,
+        approval_required: bool = False,
     ) -> Submission:
         trace = from_traceparent(traceparent)
         with self.spans.span("execbox.api.create_execution", trace):
-            return self._accept_traced(tenant, body, extra, trace, context, origin)
+            return self._accept_traced(tenant, body, extra, trace, context, origin, approval_required)
 
     @staticmethod
     def _check_expect(body: ExecutionCreate) -> None:
@@ -293,6 +307,7 @@ class Submissions:
         trace: TraceContext,
         context: dict[str, str],
         origin: Origin | None,
+        approval_required: bool = False,
     ) -> Submission:
         language = self.languages.get(body.language)
         if body.session is not None:
@@ -310,8 +325,10 @@ class Submissions:
         self._check_expect(body)
         self._check_effects(tenant, body, policy)
         now = time.time()
-        gated = body.approval is not None and body.approval.required
-        deadline = now + (body.approval.expires_in_s if body.approval and gated else policy.queue_timeout_s)
+        approval, required_by = gate(body.approval, body.effect, isinstance(policy.network, NetworkAllowlist),
+                                     approval_required, self.gates is not None)  # fmt: skip
+        gated = approval is not None
+        deadline = now + (approval.expires_in_s if approval is not None else policy.queue_timeout_s)
         status = ExecutionStatus.AWAITING_APPROVAL if gated else ExecutionStatus.QUEUED
         record_id = new_execution_id()
         # Quotas before any byte is stored: a refused request leaves nothing behind.
@@ -355,11 +372,11 @@ class Submissions:
                 kept_bytes=worst,
                 kept_bucket=charge.bucket,
             )
-            if gated:
-                assert self.gates is not None and body.approval is not None
+            if approval is not None:
+                assert self.gates is not None
                 record.approval_id = self.gates.new_id()
                 self.store.create(record)  # then its approval: a crash between leaves one that expires unseen
-                self.gates.request(record, body.approval)
+                self.gates.request(record, approval, required_by)
             else:
                 self.store.create(record)
                 self._queue(record, trace)

@@ -35,8 +35,12 @@ class ApprovalForbidden(RequestError):
     code = "approval.forbidden"
     http_status = 403
 
-    def __init__(self, approval_id: str, field: str | None = None) -> None:
-        message = f"approval {approval_id} names the API keys that may decide it; this key is not one"
+    def __init__(self, approval_id: str, field: str | None = None, why: str | None = None) -> None:
+        message = (
+            f"approval {approval_id}: {why}"
+            if why
+            else (f"approval {approval_id} names the API keys that may decide it; this key is not one")
+        )
         super().__init__(message, (FieldProblem(field, message),) if field else ())
 
 

@@ -147,6 +147,11 @@ class Executor:
                     pass  # it ended meanwhile
                 except Exception:  # its record no longer reads: the run ends all the same
                     log.warning("run %s: step %s's execution could not be cancelled", run.id, step_id, exc_info=True)
+            if state.status is StepStatus.AWAITING_APPROVAL and state.approval_id:  # it ends with its subject
+                approval = self.store.approval(state.approval_id)
+                if approval is not None and approval.status is ApprovalStatus.PENDING:
+                    approvals.close(self.store, approval, ApprovalStatus.WITHDRAWN, f"its run stopped: {detail}",
+                                    time.time())  # fmt: skip
             if not state.status.settled and state.status is not StepStatus.UNKNOWN_OUTCOME:
                 self._fail(run, step_id, "cancelled", detail, StepStatus.CANCELLED)
         self.set_run_status(run, status, reason, detail)
@@ -306,7 +311,7 @@ class Executor:
             if spec.input is not None:
                 self._ask(run, step_id, state, now)
                 continue
-            if spec.approval is not None and spec.approval.required and state.approval_id is None:
+            if state.approval_id is None and approvals.gate(run, step_id) is not None:
                 self._request_approval(run, step_id, state, now)
                 continue
             if running >= run.budgets.max_parallel:
@@ -426,10 +431,26 @@ class Executor:
         self.set_step(run, step_id, StepStatus.AWAITING_INPUT, state.input.summary or "waiting for its value")
 
     def _request_approval(self, run: StoredRun, step_id: str, state: StepState, now: float) -> None:
-        approval = approvals.request(self.store, run, step_id, state, now)
+        spec = run.spec(step_id)
+        required_by = approvals.REQUIRED_BY if spec.approval is None or not spec.approval.required else None
+        files = approvals.step_files(run, step_id, state, self.submissions.files, self.artifacts)
+        shown = approvals.step_shown(run, step_id, state, files, required_by)
+        what = fallback.what_runs(spec, state)[0]
+        script = self._script_code(run.tenant, what.script) if isinstance(what, ScriptRef) else None
+        approval = approvals.request(self.store, run, step_id, state, now, shown, script)
         state.approval_id, state.due_at = approval.id, approval.expires_at
         run.notify("approval.requested", approval=approval.id)
         self.set_step(run, step_id, StepStatus.AWAITING_APPROVAL, f"approval {approval.id} requested")
+
+    def _script_code(self, tenant: str, ref: str) -> str | None:
+        """The code of the script `name@version` names now (what its approval shows), or None."""
+        if self.scripts is None:
+            return None
+        name, _, version = ref.partition("@")
+        try:
+            return self.scripts.resolve(tenant, name, version).code
+        except ServiceError:
+            return None  # the step fails when it is dispatched, saying why
 
     # -- the run's status --------------------------------------------------------------------
 

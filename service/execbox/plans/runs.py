@@ -1,5 +1,9 @@
 """What clients do to runs, without HTTP: create, cancel, revise, reconcile, decide, report usage,
-read the hand-off. Each change happens under the run's lock and ends with one reconciliation."""
+read the hand-off. Each change happens under the run's lock and ends with one reconciliation.
+
+Longer than 400 lines because every client action on a run is the same lock, change and reconcile
+pattern, each with the key's rights checked (approvals, inputs, compensation), best read side by side.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from execbox.core.schemacheck import schema_errors
 from execbox.core.tracing import from_traceparent
 from execbox.executions.record import ExecutionRecord
 from execbox.library.schemas import ScriptVersion
-from execbox.plans import compensation, handoff, inputs, usage
+from execbox.plans import approvals, compensation, handoff, inputs, usage
 from execbox.plans.errors import (
     ApprovalForbidden,
     ApprovalNotFound,
@@ -79,7 +83,9 @@ class Runs:
         except ServiceError as exc:
             return exc.message
 
-    def create(self, tenant: str, body: RunCreate, traceparent: str | None) -> StoredRun:
+    def create(self, tenant: str, body: RunCreate, traceparent: str | None, key_gated: bool = False) -> StoredRun:
+        """Store and start a run; made with a key whose writes need approval (`key_gated`), each of its
+        steps with side effects waits for an approval, asked for or not."""
         found = self.validate(tenant, body.plan)
         if body.webhook is not None and not host_allowed(body.webhook.url, self.webhook_hosts):
             found.append(FieldProblem("webhook.url", "host not allowed for callbacks (EXECBOX_WEBHOOKS__ALLOW_HOSTS)"))
@@ -95,7 +101,8 @@ class Runs:
             id=new_id("run_"), tenant=tenant, status=RunStatus.RUNNING, revision=1, objective=body.plan.objective,
             labels=body.labels, trace_id=from_traceparent(traceparent).trace_id, created_at=now,
             budgets=body.plan.budgets, plan=body.plan, inputs=body.plan.inputs, webhook=body.webhook,
-            steps={s.id: StepState(revision=1) for s in body.plan.steps}, queue=self.executor.queue,
+            steps={s.id: StepState(revision=1, approval_required=key_gated) for s in body.plan.steps},
+            queue=self.executor.queue,
         )  # fmt: skip
         self.executor.record(run, "run.created", None, run.status.value, f"{len(run.steps)} steps")
         self.executor.store.create(run)  # checked with the model that reads it back (422, nothing stored)
@@ -116,33 +123,42 @@ class Runs:
             raise RunNotFound(run_id)
         return run
 
-    def cancel(self, tenant: str, run_id: str, body: CancelRequest | None = None) -> StoredRun:
-        """Stop a run; with `compensate`, then undo its succeeded writes (execbox.plans.compensation)."""
+    def cancel(
+        self, tenant: str, run_id: str, body: CancelRequest | None = None, key_id: str = "", key_gated: bool = False
+    ) -> StoredRun:
+        """Stop a run; with `compensate`, then undo its succeeded writes (execbox.plans.compensation),
+        which for a gated step only a key that may decide its approval can ask."""
         body = body or CancelRequest()
         with self._change(tenant, run_id) as run:
             if run.status.terminal:
                 raise RunConflict(f"run {run_id} already ended as {run.status.value}")
+            if body.compensate:
+                approvals.may_undo(run, key_id, key_gated, "compensate")
             self.executor.stop(run, RunStatus.CANCELLED, "cancelled_by_client", body.reason)
             if body.compensate:
                 undone = compensation.begin(run, body.reason, time.time())
                 self.executor.record(run, "compensation.started", None, "running", f"{len(undone)} write(s) to undo")
         return run
 
-    def compensate(self, tenant: str, run_id: str, reason: str) -> StoredRun:
+    def compensate(self, tenant: str, run_id: str, reason: str, key_id: str = "", key_gated: bool = False) -> StoredRun:
         """Undo the run's succeeded writes: a run that has not ended is abandoned (cancelled) first;
-        one whose compensation stopped resumes at the step that failed."""
+        one whose compensation stopped resumes at the step that failed. Undoing a gated step runs code
+        beyond what was approved: only a key that may decide its approval asks it (ApprovalForbidden)."""
         with self._change(tenant, run_id) as run:
             if compensation.running(run):
                 raise RunConflict(f"run {run_id} is already being compensated")
             if run.status.terminal and not compensation.left_to_undo(run):
                 raise RunConflict(f"run {run_id} has no succeeded write left to undo")
+            approvals.may_undo(run, key_id, key_gated, None)
             if not run.status.terminal:
                 self.executor.stop(run, RunStatus.CANCELLED, "abandoned", f"abandoned to be compensated: {reason}")
             undone = compensation.begin(run, reason, time.time())
             self.executor.record(run, "compensation.started", None, "running", f"{len(undone)} write(s) to undo")
         return run
 
-    def revise(self, tenant: str, run_id: str, body: RevisionCreate, key_id: str | None = None) -> StoredRun:
+    def revise(
+        self, tenant: str, run_id: str, body: RevisionCreate, key_id: str | None = None, key_gated: bool = False
+    ) -> StoredRun:
         """Apply a revision made with API key `key_id`: removing a step gated by an approval that
         names its deciders needs the right to decide it (ApprovalForbidden otherwise)."""
         with self._change(tenant, run_id) as run:
@@ -157,10 +173,15 @@ class Runs:
                                    f"max_replans {run.budgets.max_replans} reached")  # fmt: skip
                 self.executor.save(run)
                 raise RunConflict(f"run {run_id} used its {run.budgets.max_replans} re-plan(s); it is now failed")
-            self._apply(tenant, run, body, replanning, key_id)
+            self._apply(tenant, run, body, replanning, key_id, key_gated)
         return run
 
-    def reconcile(self, tenant: str, run_id: str, step_id: str, body: ReconcileRequest) -> StoredRun:
+    def reconcile(
+        self, tenant: str, run_id: str, step_id: str, body: ReconcileRequest, key_gated: bool = False
+    ) -> StoredRun:
+        """Settle an unknown outcome. Run again (`retry`), a gated step asks a new approval that says
+        so (the one given covered one run), as does any step with side effects that a key whose writes
+        need approval (`key_gated`) has run again."""
         with self._change(tenant, run_id) as run:
             state = run.steps.get(step_id)
             if state is None or state.status is not StepStatus.UNKNOWN_OUTCOME:
@@ -176,6 +197,9 @@ class Runs:
                 self.executor.set_step(run, step_id, StepStatus.SUCCEEDED, f"reconciled as applied: {body.reason}")
             elif body.retry:
                 state.may_have_applied = False
+                state.approval_required = state.approval_required or key_gated
+                if approvals.gate(run, step_id) is not None:
+                    state.approval_id = None  # a new approval, before it runs again
                 self.executor.set_step(
                     run, step_id, StepStatus.PENDING, f"reconciled as not applied, retried: {body.reason}"
                 )
@@ -203,12 +227,19 @@ class Runs:
             self.executor.set_step(run, step_id, StepStatus.SUCCEEDED, f"input supplied by {wait.supplied_by}")
         return run
 
-    def decide(self, tenant: str, approval_id: str, body: Decision, key_id: str) -> ApprovalPublic:
-        """Record a decision made with API key `key_id` (the approval may name the keys allowed)."""
+    def decide(
+        self, tenant: str, approval_id: str, body: Decision, key_id: str, key_gated: bool = False
+    ) -> ApprovalPublic:
+        """Record a decision made with API key `key_id` (the approval may name the keys allowed; a key
+        whose writes need approval, `key_gated`, decides none). An approval whose subject ended
+        (withdrawn, expired) answers 409 saying so."""
         approval = self.approval(tenant, approval_id)
-        if approval.by and key_id not in approval.by:
-            raise ApprovalForbidden(approval_id)
+        refused = approvals.refusal(approval.by, key_id, key_gated)
+        if refused is not None:
+            raise ApprovalForbidden(approval_id, why=None if approval.by and not key_gated else refused)
         wanted = ApprovalStatus.APPROVED if body.decision == "approve" else ApprovalStatus.REJECTED
+        if approval.status is not wanted:
+            approvals.still_open(approval)
         if approval.execution_id is not None:
             return self._decide_execution(tenant, approval, wanted, body, key_id)
         assert approval.run_id is not None
@@ -216,8 +247,7 @@ class Runs:
             approval = self.approval(tenant, approval_id)
             if approval.status is wanted:
                 return approval  # the same decision again: nothing changes
-            if approval.status is not ApprovalStatus.PENDING:
-                raise RunConflict(f"approval {approval_id} is already {approval.status.value}")
+            approvals.still_open(approval)
             self._record(approval, wanted, body, key_id)
         return approval
 
@@ -252,10 +282,16 @@ class Runs:
                           f"{record.status.value if record else 'gone'}")  # fmt: skip
 
     def approval(self, tenant: str, approval_id: str) -> ApprovalPublic:
+        """The approval as it stands now: pending only while its subject still waits for it."""
         approval = self.executor.store.approval(approval_id)
         if approval is None or approval.tenant != tenant:
             raise ApprovalNotFound(approval_id)
-        return approval
+        return approvals.as_now(self.executor.store, approval, self.executor.submissions.store.get)
+
+    def approvals(self, tenant: str) -> list[ApprovalPublic]:
+        """The tenant's latest approvals, each as it stands now."""
+        read = self.executor.submissions.store.get
+        return [approvals.as_now(self.executor.store, a, read) for a in self.executor.store.approvals(tenant)]
 
     def report_usage(self, tenant: str, run_id: str, report: ModelCallReport) -> StoredRun:
         """Record one model call of the agent's; a run whose reported tokens or cost pass its budget
@@ -307,7 +343,9 @@ class Runs:
                 self.executor.step(run)
             self.executor.save(run)
 
-    def _apply(self, tenant: str, run: StoredRun, body: RevisionCreate, replanning: bool, key_id: str | None) -> None:
+    def _apply(
+        self, tenant: str, run: StoredRun, body: RevisionCreate, replanning: bool, key_id: str | None, key_gated: bool
+    ) -> None:
         self._check_gates(run, body, key_id)
         known = {s.id for s in run.plan.steps}
         found = [FieldProblem(f"add.{i}.id", f"step id {s.id!r} was used before; a new step needs a new id")
@@ -341,7 +379,7 @@ class Runs:
             if step_id in body.remove or state.status in settled_badly:
                 self.executor.set_step(run, step_id, StepStatus.SUPERSEDED, f"revision {run.revision}: {body.reason}")
         for step in body.add:
-            run.steps[step.id] = StepState(revision=run.revision)
+            run.steps[step.id] = StepState(revision=run.revision, approval_required=key_gated)
         self.executor.record(run, "revision.applied", None, str(run.revision),
                              f"added {len(body.add)}, removed {len(body.remove)}: {body.reason}")  # fmt: skip
         self.executor.set_run_status(run, RunStatus.RUNNING, None, f"revision {run.revision} applied")

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from execbox.catalog.schemas import PolicyRequest
+from execbox.catalog.schemas import NetworkAllowlist, PolicyRequest
 from execbox.executions.effects import Approval
 from execbox.executions.schemas import InputFile, Labels, StoredWebhook, Webhook
 from execbox.plans.refs import MAX_DEPTH, nesting
@@ -367,6 +367,11 @@ class StepState(BaseModel):
         None, description="Its resolved arguments, once dispatched or awaiting approval."
     )
     reconciled: str | None = Field(None, description="How an unknown outcome was settled, and why.")
+    approval_required: bool = Field(
+        False,
+        description="A key whose writes need approval (the operator's policy) added it or had it run again: "
+        "with side effects, it waits for an approval whether or not the plan asks for one.",
+    )
     script: str | None = Field(None, description="For a `script:` step: the `name@version` that ran.")
     checks: list[str] = Field(
         default_factory=list, description="Execution ids of its checks (preconditions, status reads)."
@@ -505,26 +510,83 @@ class ApprovalStatus(enum.StrEnum):
     APPROVED = "approved"
     REJECTED = "rejected"
     EXPIRED = "expired"
+    WITHDRAWN = "withdrawn"
+    """Its subject ended undecided (the run stopped, the execution was cancelled or is gone)."""
 
 
-class ApprovalPublic(BaseModel):
+class ShownCode(BaseModel):
+    """Code that also runs because of an approval: a precondition, a status check, a compensation."""
+
+    role: Literal["precondition", "status_check", "compensation"] = Field(description="Why it runs.")
+    name: str = Field("", description="Its name in the plan (a check's), if any.")
+    language: str = Field(description="Its language.")
+    code: str = Field(description="Its code.")
+    args: dict[str, Any] = Field(default_factory=dict, description="Its arguments, references unresolved.")
+
+
+class ShownFile(BaseModel):
+    """An input file the approved code gets."""
+
+    path: str = Field(description="Where the code finds it, under the working directory.")
+    size: int | None = Field(None, description="Bytes (null: not known until it runs, e.g. a file gone).")
+    sha256: str | None = Field(None, description="SHA-256 of its bytes, hex (null: not known until it runs).")
+    source: str = Field(description="`inline`, the uploaded `file_...` id, or the step whose artifact it is.")
+
+
+class Shown(BaseModel):
+    """Everything that runs because of an approval besides the code and its arguments (approvals
+    stored before these fields existed read with these defaults, `network` null)."""
+
+    language: str | None = Field(None, description="The code's language.")
+    inputs: Any = Field(
+        None, description="The code's inputs when they are not an object (a list, a number...); `args` shows an object."
+    )
+    env_sha256: dict[str, str] = Field(
+        default_factory=dict,
+        description="Each environment variable's name and the SHA-256 of its value (hex): values are withheld, "
+        "since the service cannot tell a secret from a setting, and can be compared with the value meant.",
+    )
+    stdin_bytes: int = Field(0, description="Size of its standard input.")
+    stdin_sha256: str | None = Field(None, description="SHA-256 of its standard input, hex (null: none).")
+    files: list[ShownFile] = Field(default_factory=list, description="Its input files, artifacts included.")
+    network: Literal["none"] | NetworkAllowlist | None = Field(
+        None, description="Its network access: `none` or the allowlist (null: an approval stored before it was shown)."
+    )
+    policy: str | None = Field(None, description="The named policy it runs under.")
+    also_runs: list[ShownCode] = Field(
+        default_factory=list,
+        description="Code that runs because of this approval too: preconditions, a status check, and the "
+        "compensation that undoes it (POST /v1/runs/{id}/compensate).",
+    )
+    required_by: str | None = Field(
+        None, description="Set when the operator's policy asked for it (the submitting key's writes need approval)."
+    )
+
+
+class _ApprovalHead(BaseModel):
     id: str = Field(description="Approval id, `apr_` and 26 characters.")
     run_id: str | None = Field(None, description="The run, for a plan step's approval.")
     step_id: str | None = Field(None, description="The step waiting for it, for a plan step's approval.")
     execution_id: str | None = Field(None, description="The execution waiting for it, for an execution's approval.")
-    status: ApprovalStatus = Field(description="pending, approved, rejected or expired.")
+    status: ApprovalStatus = Field(
+        description="pending, approved, rejected, expired, or withdrawn (its run or execution ended undecided)."
+    )
     summary: str = Field("", description="What is asked.")
     args: dict[str, Any] = Field(
         default_factory=dict, description="The step's resolved arguments (an execution's inputs, when an object)."
     )
-    code: str = Field(description="The code that will run.")
+    code: str = Field(description="The code that will run (a script's, as registered).")
     requested_at: float = Field(description="Unix time.")
     expires_at: float = Field(description="Unix time it expires unanswered.")
     decided_at: float | None = Field(None, description="Unix time of the decision.")
     decided_by: str | None = Field(None, description="Who decided (as they said), and with which API key.")
     by: list[str] = Field(default_factory=list, description="API key ids that may decide (empty: any of the tenant's).")
-    reason: str | None = Field(None, description="The decision's reason.")
+    reason: str | None = Field(None, description="The decision's reason, or why it expired or was withdrawn.")
     tenant: str = Field(description="Owner.")
+
+
+class ApprovalPublic(Shown, _ApprovalHead):
+    """What a decider is asked: the code, its arguments, and everything else that runs because of it."""
 
 
 class Decision(BaseModel):

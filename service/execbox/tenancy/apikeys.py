@@ -19,7 +19,7 @@ import redis
 from pydantic import AfterValidator
 
 from execbox.core.keys import TENANT_SPACE
-from execbox.core.redis import redis_errors
+from execbox.core.redis import redis_errors, text
 from execbox.tenancy.errors import InvalidKey
 from execbox.tenancy.keys import TenancyKeys
 
@@ -70,6 +70,10 @@ class KeyInfo:
     tenant: str
     created_at: float
     revoked: bool = False
+    require_approval: bool = False
+    """The operator's policy: every execution or run step with side effects this key submits waits for
+    an approval, whether or not it asks for one, and the key may decide no approval (maker-checker).
+    Keys stored before the attribute existed read as False."""
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -93,14 +97,16 @@ class ApiKeys:
     def _index(self) -> str:
         return self._keys.api_keys
 
-    def create(self, tenant: str) -> tuple[str, KeyInfo]:
-        """A new key for tenant: (the key, shown once; its info)."""
+    def create(self, tenant: str, require_approval: bool = False) -> tuple[str, KeyInfo]:
+        """A new key for tenant: (the key, shown once; its info). With `require_approval`, the key's
+        writes wait for a decision by another key (KeyInfo.require_approval)."""
         valid_tenant(tenant)
         key_id = secrets.token_hex(4)
         key = f"ebx_{key_id}_{secrets.token_urlsafe(32)}"
-        info = KeyInfo(key_id, tenant, time.time())
+        info = KeyInfo(key_id, tenant, time.time(), require_approval=require_approval)
+        stored = {k: v for k, v in info.__dict__.items() if k != "require_approval" or v}  # as before, when unset
         with redis_errors(), self._redis.pipeline() as pipe:
-            pipe.set(self._key(_digest(key)), json.dumps(info.__dict__))
+            pipe.set(self._key(_digest(key)), json.dumps(stored))
             pipe.hset(self._index(), key_id, _digest(key))
             pipe.execute()
         return key, info
@@ -122,7 +128,19 @@ class ApiKeys:
         with redis_errors():
             digests = list(self._redis.hvals(self._index()))
             raws = self._redis.mget([self._key(d.decode() if isinstance(d, bytes) else str(d)) for d in digests])
-        return sorted((KeyInfo(**json.loads(r)) for r in raws if r), key=lambda k: k.created_at)
+        return sorted((_info(json.loads(r)) for r in raws if r), key=lambda k: k.created_at)
+
+    def info(self, key_id: str) -> KeyInfo | None:
+        """The key named `key_id` (revoked or not), or None when there is none."""
+        with redis_errors():
+            digest = self._redis.hget(self._index(), key_id)
+            raw = None if digest is None else self._redis.get(self._key(text(digest)))
+        return None if raw is None else _info(json.loads(raw))
+
+    def requires_approval(self, key_id: str) -> bool:
+        """Whether the key's writes need another key's approval (an unknown key: no, it cannot call)."""
+        info = self.info(key_id)
+        return info is not None and info.require_approval
 
     def tenant_of(self, authorization: str | None) -> str:
         """The tenant an `Authorization: Bearer` header belongs to; InvalidKey otherwise."""
@@ -154,4 +172,13 @@ class ApiKeys:
         info = json.loads(raw)
         if info.get("revoked"):
             raise InvalidKey("this API key was revoked")
-        return KeyInfo(str(info["key_id"]), str(info["tenant"]), float(info.get("created_at", 0)))
+        return _info(info)
+
+
+def _info(stored: dict[str, object]) -> KeyInfo:
+    """A stored key's info; one stored before an attribute existed reads with its default."""
+    created = stored.get("created_at", 0)
+    return KeyInfo(
+        str(stored["key_id"]), str(stored["tenant"]), float(created) if isinstance(created, int | float) else 0.0,
+        revoked=bool(stored.get("revoked", False)), require_approval=bool(stored.get("require_approval", False)),
+    )  # fmt: skip

@@ -101,7 +101,7 @@ def signout(request: Request, signin: SignInDep, services: ServicesDep,
 @router.get("/approvals", response_class=HTMLResponse)
 def approvals(request: Request, signin: SignInDep, services: ServicesDep) -> HTMLResponse:
     tenant = tenant_of(signin)
-    found = services.runs.executor.store.approvals(tenant)
+    found = services.runs.approvals(tenant)  # as they stand now: withdrawn once their subject ended
     pending = [a for a in found if a.status is ApprovalStatus.PENDING]
     decided = sorted((a for a in found if a.status is not ApprovalStatus.PENDING),
                      key=lambda a: a.decided_at or a.expires_at, reverse=True)[:50]  # fmt: skip
@@ -140,7 +140,8 @@ def decide(
     if decision not in ("approve", "reject"):
         raise PageError(422, "console.decision", "decision must be approve or reject")
     body = Decision(decision=decision, reason=reason, decided_by=decided_by)
-    answer_errors(services.runs.decide, tenant, approval_id, body, signin.key_id)
+    gated = services.keys.requires_approval(signin.key_id)  # a key whose writes need approval decides none
+    answer_errors(services.runs.decide, tenant, approval_id, body, signin.key_id, gated)
     return redirect(f"{PATH}/approvals")
 
 

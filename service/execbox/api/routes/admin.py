@@ -31,6 +31,11 @@ _RESPONSES: dict[int | str, dict[str, object]] = {
 
 class KeyCreate(BaseModel):
     tenant: TenantName = Field(pattern=TENANT_PATTERN.pattern, description="Tenant the key acts for.")
+    require_approval: bool = Field(
+        False,
+        description="Every execution or run step with side effects (a write, or network access) this key submits "
+        "waits for an approval, whether or not it asks for one, and the key may decide no approval.",
+    )
 
 
 class KeyPublic(BaseModel):
@@ -38,6 +43,7 @@ class KeyPublic(BaseModel):
     tenant: str = Field(description="Tenant the key acts for.")
     created_at: float = Field(description="Unix time of issue.")
     revoked: bool = Field(description="Revoked keys are refused.")
+    require_approval: bool = Field(False, description="Its writes wait for another key's approval.")
     key: str | None = Field(None, description="The key itself: returned once, at creation, never again.")
 
 
@@ -64,7 +70,7 @@ router = APIRouter(prefix="/v1/admin", tags=["admin"], route_class=OffLoopRoute,
 
 @router.post("/keys", status_code=201, response_model=KeyPublic, responses=_RESPONSES, summary="Issue an API key")
 def create_key(body: KeyCreate, services: ServicesDep) -> KeyPublic:
-    key, info = services.keys.create(body.tenant)
+    key, info = services.keys.create(body.tenant, body.require_approval)
     return KeyPublic(**info.__dict__, key=key)
 
 

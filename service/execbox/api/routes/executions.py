@@ -141,8 +141,10 @@ async def create_execution(
 ) -> ExecutionPublic:
     wait_s = wait_seconds(services, wait, prefer)
     body, extra = await _read_body(request, services.policies.max_ceiling("input_files"))
+    gated = bool(getattr(request.state, "api_key_gated", False))  # its writes wait for approval, asked or not
     submitted = await to_thread.run_sync(
-        services.executions.submit, tenant, body, extra, traceparent, idempotency_key, limiter=_ACCEPTS
+        lambda: services.executions.submit(tenant, body, extra, traceparent, idempotency_key, approval_required=gated),
+        limiter=_ACCEPTS,
     )
     if submitted.replayed:
         response.headers["Idempotent-Replayed"] = "true"

@@ -75,6 +75,7 @@ def validate_plan(plan: PlanDocument, services: ServicesDep, tenant: TenantDep) 
              summary="Run a plan: its ready steps start at once")  # fmt: skip
 async def create_run(
     body: RunCreate,
+    request: Request,
     response: Response,
     services: ServicesDep,
     tenant: TenantDep,
@@ -83,7 +84,8 @@ async def create_run(
 ) -> RunPublic:
     def create() -> tuple[StoredRun, bool]:
         return services.idempotency.once(tenant, "POST /v1/runs", idempotency_key, lambda: request_digest(body),
-                                         lambda: services.runs.create(tenant, body, traceparent), lambda run: run.id,
+                                         lambda: services.runs.create(tenant, body, traceparent, _key_gated(request)),
+                                         lambda run: run.id,
                                          lambda run_id: services.runs.get(tenant, run_id))  # fmt: skip
 
     run, replayed = await to_thread.run_sync(create)
@@ -154,27 +156,35 @@ def get_handoff(run_id: RunId, services: ServicesDep, tenant: TenantDep) -> Hand
 def revise_run(
     run_id: RunId, body: RevisionCreate, request: Request, services: ServicesDep, tenant: TenantDep
 ) -> RunPublic:
-    return services.runs.revise(tenant, run_id, body, _key_id(request)).public()
+    return services.runs.revise(tenant, run_id, body, _key_id(request), _key_gated(request)).public()
 
 
 @router.post("/v1/runs/{run_id}/cancel", response_model=RunPublic, responses=_RUN_RESPONSES, summary="Cancel a run")
-def cancel_run(run_id: RunId, services: ServicesDep, tenant: TenantDep, body: CancelRequest | None = None) -> RunPublic:
-    """With `{"compensate": true}`, its succeeded writes are then undone in reverse order."""
-    return services.runs.cancel(tenant, run_id, body).public()
+def cancel_run(
+    run_id: RunId, request: Request, services: ServicesDep, tenant: TenantDep, body: CancelRequest | None = None
+) -> RunPublic:
+    """With `{"compensate": true}`, its succeeded writes are then undone in reverse order (a gated step's
+    compensation only by a key that may decide its approval: 403 otherwise)."""
+    return services.runs.cancel(tenant, run_id, body, _key_id(request), _key_gated(request)).public()
 
 
 @router.post("/v1/runs/{run_id}/compensate", response_model=RunPublic, responses=_RUN_RESPONSES,
              summary="Undo the run's succeeded writes (an unfinished run is abandoned first)")  # fmt: skip
-def compensate_run(run_id: RunId, body: CompensateRequest, services: ServicesDep, tenant: TenantDep) -> RunPublic:
-    return services.runs.compensate(tenant, run_id, body.reason).public()
+def compensate_run(
+    run_id: RunId, body: CompensateRequest, request: Request, services: ServicesDep, tenant: TenantDep
+) -> RunPublic:
+    """A gated step's compensation runs code its approver may not have decided on: only a key that may
+    decide the step's approval asks it (403 `approval.forbidden` otherwise, naming the step)."""
+    return services.runs.compensate(tenant, run_id, body.reason, _key_id(request), _key_gated(request)).public()
 
 
 @router.post("/v1/runs/{run_id}/steps/{step_id}/reconcile", response_model=RunPublic, responses=_RUN_RESPONSES,
              summary="Settle a step whose outcome is unknown (applied or not)")  # fmt: skip
 def reconcile_step(
-    run_id: RunId, step_id: StepId, body: ReconcileRequest, services: ServicesDep, tenant: TenantDep
+    run_id: RunId, step_id: StepId, body: ReconcileRequest, request: Request, services: ServicesDep, tenant: TenantDep
 ) -> RunPublic:
-    return services.runs.reconcile(tenant, run_id, step_id, body).public()
+    """`not_applied` with `retry`: a gated step waits for a new approval before it runs again."""
+    return services.runs.reconcile(tenant, run_id, step_id, body, _key_gated(request)).public()
 
 
 @router.post("/v1/runs/{run_id}/usage", response_model=RunPublic, responses=_RUN_RESPONSES,
@@ -202,8 +212,7 @@ def list_approvals(
     tenant: TenantDep,
     status: Annotated[ApprovalStatus | None, Query(description="Only approvals in this status.")] = None,
 ) -> list[ApprovalPublic]:
-    found = services.runs.executor.store.approvals(tenant)
-    return [a for a in found if status in (None, a.status)]
+    return [a for a in services.runs.approvals(tenant) if status in (None, a.status)]
 
 
 @router.get("/v1/approvals/{approval_id}", response_model=ApprovalPublic, responses=_RUN_RESPONSES,
@@ -217,9 +226,16 @@ def get_approval(approval_id: ApprovalId, services: ServicesDep, tenant: TenantD
 def decide(
     approval_id: ApprovalId, body: Decision, request: Request, services: ServicesDep, tenant: TenantDep
 ) -> ApprovalPublic:
-    return services.runs.decide(tenant, approval_id, body, _key_id(request))
+    """409 when it was decided otherwise, or its run or execution ended (withdrawn) or it expired;
+    403 for a key it does not name, or a key whose own writes need approval."""
+    return services.runs.decide(tenant, approval_id, body, _key_id(request), _key_gated(request))
 
 
 def _key_id(request: Request) -> str:
     """The API key of the request (auth off: everyone is `default`)."""
     return str(getattr(request.state, "api_key_id", DEFAULT_TENANT))
+
+
+def _key_gated(request: Request) -> bool:
+    """Whether the request's API key has its writes wait for approval (the operator's policy)."""
+    return bool(getattr(request.state, "api_key_gated", False))
