@@ -489,3 +489,27 @@ def test_dev_shm_runs_nothing_and_proc_sys_is_read_only(api: httpx.Client) -> No
     uid 0 without any capability). Each runtime now mounts /dev/shm noexec and /proc/sys read-only."""
     found = results(run_code(api, SHM_AND_PROC_SYS))
     assert found == {"proc_sys": "ro", "shm_exec": "refused"}, found
+
+
+KERNEL_CALLS = """
+import json, os, select, signal, subprocess
+child = subprocess.Popen(["sleep", "30"])
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+os.kill(-1, signal.SIGTERM)  # every process it may signal but itself: its child, never PID 1 (the launcher)
+child.wait()
+listing = subprocess.run(["ls", "/"], capture_output=True, text=True)
+r, w = os.pipe()
+os.write(w, b"x")
+ready = select.select([r], [], [], 86_400.0)[0] == [r]  # a long timeout, answered at once
+print(json.dumps({"child": child.returncode, "ls": listing.returncode, "ls_err": listing.stderr[-200:],
+                  "stat": os.stat("/").st_ino > 0, "select": ready}))
+"""
+
+
+def test_kill_minus_one_statx_and_a_long_select_behave_as_on_linux(api: httpx.Client) -> None:
+    """Under Debian 12's gVisor, kill(-1, SIGTERM) reached PID 1 (the launcher: control C26 says no
+    program signal reaches it), `ls /` failed with statx EINVAL and select with a long timeout
+    returned EPERM: a program's own ordinary calls ended as sandbox.error or its own failure.
+    scripts/install takes gVisor from Debian 13; each runtime now answers as Linux does."""
+    found = results(run_code(api, KERNEL_CALLS))
+    assert found == {"child": -15, "ls": 0, "ls_err": "", "stat": True, "select": True}, found
