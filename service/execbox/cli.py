@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         logs.configure("INFO", "docker-proxy")
         # The sandbox shape from the workers' own settings (EXECBOX_POLICIES_DIR, EXECBOX_DOCKER__*).
         settings = Settings()
-        shape = shape_from(settings.docker, settings.policies_dir)
+        shape = shape_from(settings.docker, settings.policies_dir, settings.egress.subnet_pool)
         run(args.listen, args.engine, args.deployment, args.egress_container, shape, args.egress_service)
         return 0
     if args.command == "bwrap-helper":
@@ -141,12 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings()
 
     if args.command == "api":
-        import uvicorn
-
         from execbox.api import create_app
+        from execbox.api.server import serve
 
-        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_config=None, access_log=False,
-                    timeout_graceful_shutdown=settings.api.shutdown_grace_s)  # fmt: skip
+        serve(create_app(settings), settings.api, args.host, args.port)  # head deadline, connection bound
     elif args.command == "scheduler":
         import signal
         import threading

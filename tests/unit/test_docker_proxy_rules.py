@@ -21,16 +21,17 @@ import pytest
 import requests
 from requests.adapters import BaseAdapter
 
-from execbox.dockerproxy import containers, rules
+from execbox.dockerproxy import containers, networks, rules
 from execbox.dockerproxy.shape import Shape, shape_from
 from execbox.sandbox.docker.engine import listed_containers, listed_networks
-from execbox.sandbox.docker.networks import EgressNetwork
+from execbox.sandbox.docker.networks import EgressNetwork, EgressNetworks
 from execbox.sandbox.docker.runtime import DockerRuntime
-from execbox.sandbox.runtime import SESSION_LABEL, Limits, SandboxSpec
+from execbox.sandbox.runtime import SESSION_LABEL, EgressSpec, Limits, SandboxSpec
 from execbox.sandbox.settings import DockerSettings
 from tests.conftest import ROOT
 
 DEPLOYMENT = "execbox"
+SUBNET_POOL = "10.213.0.0/16"
 NETWORK = "net-of-this-run"
 GIB = 1 << 30
 
@@ -107,7 +108,7 @@ def policies(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def shape(policies: Path) -> Shape:
-    return shape_from(DockerSettings(), policies)
+    return shape_from(DockerSettings(), policies, SUBNET_POOL)
 
 
 @pytest.fixture
@@ -563,8 +564,96 @@ def test_a_key_given_twice_is_refused() -> None:
 def test_the_shape_takes_the_highest_ceilings_and_the_workers_settings(tmp_path: Path) -> None:
     policies = _policies(tmp_path / "policies")
     (policies / "huge.yaml").write_text("ceilings: {memory_mb: 16384, cpu: 3.5}\n")
-    shape = shape_from(DockerSettings(uid_range="300000-300999", oom_score_adj=500), policies)
+    shape = shape_from(DockerSettings(uid_range="300000-300999", oom_score_adj=500), policies, SUBNET_POOL)
     assert (shape.memory_mb, shape.cpu, shape.pids, shape.disk_mb) == (16384, 3.5, 256, 2048)
     assert (shape.uids, shape.oom_score_adj) == (range(300000, 301000), 500)
     assert len(shape.seccomp_digests) == 4  # two narrowings (none, narrow.yaml's), each for runc and gVisor
     assert json.loads((ROOT / "policies" / "seccomp.json").read_text())["defaultAction"] != "SCMP_ACT_ALLOW"
+
+
+# -- networks ----------------------------------------------------------------------------------------
+
+
+class Lease:
+    """Every /28 is free (the runtime asks the run's lease in Redis)."""
+
+    def reserve(self, subnet: str) -> bool:
+        return True
+
+    def release(self, subnet: str) -> None:
+        pass
+
+    def register(self, proxy_address: str) -> None:
+        pass
+
+
+def _network_calls(runtime: RecordedRuntime) -> list[tuple[str, Any]]:
+    """(scope, body) of each call the runtime makes to open and close a run's egress network."""
+    networks = EgressNetworks(lambda: runtime.api)
+    network = networks.open("exe_1", DEPLOYMENT, EgressSpec("execbox-egress", 3128, SUBNET_POOL, Lease()))
+    networks.close(network)
+    return [(rules.route(method, path).scope, body) for method, path, _, body in runtime.recorder.calls()]
+
+
+def test_the_runtimes_network_calls_are_accepted(runtime: RecordedRuntime, shape: Shape) -> None:
+    calls = _network_calls(runtime)
+    assert [scope for scope, _ in calls] == ["network-create", "network-connect", "network-connect", "network"]
+    for scope, body in calls:
+        if scope == "network-create":
+            networks.check_network_create(body, DEPLOYMENT, shape.subnet_pool)
+        elif scope == "network-connect":
+            networks.check_connect(body, "execbox-egress", shape.subnet_pool)
+
+
+NETWORKS: dict[str, tuple[Callable[[Body], None], str]] = {
+    "not internal": (_set("Internal", False), "Internal"),
+    "macvlan on the host's interface": (_set("Driver", "macvlan"), "Driver"),
+    "the host's bridge": (
+        _set(
+            "Options", {"com.docker.network.bridge.inhibit_ipv4": "true", "com.docker.network.bridge.name": "docker0"}
+        ),
+        "Options",
+    ),
+    "an address for the host": (_set("Options", {}), "Options"),
+    "a subnet outside the pool": (
+        lambda b: b["IPAM"]["Config"][0].update(Subnet="172.17.0.0/28"),
+        "IPAM.Config[0].Subnet",
+    ),
+    "the whole pool": (lambda b: b["IPAM"]["Config"][0].update(Subnet="10.0.0.0/8"), "IPAM.Config[0].Subnet"),
+    "a gateway elsewhere": (lambda b: b["IPAM"]["Config"][0].update(Gateway="172.17.0.1"), "IPAM.Config[0].Gateway"),
+    "a second subnet": (lambda b: b["IPAM"]["Config"].append({"Subnet": "172.17.0.0/16"}), "IPAM.Config"),
+    "another IPAM driver": (lambda b: b["IPAM"].update(Driver="dhcp"), "IPAM.Driver"),
+    "another deployment's labels": (_set("Labels", {"execbox.managed": "true", "execbox.deployment": "x"}), "Labels"),
+    "attachable by any container": (_set("Attachable", True), "Attachable"),
+    "a config from another network": (_set("ConfigFrom", {"Network": "bridge"}), "ConfigFrom"),
+    "IPv6": (_set("EnableIPv6", True), "EnableIPv6"),
+}
+
+
+@pytest.mark.parametrize("case", list(NETWORKS))
+def test_a_hostile_network_is_refused_naming_its_field(runtime: RecordedRuntime, shape: Shape, case: str) -> None:
+    [body] = [body for scope, body in _network_calls(runtime) if scope == "network-create"]
+    change, field = NETWORKS[case]
+    change(body)
+    with pytest.raises(rules.Refused) as refused:
+        networks.check_network_create(body, DEPLOYMENT, shape.subnet_pool)
+    assert refused.value.field == field, refused.value.reason
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"Container": "execbox-redis-1"}, "Container"),
+        ({"Container": "execbox-egress", "EndpointConfig": {"Aliases": ["redis"]}}, "EndpointConfig.Aliases"),
+        ({"Container": "execbox-egress", "EndpointConfig": {"IPAMConfig": {"IPv4Address": "172.17.0.9"}}},
+         "EndpointConfig.IPAMConfig.IPv4Address"),
+        ({"Container": "execbox-egress", "EndpointConfig": {"IPAMConfig": {"IPv4Address": 180223234}}},
+         "EndpointConfig.IPAMConfig.IPv4Address"),
+    ],
+)  # fmt: skip
+def test_only_the_egress_proxy_is_connected_at_an_address_of_the_pool(
+    shape: Shape, body: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(rules.Refused) as refused:
+        networks.check_connect(body, "execbox-egress", shape.subnet_pool)
+    assert refused.value.field == field, refused.value.reason

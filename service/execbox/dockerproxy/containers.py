@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from execbox.dockerproxy.rules import SANDBOX_IMAGES, Refused, ours
+from execbox.dockerproxy.rules import SANDBOX_IMAGES, Refused, fields, ours
 from execbox.dockerproxy.shape import Shape, digest
 from execbox.sandbox.docker.hostconfig import CPU_PERIOD_US, DEFAULT_CPU_SHARES, IDLE_CPU_SHARES
 from execbox.sandbox.runtime import WORKDIR
@@ -45,7 +45,7 @@ _DNS_OPTION = re.compile(r"(?:timeout|attempts):[1-9][0-9]?")
 
 def check_create(body: Any, deployment: str, network_is_ours: Callable[[str], bool], shape: Shape) -> None:
     """A container create body must be the runtime's sandbox shape, within the shape's bounds."""
-    _fields(body, "", _TOP, {"User", "Image", "HostConfig", "Labels"})
+    fields(body, "", _TOP, {"User", "Image", "HostConfig", "Labels"})
     image = body["Image"]
     if not isinstance(image, str) or not SANDBOX_IMAGES.fullmatch(image):
         raise Refused("Image", f"{image!r} is not a sandbox image (execbox/sandbox-<name>[:<tag>])")
@@ -66,7 +66,7 @@ def check_create(body: Any, deployment: str, network_is_ours: Callable[[str], bo
 
 def check_update(body: Any, shape: Shape) -> None:
     """A running sandbox's memory and CPU may change (a warm container resized for its run), within bounds."""
-    _fields(body, "", _UPDATE, set())
+    fields(body, "", _UPDATE, set())
     if "Memory" in body or "MemorySwap" in body:
         _memory(body, "", shape)
     if "CpuQuota" in body or "CpuPeriod" in body:
@@ -76,7 +76,7 @@ def check_update(body: Any, shape: Shape) -> None:
 
 
 def _host(host: Any, uid: int, network_is_ours: Callable[[str], bool], shape: Shape) -> None:
-    _fields(host, "HostConfig", _HOST, _HOST_REQUIRED)
+    fields(host, "HostConfig", _HOST, _HOST_REQUIRED)
     runtime = host.get("Runtime")
     if runtime not in (None, "", *shape.runtimes):
         raise Refused("HostConfig.Runtime", f"{runtime!r} is not one of {', '.join(sorted(shape.runtimes))}")
@@ -181,7 +181,7 @@ def _ulimits(ulimits: Any, shape: Shape) -> None:
     seen = set()
     for i, ulimit in enumerate(ulimits):
         field = f"HostConfig.Ulimits[{i}]"
-        _fields(ulimit, field, {"Name", "Soft", "Hard"}, {"Name", "Soft", "Hard"})
+        fields(ulimit, field, {"Name", "Soft", "Hard"}, {"Name", "Soft", "Hard"})
         name = ulimit["Name"]
         if name not in bounds or name in seen:
             raise Refused(f"{field}.Name", f"{name!r} is not one of {', '.join(_ULIMITS)} (each once)")
@@ -210,7 +210,7 @@ def _mounts(mounts: Any, uid: int, shape: Shape) -> None:
         raise Refused("HostConfig.Mounts", f"holds at most the workspace volume at {WORKDIR}")
     for i, mount in enumerate(mounts):
         field = f"HostConfig.Mounts[{i}]"
-        _fields(mount, field, {"Target", "Source", "Type", "ReadOnly", "VolumeOptions"}, {"Target", "Type"})
+        fields(mount, field, {"Target", "Source", "Type", "ReadOnly", "VolumeOptions"}, {"Target", "Type"})
         _equal(mount, "Type", "volume", where=field)
         _equal(mount, "Target", WORKDIR, where=field)
         if mount.get("Source") not in (None, ""):
@@ -220,7 +220,7 @@ def _mounts(mounts: Any, uid: int, shape: Shape) -> None:
         volume = mount.get("VolumeOptions")
         if volume is None:
             continue
-        _fields(volume, f"{field}.VolumeOptions", {"Labels", "DriverConfig", "NoCopy"}, set())
+        fields(volume, f"{field}.VolumeOptions", {"Labels", "DriverConfig", "NoCopy"}, set())
         if volume.get("Labels") is not None and not _strings(volume["Labels"], mapping=True):
             raise Refused(f"{field}.VolumeOptions.Labels", "must map strings to strings")
         if not isinstance(volume.get("NoCopy", False), bool):
@@ -229,7 +229,7 @@ def _mounts(mounts: Any, uid: int, shape: Shape) -> None:
         if driver is None:
             continue
         where = f"{field}.VolumeOptions.DriverConfig"
-        _fields(driver, where, {"Name", "Options"}, {"Name"})
+        fields(driver, where, {"Name", "Options"}, {"Name"})
         _equal(driver, "Name", "local", where=where)
         options = driver.get("Options")
         if options in (None, {}):
@@ -264,18 +264,6 @@ def _tmpfs_options(options: str, field: str, uid: int, shape: Shape) -> None:
             raise Refused(field, f"{name}={given[name]} is not the container's user ({uid})")
     if "mode" in given and not re.fullmatch(r"[0-7]{3,4}", given["mode"]):
         raise Refused(field, f"mode={given['mode']} is not an octal mode")
-
-
-def _fields(value: Any, where: str, allowed: set[str], required: set[str]) -> None:
-    """An object with only `allowed` keys (exactly spelled) and every `required` one."""
-    if not isinstance(value, dict):
-        raise Refused(where or "body", "must be a JSON object")
-    prefix = f"{where}." if where else ""
-    for key in value:
-        if key not in allowed:
-            raise Refused(f"{prefix}{key}", "is not a field execbox's sandboxes use; leave it out")
-    for key in sorted(required - set(value)):
-        raise Refused(f"{prefix}{key}", "is required: every sandbox gives it")
 
 
 def _equal(obj: Mapping[str, Any], name: str, wanted: Any, where: str = "HostConfig", required: bool = True) -> None:

@@ -136,21 +136,18 @@ def check_image(name: str) -> None:
         raise Refused("image", f"{image!r} is not a sandbox image (execbox/sandbox-<name>[:<tag>])")
 
 
-def check_network_create(body: dict[str, Any], deployment: str) -> None:
-    if (
-        not body.get("Internal")
-        or body.get("Driver") not in (None, "bridge")
-        or not ours(body.get("Labels"), deployment)
-    ):
-        raise Refused("network", "only internal bridge networks labelled as this deployment's may be created")
-    if (body.get("Options") or {}).get("com.docker.network.bridge.inhibit_ipv4") != "true":
-        raise Refused("Options", "per-run networks give the host no address (inhibit_ipv4)")
+def fields(value: Any, where: str, allowed: set[str], required: set[str]) -> None:
+    """An object with only `allowed` keys, spelled exactly (the engine matches names case-insensitively,
+    so another spelling would be read but not checked), and every `required` one."""
+    if not isinstance(value, dict):
+        raise Refused(where or "body", "must be a JSON object")
+    prefix = f"{where}." if where else ""
+    for key in value:
+        if key not in allowed:
+            raise Refused(f"{prefix}{key}", "is not a field execbox's workers send; leave it out")
+    for key in sorted(required - set(value)):
+        raise Refused(f"{prefix}{key}", "is required: every worker's call gives it")
 
 
-def check_connect(body: dict[str, Any], egress_container: str) -> None:
-    if str(body.get("Container", "")) != egress_container:
-        raise Refused("Container", "only the egress proxy may be connected to or disconnected from a run's network")
-
-
-__all__ = ["ROUTES", "SANDBOX_IMAGES", "Refused", "Route", "check_connect", "check_image", "check_listing",
-           "check_network_create", "decode", "ours", "route"]  # fmt: skip
+__all__ = ["ROUTES", "SANDBOX_IMAGES", "Refused", "Route", "check_image", "check_listing", "decode", "fields", "ours",
+           "route"]  # fmt: skip

@@ -23,7 +23,7 @@ import h11
 import httpx
 
 from execbox.core.httpheads import ClientRequest, MalformedRequest, body_chunks, hold_current_task, read_request
-from execbox.dockerproxy import containers, rules
+from execbox.dockerproxy import containers, networks, rules
 from execbox.dockerproxy.shape import Shape
 
 log = logging.getLogger(__name__)
@@ -118,9 +118,9 @@ class DockerProxy:
         elif scope == "update":
             containers.check_update(data, self._shape)
         elif scope == "network-create":
-            rules.check_network_create(data, self._deployment)
+            networks.check_network_create(data, self._deployment, self._shape.subnet_pool)
         else:
-            rules.check_connect(data, self._egress)
+            networks.check_connect(data, self._egress, self._shape.subnet_pool)
             if self._egress_service is not None:
                 data["Container"] = await self._egress_task()
         return json.dumps(data).encode()

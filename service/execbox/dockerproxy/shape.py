@@ -1,13 +1,15 @@
 """What a sandbox container of this deployment may be: the bounds the proxy compares bodies against.
 
 Built from the same settings and files the workers read (EXECBOX_POLICIES_DIR's policies and seccomp
-profile, EXECBOX_DOCKER__UID_RANGE, EXECBOX_DOCKER__OOM_SCORE_ADJ, EXECBOX_DOCKER__RUNSC_NETWORK_RUNTIME),
+profile, EXECBOX_DOCKER__UID_RANGE, EXECBOX_DOCKER__OOM_SCORE_ADJ, EXECBOX_DOCKER__RUNSC_NETWORK_RUNTIME,
+EXECBOX_EGRESS__SUBNET_POOL),
 so the proxy and the workers agree by construction when they share the deployment's environment.
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +40,8 @@ class Shape:
     """SHA-256 of each seccomp profile a worker makes (every policy's narrowing, for runc and gVisor)."""
     gvisor_runtimes: frozenset[str]
     """The engine's names for gVisor (its pids cgroup is sized for gVisor's own threads)."""
+    subnet_pool: ipaddress.IPv4Network | ipaddress.IPv6Network
+    """Where per-run networks and the egress proxy's addresses on them come from (EXECBOX_EGRESS__SUBNET_POOL)."""
 
     @property
     def runtimes(self) -> frozenset[str]:
@@ -47,7 +51,7 @@ class Shape:
         return pids_limit(self.pids, "runsc" if runtime in self.gvisor_runtimes else runtime)
 
 
-def shape_from(docker: DockerSettings, policies_dir: Path) -> Shape:
+def shape_from(docker: DockerSettings, policies_dir: Path, subnet_pool: str) -> Shape:
     """The shape of this deployment's sandboxes (raises when the policies or the profile are unusable:
     a proxy that cannot bound bodies must not start)."""
     policies = PolicySet.load(policies_dir)
@@ -65,6 +69,7 @@ def shape_from(docker: DockerSettings, policies_dir: Path) -> Shape:
         disk_mb=int(policies.highest_ceiling("disk_mb")),
         seccomp_digests=frozenset(digests),
         gvisor_runtimes=frozenset({"runsc", docker.runsc_network_runtime}),
+        subnet_pool=ipaddress.ip_network(subnet_pool),
     )
 
 
