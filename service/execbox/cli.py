@@ -141,10 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings()
 
     if args.command == "api":
-        from execbox.api import create_app
-        from execbox.api.server import serve
+        import uvicorn
 
-        serve(create_app(settings), settings.api, args.host, args.port)  # head deadline, connection bound
+        from execbox.api import create_app
+
+        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_config=None, access_log=False,
+                    timeout_graceful_shutdown=settings.api.shutdown_grace_s)  # fmt: skip
     elif args.command == "scheduler":
         import signal
         import threading
