@@ -24,7 +24,6 @@ import signal
 import threading
 import time
 
-from prometheus_client import start_http_server
 from redis.exceptions import ConnectionError as RedisConnectionError
 from rq import Queue, SimpleWorker
 from rq.job import Job
@@ -40,7 +39,7 @@ from execbox.sandbox.runtime import Runtime
 from execbox.sessions.host import SessionHost
 from execbox.settings import Settings
 from execbox.webhooks.delivery import WebhookConsumer
-from execbox.worker import gate, reaper
+from execbox.worker import gate, health, reaper
 from execbox.worker.context import WorkerContext, current, install
 
 log = logging.getLogger(__name__)
@@ -161,10 +160,8 @@ def run_worker(
     except ServiceError as exc:
         # Keep serving: each job then fails fast as sandbox.error instead of waiting in the queue.
         log.error("Docker engine unreachable at start-up: %s", exc.message)
-    if settings.telemetry.worker_metrics_port is not None:
-        start_http_server(
-            settings.telemetry.worker_metrics_port, addr=settings.telemetry.worker_metrics_host, registry=ctx.registry
-        )
+    if settings.telemetry.worker_metrics_port is not None:  # /metrics and /readyz
+        health.serve(ctx, settings.telemetry.worker_metrics_port, settings.telemetry.worker_metrics_host)
     stop = threading.Event()
     loops = Loops(stop, ctx.metrics.loops)  # each supervised: restarted if it ever dies
     ctx.metrics.loops.initialise(LOOPS)
