@@ -300,6 +300,25 @@ def test_a_restrained_keys_run_gates_its_writes_and_it_cannot_undo_or_retry_them
     assert len(retried.json()["steps"]["again"]["attempts"]) == 1 and retried.json()["compensation"] is None
 
 
+def test_a_restrained_key_cannot_run_code_by_a_route_with_no_approval_on_the_way(
+    plans: Harness, restrained: str
+) -> None:
+    script = {"name": "refund", "version": "1.0.0", "language": "python", "code": "print('refund')"}
+    registered = plans.http.post("/v1/scripts", json=script, headers=bearer(restrained))
+    invoked = plans.http.post("/v1/scripts/refund/invoke", json={"version": "1.0.0", "inputs": {}},
+                              headers=bearer(restrained))  # fmt: skip
+    scheduled = plans.http.post("/v1/schedules", json={"script": "refund@1.0.0", "cron": "* * * * *"},
+                                headers=bearer(restrained))  # fmt: skip
+    sandbox = plans.http.post("/e2b/v2/sandboxes", json={"templateID": "code-interpreter-v1"},
+                              headers={"X-API-KEY": restrained})  # fmt: skip
+
+    assert registered.status_code == 201, "registering runs nothing"
+    for refused in (invoked, scheduled):
+        assert refused.status_code == 403 and refused.json()["code"] == "approval.forbidden", refused.text
+        assert "writes need approval" in refused.json()["detail"]
+    assert sandbox.status_code == 403 and "writes need approval" in sandbox.json()["message"], "E2B's own shape"
+
+
 def test_keys_stored_without_the_attribute_read_as_unrestrained(plans: Harness, settings: Settings) -> None:
     keys = ApiKeys(plans.client, settings.redis.key_prefix)
     key, info = keys.create("alpha")

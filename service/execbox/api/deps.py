@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -33,6 +34,7 @@ from execbox.schedules.surprises import Surprises
 from execbox.sessions.service import Sessions
 from execbox.settings import Settings
 from execbox.tenancy.apikeys import DEFAULT_TENANT, ApiKeys
+from execbox.tenancy.errors import UngatedRoute
 from execbox.tenancy.quotas import Quotas
 from execbox.tenancy.signins import SignIns
 
@@ -94,7 +96,19 @@ async def _tenant(
     info = services.keys.key_from(raw)
     request.state.api_key_id = info.key_id  # who is calling, within the tenant (approvals name keys)
     request.state.api_key_gated = info.require_approval  # its writes wait for another key's approval
+    if info.require_approval and request.method in ("POST", "PATCH", "PUT"):
+        ungated = next((what for pattern, what in _UNGATED if pattern.match(request.url.path)), None)
+        if ungated is not None:
+            raise UngatedRoute(ungated)
     return info.tenant
+
+
+_UNGATED = (
+    (re.compile(r"^/v1/scripts/[^/]+/invoke$"), "a script's invocation"),
+    (re.compile(r"^/v1/schedules(/[^/]+(/resume)?)?$"), "a schedule"),
+)
+"""Routes that run code without an approval on the way (a schedule fires later, unattended), refused to
+a key whose writes need approval; deleting or pausing a schedule stays allowed."""
 
 
 TenantDep = Annotated[str, Depends(_tenant)]

@@ -27,6 +27,20 @@ class NotAdmin(RequestError):
         )
 
 
+class UngatedRoute(RequestError):
+    """A key whose writes need approval (KeyInfo.require_approval) called a route that runs code with no
+    approval on the way (a script's invocation, a schedule, an E2B sandbox): the gate cannot be left out."""
+
+    code = "approval.forbidden"
+    http_status = 403
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"this API key's writes need approval (the operator's policy), and {what} runs code with no approval on "
+            "the way: submit it as an execution or a run step (POST /v1/executions, /v1/runs), which wait for one"
+        )
+
+
 class PolicyNotAllowed(RequestError):
     code = "request.policy_not_allowed"
     http_status = 403
@@ -102,4 +116,5 @@ __all__ = [
     "RateLimited",
     "SignInThrottled",
     "StorageBudgetFull",
+    "UngatedRoute",
 ]

@@ -34,6 +34,7 @@ from execbox.e2b.schemas import (
     SetTimeout,
 )
 from execbox.tenancy.apikeys import DEFAULT_TENANT
+from execbox.tenancy.errors import UngatedRoute
 
 
 def error_response(method: str, path: str, status: int, message: str, headers: Mapping[str, str]) -> Response:
@@ -64,6 +65,8 @@ async def _tenant(request: Request) -> str:
         raw = await services.waiters.redis.get(redis_key)
     info = services.keys.key_from(raw)
     request.state.api_key_id = info.key_id
+    if info.require_approval and request.method == "POST":  # a sandbox runs code with no approval on the way
+        raise UngatedRoute("an E2B sandbox")
     return info.tenant
 
 
