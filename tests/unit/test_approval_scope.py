@@ -155,6 +155,17 @@ def test_a_steps_approval_shows_its_preconditions_files_network_and_compensation
     assert roles == {"precondition": "print('check')", "compensation": UNDO}
 
 
+def test_a_script_steps_approval_shows_the_scripts_code(plans: Harness) -> None:
+    script = {"name": "refund", "version": "1.0.0", "language": "python", "code": "print('refund 40 EUR')"}
+    assert plans.http.post("/v1/scripts", json=script, headers=plans.headers).status_code == 201
+    run = plans.start(plan({"id": "pay", "run": {"script": "refund@1.0.0"}, "approval": {"summary": "refund"}}))
+
+    shown = plans.http.get(f"/v1/approvals/{run['steps']['pay']['approval_id']}", headers=plans.headers).json()
+
+    assert shown["code"] == "# the script refund@1.0.0\nprint('refund 40 EUR')", "not only its name"
+    assert shown["language"] == "python" and shown["network"] == "none"
+
+
 # -- an approval ends with its subject -----------------------------------------------------------------
 
 

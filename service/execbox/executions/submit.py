@@ -43,7 +43,7 @@ from execbox.executions.settings import ExecutionsConfig
 from execbox.executions.settle import approval_decided, reconciled
 from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.executions.store import ExecutionStore
-from execbox.files.store import FileStore
+from execbox.files.store import REDIS, FileStore
 from execbox.fleet.registry import WorkerRegistry
 from execbox.tenancy.quotas import Quotas
 
@@ -398,7 +398,8 @@ def worst_case(body: ExecutionCreate, extra: ExtraFiles, policy: AppliedPolicy, 
     """(record, input file data): the most bytes an execution may keep in Redis, from its request and policy.
     The record holds code, env, stdin (base64), inputs and up to `output_bytes` of stdout and of stderr;
     its live events a second copy of that output. Input files are counted at their size (uploads named by
-    id too: the execution keeps them as long as itself). Sizes beyond a cap are refused later (422)."""
+    id too: the execution keeps them as long as itself) when they are kept in Redis. Sizes beyond a cap are
+    refused later (422)."""
     stdin = len(body.stdin_b64) * 3 // 4 if body.stdin_b64 is not None else len((body.stdin or "").encode())
     record = (
         len(body.code.encode())
@@ -408,6 +409,8 @@ def worst_case(body: ExecutionCreate, extra: ExtraFiles, policy: AppliedPolicy, 
         + 4 * policy.output_bytes
         + RECORD_OVERHEAD
     )
+    if files.blobs.kind != REDIS:  # the data goes to the object store, not Redis
+        return record, 0
     data = sum(len(d) for _, d in extra)
     for item in body.files:
         if item.file_id is not None:

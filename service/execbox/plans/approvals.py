@@ -19,13 +19,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from execbox.catalog.schemas import NetworkAllowlist
+from execbox.catalog.schemas import NetworkAllowlist, PolicyRequest
 from execbox.executions.effects import REQUIRED_BY as REQUIRED_BY  # what its approvals say asked for them
 from execbox.executions.effects import Approval
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.status import ExecutionStatus
 from execbox.files.blobs import ArtifactStore
 from execbox.files.store import FileStore
+from execbox.library.schemas import ScriptVersion
 from execbox.plans import compensation, fallback
 from execbox.plans.errors import ApprovalForbidden, RunConflict
 from execbox.plans.refs import artifact_path, refs_in
@@ -89,11 +90,19 @@ def digest(data: bytes) -> str:
 
 
 def step_shown(
-    run: StoredRun, step_id: str, state: StepState, files: list[ShownFile], required_by: str | None
+    run: StoredRun,
+    step_id: str,
+    state: StepState,
+    files: list[ShownFile],
+    required_by: str | None,
+    script: ScriptVersion | None = None,
 ) -> Shown:
-    """What runs with the step besides its code and arguments (files already described by the executor)."""
+    """What runs with the step besides its code and arguments (files already described by the executor;
+    `script`: the version a `script:` run names now, whose policy applies unless the step gives one)."""
     spec = run.spec(step_id)
     what, _, policy = fallback.what_runs(spec, state)
+    if script is not None and policy == PolicyRequest():
+        policy = script.default_policy
     also = [ShownCode(role="precondition", name=c.name, language=c.run.language, code=c.run.code, args=c.args)
             for c in (spec.preconditions if fallback.active(spec, state) is None else [])]  # fmt: skip
     check = spec.idempotency.status_check if spec.idempotency is not None else None
@@ -104,7 +113,7 @@ def step_shown(
         undo = spec.compensation
         also.append(ShownCode(role="compensation", language=undo.run.language, code=undo.run.code, args=undo.args))
     return Shown(
-        language=what.language if isinstance(what, CodeCell) else None, files=files,
+        language=what.language if isinstance(what, CodeCell) else script.language if script else None, files=files,
         network=policy.network or "none", policy=policy.name or "default", also_runs=also, required_by=required_by,
     )  # fmt: skip
 

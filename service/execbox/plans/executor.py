@@ -28,6 +28,7 @@ from execbox.executions.schemas import ExecutionCreate
 from execbox.executions.status import ExecutionStatus
 from execbox.executions.submit import Submissions
 from execbox.files.blobs import ArtifactStore
+from execbox.library.schemas import ScriptVersion
 from execbox.library.service import Library
 from execbox.plans import approvals, compensation, fallback, inputs, step_keys
 from execbox.plans.dispatch import Dispatcher, MissingArtifact, StepRefused, script_request
@@ -434,21 +435,22 @@ class Executor:
         spec = run.spec(step_id)
         required_by = approvals.REQUIRED_BY if spec.approval is None or not spec.approval.required else None
         files = approvals.step_files(run, step_id, state, self.submissions.files, self.artifacts)
-        shown = approvals.step_shown(run, step_id, state, files, required_by)
         what = fallback.what_runs(spec, state)[0]
-        script = self._script_code(run.tenant, what.script) if isinstance(what, ScriptRef) else None
-        approval = approvals.request(self.store, run, step_id, state, now, shown, script)
+        script = self._script(run.tenant, what.script) if isinstance(what, ScriptRef) else None
+        shown = approvals.step_shown(run, step_id, state, files, required_by, script)
+        code = script.code if script is not None else None
+        approval = approvals.request(self.store, run, step_id, state, now, shown, code)
         state.approval_id, state.due_at = approval.id, approval.expires_at
         run.notify("approval.requested", approval=approval.id)
         self.set_step(run, step_id, StepStatus.AWAITING_APPROVAL, f"approval {approval.id} requested")
 
-    def _script_code(self, tenant: str, ref: str) -> str | None:
-        """The code of the script `name@version` names now (what its approval shows), or None."""
+    def _script(self, tenant: str, ref: str) -> ScriptVersion | None:
+        """The script `name@version` names now (what its approval shows), or None."""
         if self.scripts is None:
             return None
         name, _, version = ref.partition("@")
         try:
-            return self.scripts.resolve(tenant, name, version).code
+            return self.scripts.resolve(tenant, name, version)
         except ServiceError:
             return None  # the step fails when it is dispatched, saying why
 
