@@ -140,6 +140,21 @@ def test_an_executions_approval_shows_list_inputs_env_stdin_files_network_and_it
                                    "code": check["code"], "args": {}}]  # fmt: skip
 
 
+def test_the_mcp_tool_lists_what_an_approval_shows(plans: Harness) -> None:
+    body = {"language": "python", "code": "print('pay')", "inputs": [40], "env": {"TOKEN": "t"},
+            "approval": {"summary": "pay"}}  # fmt: skip
+    assert plans.http.post("/v1/executions", json=body, headers=plans.headers).status_code == 202
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "list_approvals", "arguments": {}}}
+    sent = {**plans.headers, "Accept": "application/json, text/event-stream", "Host": "localhost:8000"}
+
+    answer = plans.http.post("/mcp/", json=call, headers=sent)
+
+    (data,) = [line.removeprefix("data: ") for line in answer.text.splitlines() if line.startswith("data: ")]
+    (listed,) = json.loads(json.loads(data)["result"]["content"][0]["text"])["approvals"]
+    assert listed["inputs"] == [40] and listed["env_sha256"] == {"TOKEN": hashlib.sha256(b"t").hexdigest()}
+    assert listed["network"] == "none" and listed["also_runs"] == [] and "files" in listed
+
+
 def test_a_steps_approval_shows_its_preconditions_files_network_and_compensation(plans: Harness) -> None:
     step = paid_step([])
     step["preconditions"] = [{"name": "still_open", "run": cell("print('check')"), "expect": {"type": "object"}}]

@@ -286,9 +286,13 @@ def build(server: FastMCP, connect: Connect) -> FastMCP:
 
     @server.tool()
     async def list_approvals(ctx: Context[Any, Any, Any], status: str = "pending") -> dict[str, Any]:
-        """Approvals of plan steps and of executions (status: pending, approved, rejected, expired)."""
+        """Approvals of plan steps and of executions (status: pending, approved, rejected, expired, withdrawn),
+        each with everything that runs because of it: code, args (or non-object inputs), env names with value
+        digests, stdin and files' digests, network, and the checks and compensation that run with it."""
         found: list[dict[str, Any]] = await call(ctx, "list_approvals", status=status or None)
-        keep = ("id", "status", "summary", "run_id", "step_id", "execution_id", "args", "code", "expires_at")
+        keep = ("id", "status", "summary", "run_id", "step_id", "execution_id", "args", "inputs", "code", "language",
+                "env_sha256", "stdin_bytes", "stdin_sha256", "files", "network", "policy", "also_runs", "required_by",
+                "reason", "expires_at")  # fmt: skip
         return {"approvals": [{k: a.get(k) for k in keep} for a in found]}
 
     @server.tool()
