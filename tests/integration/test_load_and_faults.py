@@ -42,7 +42,8 @@ def roomy(side_stack: Callable[..., Side], tmp_path: Path) -> tuple[Side, dict[s
         tmp_path,
         "default: {running: 64, per_minute: 600, policies: [default]}\n"
         "tenants:\n"
-        "  busy: {running: 1000, per_minute: 5000, policies: [default]}\n"
+        # 300 queued at once reserve their output caps: 300 x 4 MiB of storage budget
+        "  busy: {running: 1000, per_minute: 5000, policies: [default], storage_budget_mb: 2048}\n"
         "  rated: {running: 10, per_minute: 1, policies: [default]}\n",
     )
     side = side_stack(EXECBOX_POLICIES_DIR=str(policies))

@@ -33,10 +33,14 @@ TENANTS = """
 default: {running: 64, per_minute: 600, policies: [default]}
 tenants:
   filler: {running: 500, per_minute: 6000, policies: [default], storage_budget_mb: 24, runs_per_minute: 1000}
-  other: {running: 500, per_minute: 6000, policies: [default], storage_budget_mb: 1024}
+  other: {running: 500, per_minute: 6000, policies: [default], storage_budget_mb: 4096}
   few: {running: 64, per_minute: 600, policies: [default], runs_per_minute: 2}
+  scripter: {running: 64, per_minute: 600, policies: [default], storage_budget_mb: 1}
 """
 Api = tuple[InProcess, dict[str, dict[str, str]]]
+BLOCK, ROUNDS = 20, 10
+"""The other tenant's acceptances are measured in blocks of 20, ten with the filler pushing and ten (one before
+it starts) without: 200 of each, whose p99 leaves out the two slowest (a busy machine's stray pause)."""
 
 
 @pytest.fixture
@@ -47,7 +51,7 @@ def budgets(tmp_path: Path, settings: Settings, client: redis.Redis) -> Iterator
     (policies / "tenants.yaml").write_text(TENANTS)
     configured = settings.model_copy(update={"policies_dir": policies})
     keys = ApiKeys(client, configured.redis.key_prefix)
-    headers = {t: {"Authorization": f"Bearer {keys.create(t)[0]}"} for t in ("filler", "other", "few")}
+    headers = {t: {"Authorization": f"Bearer {keys.create(t)[0]}"} for t in ("filler", "other", "few", "scripter")}
     http = InProcess(create_app(configured))
     yield http, headers
     http.close()
@@ -105,7 +109,7 @@ def test_a_tenant_at_its_budget_gets_429_and_the_others_acceptances_keep_their_p
 
     for _ in range(5):  # warm up both paths
         accept_other()
-    before = [accept_other() for _ in range(80)]
+    before = [accept_other() for _ in range(BLOCK)]  # the filler has not started
 
     refused: list[dict[str, Any]] = []
     filled = 0
@@ -131,17 +135,24 @@ def test_a_tenant_at_its_budget_gets_429_and_the_others_acceptances_keep_their_p
         and "of its storage budget 25165824" in (problem["detail"])
     ), problem
 
+    # Then blocks of the other's acceptances with the filler pushing at its full budget between them, and
+    # blocks with the filler quiet: both kinds spread over the same seconds, so a busy machine slows both alike.
     during: list[float] = []
     at_budget = 0
-    for _ in range(80):  # the filler keeps pushing at its full budget between the other's acceptances
-        pushed = http.post(
-            "/v1/executions", json={"language": "python", "code": "print(1)", "stdin_b64": stdin}, headers=as_["filler"]
-        )
-        at_budget += pushed.status_code == 429
-        during.append(accept_other())
+    for _ in range(ROUNDS):
+        for _ in range(BLOCK):
+            pushed = http.post("/v1/executions", json={"language": "python", "code": "print(1)", "stdin_b64": stdin},
+                               headers=as_["filler"])  # fmt: skip
+            at_budget += pushed.status_code == 429
+            during.append(accept_other())
+        before += [accept_other() for _ in range(BLOCK)]
 
-    assert at_budget == 80, "every push past the budget was refused"
-    assert _p99(during) <= 2 * _p99(before) + 0.02, (_p99(before), _p99(during))
+    assert at_budget == ROUNDS * BLOCK, "every push past the budget was refused"
+    # Bounded by the other's own baseline from this run (one typical acceptance as the margin), not a fixed time.
+    bound = 2 * _p99(before) + statistics.median(before)
+    assert _p99(during) <= bound, (
+        f"p99 {_p99(during):.4f} s while the filler is at its budget, {_p99(before):.4f} s without it"
+    )
 
 
 def test_an_ended_execution_keeps_its_size_counted_not_its_worst_case(
@@ -183,3 +194,21 @@ def test_runs_past_the_tenants_rate_are_refused(budgets: Api) -> None:
 
     assert [a.status_code for a in answers] == [201, 201, 429], [a.text for a in answers]
     assert "runs_per_minute" in answers[2].json()["detail"] and int(answers[2].headers["Retry-After"]) >= 1
+
+
+def test_script_versions_count_against_the_budget_until_removed(
+    budgets: Api, settings: Settings, client: redis.Redis
+) -> None:
+    http, as_ = budgets
+    kept = StorageBudget(client, Keys(settings.redis.key_prefix))
+    script = {"name": "big", "version": "1.0.0", "code": "#" * (600 << 10)}
+
+    first = http.post("/v1/scripts", json=script, headers=as_["scripter"])
+    used = kept.used("scripter")
+    replay = http.post("/v1/scripts", json=script, headers=as_["scripter"])
+    second = http.post("/v1/scripts", json={**script, "version": "2.0.0"}, headers=as_["scripter"])
+
+    assert first.status_code == 201 and replay.status_code == 200, (first.text, replay.text)
+    assert used > 600 << 10 and kept.used("scripter") == used, "a replay is counted once"
+    assert second.status_code == 429 and second.json()["errors"][0]["field"] == "tenant.storage_budget"
+    assert client.ttl(Keys(settings.redis.key_prefix).kept("scripter")) > 86400 * 365, "kept without a TTL"

@@ -37,6 +37,7 @@ from execbox.library.schemas import (
     VersionView,
 )
 from execbox.library.store import ScriptStore
+from execbox.tenancy.budget import FOREVER_S
 
 SHARED = "*"
 """The owner of the operator's shared scripts: every tenant may find and invoke them."""
@@ -100,7 +101,13 @@ class Library:
             raise InvalidRequest(f"this tenant may not use policy {policy.name!r}", (problem,))
         digest = request_digest(body)
         wanted = ScriptVersion(**body.model_dump(), sha256=digest, created_at=time.time(), tenant=tenant)
-        stored = self.store.add(wanted)
+        stored = self.store.get(tenant, body.name, body.version)
+        if stored is None:  # a new version is kept until removed: counted against the storage budget
+            quotas = self.submissions.quotas
+            charge = quotas.keep(tenant, len(wanted.model_dump_json()), FOREVER_S, "this script version")
+            stored = self.store.add(wanted)
+            if stored.created_at != wanted.created_at:  # registered meanwhile: counted by that registration
+                quotas.budget.settle(tenant, [(charge.bucket, -charge.bytes)])
         if stored.sha256 != digest:
             raise VersionConflict(f"{body.name}@{body.version} is registered with other content; versions are "
                               "immutable: register a new version")  # fmt: skip

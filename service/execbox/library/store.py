@@ -25,6 +25,11 @@ class ScriptStore:
             raw = self.redis.hget(key, version.version)
         return ScriptVersion.model_validate_json(raw)  # type: ignore[arg-type]
 
+    def get(self, tenant: str, name: str, version: str) -> ScriptVersion | None:
+        with redis_errors():
+            raw = self.redis.hget(self.keys.script(tenant, name), version)
+        return None if raw is None else ScriptVersion.model_validate_json(raw)
+
     def put(self, version: ScriptVersion) -> None:
         with redis_errors():
             self.redis.hset(self.keys.script(version.tenant, version.name), version.version, version.model_dump_json())

@@ -28,6 +28,8 @@ from execbox.tenancy.keys import TenancyKeys
 
 BUCKET_S = 900
 """Granularity of the expiry buckets: room comes back at most this long after the data expired."""
+FOREVER_S = 100 * 365 * 86400
+"""The lifetime to charge for data kept without a TTL (script versions): counted until it is removed."""
 
 _CHARGE = """
 local now_q = tonumber(ARGV[1])
@@ -110,4 +112,4 @@ class StorageBudget:
         return self._run(tenant, -1, [])[1]
 
 
-__all__ = ["BUCKET_S", "Charge", "StorageBudget", "bucket"]
+__all__ = ["BUCKET_S", "FOREVER_S", "Charge", "StorageBudget", "bucket"]
