@@ -141,12 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings()
 
     if args.command == "api":
-        import uvicorn
-
         from execbox.api import create_app
+        from execbox.api.server import serve
 
-        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_config=None, access_log=False,
-                    timeout_graceful_shutdown=settings.api.shutdown_grace_s)  # fmt: skip
+        serve(create_app(settings), settings.api, args.host, args.port)  # head deadline, connection bound
     elif args.command == "scheduler":
         import signal
         import threading

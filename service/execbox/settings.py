@@ -46,11 +46,40 @@ class ApiSettings(BaseModel):
     max_json_body_bytes: int = Field(
         4 * 1024 * 1024,
         gt=0,
-        description="Largest body of every other route (plans, runs, schedules...; 413 above). Decoding JSON holds "
-        "the interpreter lock (about 30 ms per MiB at worst), so this also bounds how long one body can delay others.",
+        description="Largest body of every other route that takes a JSON model (plans, runs, schedules...; a route "
+        "of a few short fields takes 32 KiB, one without a body 4 KiB; 413 above). Bodies are parsed off the event "
+        "loop, at most two at once, so this also bounds the memory parsing takes.",
     )
     sse_keepalive_s: float = Field(
         15.0, gt=0, le=300, description="A live-event stream (SSE) sends a keepalive comment after this long quiet."
+    )
+    head_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="A request's head (request line and headers) must arrive within this long of its first byte (of "
+        "the connection, for the first request); past it the connection is closed, so half a head holds nothing.",
+    )
+    max_head_bytes: int = Field(
+        64 * 1024, ge=4096, description="Largest request head (request line and headers): 431 above."
+    )
+    body_idle_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="While a body is read, each part must arrive within this long (408 and the connection closed).",
+    )
+    body_min_rate_bytes_s: int = Field(
+        256 * 1024,
+        gt=0,
+        description="A whole body must arrive within body_idle_timeout_s plus its length (or its route's bound) at "
+        "this rate: 64 MiB in about 4.5 minutes (408 and the connection closed after that).",
+    )
+    max_connections: int = Field(
+        1000,
+        ge=1,
+        description="Open connections (and requests in progress) one API process serves; a request beyond them is "
+        "answered 503 with Retry-After at once. Each slow head is closed after head_timeout_s.",
     )
 
 

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from rq import Queue
 
 from execbox import __version__
-from execbox.api import console, mcp, problems
+from execbox.api import console, limits, mcp, problems
 from execbox.api.deps import Services
 from execbox.api.metrics import HttpMetrics, SharedStateCollector, api_metrics
 from execbox.api.routes import admin, e2b, executions, files, health, languages, runs, schedules, scripts
@@ -122,6 +122,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     spans = setup_tracing(settings.telemetry.otlp_endpoint, "execbox-api")
     idempotency = IdempotencyKeys(client, settings.redis.key_prefix, settings.api.idempotency_ttl_s)
     quotas = Quotas.load(settings.policies_dir / "tenants.yaml", Slots(client, keys), settings.queue.max_depth)
+    file_store.budget = quotas.keep  # uploads kept in Redis count against the tenant's storage budget
     sessions = Sessions(settings, SessionStore(client, keys, settings.retention_s), store, file_store, language_set,
                         policies, quotas, fleet)  # fmt: skip
     run_store = RunStore(client, keys, settings.retention_s)
@@ -177,7 +178,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         dead_letters=dead_letters,
     )
     foreign = {"/e2b/": e2b.error_response} if settings.e2b.enabled else {}
-    problems.install(app, settings.api.max_json_body_bytes, settings.api.max_body_bytes, foreign)
+    problems.install(app, foreign)
+    limits.install(app, settings.api, policies, app.state.foreign_shapes)
     app.add_middleware(HttpMetrics, metrics=metrics, routes=app.routes)
     app.include_router(executions.router)
     app.include_router(files.router)

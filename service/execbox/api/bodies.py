@@ -3,7 +3,7 @@
 FastAPI parses a JSON body and validates it against the route's model inside the event loop: a
 12 MiB plan held every other request (`/healthz` included) for two seconds. Every router of the API
 is built with `route_class=OffLoopRoute`, whose handler reads the body (the per-route cap is
-BodyLimit's, in problems), then parses and validates it in a thread, at most PARSES at a time
+api.limits'), then parses and validates it in a thread, at most PARSES at a time
 (bounding the memory the parsed objects take), and hands FastAPI the validated model, which it
 accepts as it is. Numbers must be finite: `1e400` would be stored as `null` and could not be read
 back, so every body is refused with 422 naming the field where one appears.

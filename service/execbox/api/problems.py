@@ -1,9 +1,9 @@
-"""RFC 9457 problem+json for every error, and the request body caps (one per kind of route)."""
+"""RFC 9457 problem+json for every error (the request bodies' bounds are api.limits')."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -11,9 +11,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from execbox.core.errors import BodyTooLarge, FieldProblem, ServiceError
+from execbox.core.errors import FieldProblem, ServiceError
 
 
 class ProblemField(BaseModel):
@@ -136,74 +135,14 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     return _answer(request, 422, "request.invalid", f"the request is invalid: {detail}", False, problems)
 
 
-class BodyLimit:
-    """Refuses bodies above the route's cap with 413, by Content-Length or while streaming: the
-    upload routes (`uploads`, POST only) take up to `upload_bytes`, every other route `json_bytes`,
-    so a JSON control route never holds more than a few MiB per request in the API's memory."""
-
-    def __init__(self, app: ASGIApp, json_bytes: int, upload_bytes: int, uploads: Collection[str],
-                 foreign: Mapping[str, ForeignShape]) -> None:  # fmt: skip
-        self.app = app
-        self.foreign = foreign
-        self.json_bytes = json_bytes
-        self.upload_bytes = upload_bytes
-        self.uploads = frozenset(uploads)
-
-    def cap(self, scope: Scope) -> int:
-        upload = scope.get("method") == "POST" and scope.get("path", "").rstrip("/") in self.uploads
-        return self.upload_bytes if upload else self.json_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        cap = self.cap(scope)
-        # Connection: close, because the rest of the unread body must not be taken for a next request.
-        hint = "" if cap == self.upload_bytes else "; upload files with POST /v1/files and refer to them by id"
-        path = scope.get("path", "")
-        shape = next((s for prefix, s in self.foreign.items() if path.startswith(prefix)), None)
-        if shape is not None:
-            too_large = shape(scope.get("method", ""), path, 413, BodyTooLarge(cap).message, {"Connection": "close"})
-        else:
-            too_large = problem_response(
-                413, BodyTooLarge.code, BodyTooLarge(cap).message + hint, False, headers={"Connection": "close"}
-            )
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > cap:
-            await too_large(scope, receive, send)
-            return
-        seen = 0
-
-        async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > cap:
-                raise _TooLarge
-            return message
-
-        try:
-            await self.app(scope, counted, send)
-        except _TooLarge:
-            await too_large(scope, receive, send)
-
-
-class _TooLarge(Exception):
-    pass
-
-
 UPLOADS = ("/v1/executions", "/v1/files", "/e2b/sandbox/files")
-"""The routes whose bodies carry files (POST): the only ones allowed api.max_body_bytes."""
+"""The routes whose bodies carry files (POST): the only ones allowed api.max_body_bytes (api.limits)."""
 
 
-def install(
-    app: FastAPI, json_bytes: int, upload_bytes: int, foreign: Mapping[str, ForeignShape] | None = None
-) -> None:
+def install(app: FastAPI, foreign: Mapping[str, ForeignShape] | None = None) -> None:
     """problem+json for every error the routes do not answer themselves, except under the path
     prefixes of `foreign`, which answer in their protocol's own shape."""
     app.state.foreign_shapes = dict(foreign or {})
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_middleware(BodyLimit, json_bytes=json_bytes, upload_bytes=upload_bytes, uploads=UPLOADS,
-                       foreign=app.state.foreign_shapes)  # fmt: skip

@@ -17,7 +17,8 @@ from execbox.core.errors import FieldProblem, InvalidRequest
 STREAM_TYPE = "application/connect+json"
 """Exactly this: the Python SDK compares the header byte for byte (no charset)."""
 CODES = {400: "invalid_argument", 401: "unauthenticated", 403: "permission_denied", 404: "not_found",
-         405: "unimplemented", 409: "already_exists", 413: "resource_exhausted", 429: "resource_exhausted",
+         405: "unimplemented", 408: "deadline_exceeded", 409: "already_exists", 413: "resource_exhausted",
+         429: "resource_exhausted",
          501: "unimplemented", 502: "unavailable", 503: "unavailable", 504: "deadline_exceeded"}  # fmt: skip
 """HTTP status -> Connect error code (the SDKs map the codes to their exceptions; `unavailable`
 with "was not found" is E2B's "the sandbox is not running")."""
@@ -74,10 +75,14 @@ async def envelopes(chunks: AsyncIterator[bytes], max_size: int) -> AsyncIterato
 
 
 def message(data: bytes) -> dict[str, Any]:
+    """One message's JSON object; InvalidRequest (a Connect `invalid_argument`) for anything else,
+    nesting past the interpreter's recursion limit included (it was a plain-text 500)."""
     try:
         parsed = json.loads(data or b"{}")
     except ValueError:
         raise _bad("the message is not JSON") from None
+    except RecursionError:
+        raise _bad("the message is nested too deeply; send at most a few hundred levels") from None
     if not isinstance(parsed, dict):
         raise _bad("the message must be a JSON object")
     return parsed

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import UploadFile
 
-from execbox.api.bodies import OffLoopRoute
+from execbox.api.bodies import PARSES, OffLoopRoute
 from execbox.api.deps import Services, ServicesDep
 from execbox.api.params import TraceHeader
 from execbox.core.errors import FieldProblem, InvalidRequest, ServiceError
@@ -216,7 +216,7 @@ async def rpc(request: Request, service: str, method: str, services: ServicesDep
     opened = await _opened(request, services)
     if (service, method) in SERVER_STREAMS:
         try:
-            body = connectrpc.opened_envelope(await request.body())
+            body = await to_thread.run_sync(connectrpc.opened_envelope, await request.body(), limiter=PARSES)
         except ServiceError as exc:
             return Response(connectrpc.end_stream(connectrpc.connect_code(exc.http_status), exc.message),
                             media_type=connectrpc.STREAM_TYPE)  # fmt: skip
@@ -228,7 +228,7 @@ async def rpc(request: Request, service: str, method: str, services: ServicesDep
     if service == "process.Process" and method == "StreamInput":
         answer = await commands.stream_input(services.envd, opened, request.stream())
         return Response(answer, media_type=connectrpc.STREAM_TYPE)
-    body = connectrpc.message(await request.body())
+    body = await to_thread.run_sync(connectrpc.message, await request.body(), limiter=PARSES)  # off the loop
     if service == "filesystem.Filesystem" and method in watchers.UNARY:
         return JSONResponse(await watchers.rpc(services.envd, services.watchers, opened, method, body))
     if service == "process.Process":

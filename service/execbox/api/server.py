@@ -1,0 +1,150 @@
+"""The API's HTTP server: uvicorn with a deadline on each request head, a cap on a head's size and
+a bound on open connections.
+
+uvicorn closes a keep-alive connection that stays idle, but not one that sends half a head and then
+nothing (nor one that connects and sends nothing): such connections stayed open past 90 s, and
+nothing bounded how many there were. Here each head must arrive within api.head_timeout_s of its
+first byte (of the connection, for the first request; then the connection is closed with a 408),
+a head above api.max_head_bytes is a 431, and a request arriving while api.max_connections are open
+(or as many requests in progress) is answered at once with a 503 and Retry-After, in problem+json,
+instead of queueing behind them. The body's own bounds and deadlines are api.limits'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from typing import Any
+
+import uvicorn
+from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from execbox.api.problems import problem_response
+from execbox.settings import ApiSettings
+
+RETRY_AFTER_S = 1
+
+
+def _raw_problem(status: int, reason: str, code: str, detail: str, extra: str = "") -> bytes:
+    """A whole problem+json answer, written straight to the socket (no app is running for it)."""
+    body = json.dumps({"type": f"https://execbox.dev/problems/{code}", "title": code.replace(".", " "),
+                       "status": status, "detail": detail, "code": code, "retryable": False,
+                       "errors": []}).encode()  # fmt: skip
+    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/problem+json\r\ncontent-length: {len(body)}"
+            f"\r\nconnection: close\r\n{extra}\r\n")  # fmt: skip
+    return head.encode() + body
+
+
+async def _busy(scope: Scope, receive: Receive, send: Send) -> None:
+    answer = problem_response(503, "service.busy", "the API is serving as many connections as it takes; retry "
+                              "after Retry-After", True, headers={"Retry-After": str(RETRY_AFTER_S),
+                                                                  "Connection": "close"})  # fmt: skip
+    await answer(scope, receive, send)
+
+
+class BoundedHttp(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the head deadline, the head cap and the connection bound."""
+
+    head_timeout_s = 10.0
+    max_head_bytes = 64 * 1024
+    max_connections = 1000
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_bytes = 0
+        super().connection_made(transport)
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_bytes = 0
+        if self._head_timer is None:  # a next request on the connection: its head gets its own deadline
+            self._arm()
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        if len(self.connections) > self.max_connections or len(self.tasks) >= self.max_connections:
+            app, self.app = self.app, _busy
+            try:
+                super().on_headers_complete()
+            finally:
+                self.app = app
+            return
+        super().on_headers_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        if self._head_bytes <= self.max_head_bytes:
+            super().send_400_response(msg)
+            return
+        self.transport.write(_raw_problem(431, "Request Header Fields Too Large", "request.head_too_large",
+                                          f"the request's head exceeds {self.max_head_bytes} bytes; send fewer "
+                                          "or shorter headers"))  # fmt: skip
+        self.transport.close()
+
+    def _count(self, size: int) -> None:
+        self._head_bytes += size
+        if self._head_bytes > self.max_head_bytes:
+            raise _HeadTooLarge  # httptools ends the parse; uvicorn answers through send_400_response
+
+    def _arm(self) -> None:
+        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_late)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing() or (self.cycle is not None and not self.cycle.response_complete):
+            return
+        late = f"the request's head did not arrive within {self.head_timeout_s:g} s"
+        self.transport.write(_raw_problem(408, "Request Timeout", "request.timeout", late))
+        self.transport.close()
+
+
+class _HeadTooLarge(Exception):
+    pass
+
+
+def protocol(settings: ApiSettings) -> type[BoundedHttp]:
+    """The protocol class with this deployment's bounds."""
+    bounds: dict[str, Any] = {"head_timeout_s": settings.head_timeout_s, "max_head_bytes": settings.max_head_bytes,
+                              "max_connections": settings.max_connections}  # fmt: skip
+    return type("BoundedHttp", (BoundedHttp,), bounds)
+
+
+def config(app: ASGIApp, settings: ApiSettings, host: str, port: int) -> uvicorn.Config:
+    """uvicorn's configuration of the API: the bounded protocol, no access log (the API logs its own)."""
+    return uvicorn.Config(app, host=host, port=port, http=protocol(settings), log_config=None, access_log=False,
+                          timeout_keep_alive=5, timeout_graceful_shutdown=settings.shutdown_grace_s)  # fmt: skip
+
+
+def serve(app: ASGIApp, settings: ApiSettings, host: str, port: int) -> None:
+    uvicorn.Server(config(app, settings, host, port)).run()
+
+
+def bound_socket(host: str = "127.0.0.1") -> socket.socket:
+    """A listening socket on a free port (tests serve on it: `Server.run(sockets=[...])`)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    sock.listen(2048)
+    return sock
+
+
+__all__ = ["BoundedHttp", "bound_socket", "config", "protocol", "serve"]
