@@ -176,3 +176,46 @@ def test_env_from_request_reaches_program(api: httpx.Client) -> None:
         json={"language": "python", "code": "import os\nprint(os.environ['GREETING'])", "env": {"GREETING": "hi"}},
     )
     assert response.json()["stdout"] == "hi\n"
+
+
+def test_writing_files_past_the_memory_limit_is_the_memory_limit(api: httpx.Client) -> None:
+    """The workspace is memory: 100 MiB of files with 64 MiB of memory. Under bwrap the OOM killer
+    picked the launcher, which then reported nothing: a retryable sandbox.error where runc says
+    limit.memory. The program's own doing is its memory limit under every runtime."""
+    code = (
+        "for i in range(100):\n    with open(f'f{i}', 'wb') as f:\n        f.write(b'x' * (1 << 20))\nprint('written')"
+    )
+    body = run_code(api, code, memory_mb=64, disk_mb=256)
+    assert_failed(body, "limit.memory")
+    assert body["resources"]["oom_killed"] is True
+
+
+def test_out_replaced_by_a_link_is_listed_not_kept(api: httpx.Client) -> None:
+    """`out` made a link to /etc: under bwrap the collection failed (a retryable sandbox.error); the
+    link is never followed, and listed as not kept, under every runtime."""
+    body = run_code(api, "import os, shutil\nshutil.rmtree('out')\nos.symlink('/etc', 'out')\nprint('linked')")
+    assert body["status"] == "succeeded", (body["error"], body["stderr"][-500:])
+    assert body["stdout"] == "linked\n" and body["artifacts"] == []
+    assert body["artifacts_not_kept"] == [{"name": "out", "size": None, "reason": "symlink"}]
+
+
+DEEP = """
+import os
+os.chdir("out")
+for _ in range(1100):
+    os.mkdir("d")
+    os.chdir("d")
+open("deep.txt", "w").write("x")
+print("made")
+"""
+
+
+def test_a_thousand_nested_directories_under_out_keep_the_programs_stdout(api: httpx.Client) -> None:
+    """~1,100 nested directories under out: the bwrap helper's collection recursed into each and
+    failed with RecursionError, and the run lost its stdout (service.error). The walk is a loop; a
+    directory 64 levels down is listed as too deep and not looked into, under every runtime."""
+    body = run_code(api, DEEP)
+    assert body["status"] == "succeeded", (body["error"], body["stderr"][-500:])
+    assert body["stdout"] == "made\n"
+    (deep,) = body["artifacts_not_kept"]
+    assert deep["name"] == "/".join(["d"] * 64) and deep["reason"].startswith("too_deep"), deep

@@ -5,6 +5,12 @@ never read (so no link can make the worker return a file from outside the direct
 checked before anything is stored, and the store never builds a host path from them. Caps on
 count, per-file and total size are applied before a member's bytes are read; whatever passes a
 cap is listed as not kept, never dropped silently.
+
+What a program makes costs it, not the service: the stream is read for at most MEMBERS entries and
+WITHIN_S seconds (a run making 50,000 empty files is cut there: the result says so and the caps'
+error follows), at most LISTED names are listed (then one line says how many more), and directories
+deeper than DEPTH are listed once as too deep, their contents never looked at. The engine and the
+bubblewrap helper stop their own walks a little after these bounds.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import fnmatch
 import io
 import mimetypes
 import tarfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +32,14 @@ RESULT_CAP_BYTES = 8 << 20
 RICH_DIR = f"{RESERVED_DIR}/results/"
 """Where a Python sandbox leaves rich results (execbox_rich): index.json and one file per representation."""
 RICH_INDEX = f"{RICH_DIR}index.json"
+MEMBERS = 10_000
+"""Entries of the collected directory read at most."""
+WITHIN_S = 10.0
+"""Time the reading of the collected directory may take."""
+LISTED = 100
+"""Names listed as not kept at most (then one entry says how many more)."""
+DEPTH = 64
+"""Directory levels below the collected directory that are looked into."""
 
 
 @dataclass(frozen=True)
@@ -95,13 +110,52 @@ class Collector:
     skipped: list[dict[str, Any]] = field(default_factory=list)
     result: bytes | None = None
     over_cap: bool = False
+    unlisted: int = 0
+    """Names not kept past the LISTED first (counted, not listed)."""
+    cut: str | None = None
+    """Why the reading stopped before the end of the stream."""
 
     def __call__(self, chunks: Iterator[bytes]) -> None:
-        total = 0
+        self._read(chunks)
+        if self.cut is not None:
+            self.over_cap = True
+            self.not_kept.append({"name": "…", "reason": self.cut})
+        if self.unlisted:
+            self.skipped.append({"name": "…", "reason": f"{self.unlisted} more not kept, not listed (at most "
+                                 f"{LISTED} names are)"})  # fmt: skip
+
+    def _list(self, into: list[dict[str, Any]], item: dict[str, Any]) -> None:
+        if len(self.not_kept) + len(self.skipped) < LISTED:
+            into.append(item)
+        else:
+            self.unlisted += 1
+
+    def _read(self, chunks: Iterator[bytes]) -> None:
+        total, seen, deadline = 0, 0, time.monotonic() + WITHIN_S
+        too_deep: str | None = None
         with tarfile.open(fileobj=io.BufferedReader(_StreamReader(chunks), 1 << 16), mode="r|") as tar:
             for member in tar:
+                seen += 1
+                if seen > MEMBERS or time.monotonic() > deadline:
+                    self.cut = (f"the output directory was read for {WITHIN_S:g} s and {MEMBERS} entries at most; "
+                                "what came after was not looked at")  # fmt: skip
+                    return
+                if member.name == self.root and not member.isdir():  # `out` itself a link: never followed
+                    self._list(
+                        self.skipped, {"name": self.root, "reason": "symlink" if member.issym() else "not_a_dir"}
+                    )
+                    continue
                 name = self._relative(member.name)
-                if name is None or member.isdir():
+                if name is None or (too_deep is not None and name.startswith(too_deep)):
+                    continue  # not the collected directory's, or inside one already listed as too deep
+                parts = name.split("/")
+                if len(parts) > DEPTH or (len(parts) == DEPTH and member.isdir()):
+                    # A directory at the bound (the helper sends it alone; the engine what is below too).
+                    too_deep = "/".join(parts[:DEPTH]) + "/"
+                    self._list(self.skipped, {"name": too_deep[:-1], "reason": f"too_deep: a directory {DEPTH} "
+                                              "levels down; what it holds is not collected"})  # fmt: skip
+                    continue
+                if member.isdir():
                     continue
                 if name == self._result_name():
                     self._read_result(tar, member)
@@ -115,25 +169,24 @@ class Collector:
                 if self.only is not None and name not in self.only:
                     continue
                 if not safe_name(name):
-                    self.skipped.append(
-                        {"name": name.encode("utf-8", "backslashreplace").decode(), "reason": "unsafe_name"}
-                    )
+                    shown = name.encode("utf-8", "backslashreplace").decode()
+                    self._list(self.skipped, {"name": shown, "reason": "unsafe_name"})
                     continue
                 if not member.isreg():
                     kind = "symlink" if member.issym() else "hardlink" if member.islnk() else "not_a_file"
-                    self.skipped.append({"name": name, "reason": kind})
+                    self._list(self.skipped, {"name": name, "reason": kind})
                     continue
                 over = self._cap_reason(member.size, total)
                 if over:
                     self.over_cap = True
-                    self.not_kept.append({"name": name, "size": member.size, "reason": over})
+                    self._list(self.not_kept, {"name": name, "size": member.size, "reason": over})
                     continue
                 data = tar.extractfile(member)
                 assert data is not None  # a regular member always has data
                 try:
                     size, digest = self.store.put(self.execution_id, name, data, member.size)
                 except ArtifactTooLarge:
-                    self.skipped.append({"name": name, "reason": "changed_while_read"})
+                    self._list(self.skipped, {"name": name, "reason": "changed_while_read"})
                     continue
                 total += size
                 media = mimetypes.guess_type(name)[0] or "application/octet-stream"

@@ -103,6 +103,9 @@ def tar_output(
                     member = archive.gettarinfo(str(path), arcname)
                 except FileNotFoundError:
                     continue
+                if member is None:  # a socket: tar has no such entry (nor does the engine's archive)
+                    continue
+                member.mtime = int(member.mtime)  # whole seconds: no PAX header per entry
                 left -= member.size if member.isreg() else 0
                 if left < 0:
                     raise OSError(f"the output directory holds more than the run's disk ({budget >> 20} MiB)")
