@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from execbox.sandbox.runtime import POOL_LABEL, WORKER_LABEL
+from execbox.worker.main import STOP_GRACE_S
 from tests.conftest import ROOT, Side, run_code, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
@@ -297,6 +298,19 @@ def test_stale_containers_are_recycled_and_a_stopped_worker_leaves_none(
     assert not idle(docker_client, worker)
     labelled = docker_client.api.containers(all=True, filters={"label": f"{WORKER_LABEL}={worker}"})
     assert not labelled
+
+
+def test_a_worker_stopped_while_its_pool_fills_exits_within_its_grace(
+    pooled: Callable[..., tuple[Side, str]], docker_client: docker.DockerClient
+) -> None:
+    """Issue 44: a pooled worker still ran 30 s after SIGTERM. Stopped with creations in flight, it is
+    gone within its stop grace (what it was still making carries its name: the reaper's, as above)."""
+    side, worker = pooled(size=6)
+    made = {"label": [f"{WORKER_LABEL}={worker}"]}  # created (not yet started) ones count: the pool fills
+    wait_until(lambda: docker_client.api.containers(all=True, filters=made), 60, "the pool to start filling")
+    (proc,) = [p for p in side.processes.procs if p.args[-1] == worker]  # type: ignore[index]
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(STOP_GRACE_S + 5)  # its clean-up's grace, and RQ's own teardown (a few Redis calls)
 
 
 def test_a_killed_workers_pool_is_reaped(

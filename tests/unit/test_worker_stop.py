@@ -4,6 +4,8 @@ that leaves only what the reaper can find by its labels."""
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import threading
 import time
@@ -135,3 +137,28 @@ def test_a_stop_during_a_job_is_kept_beyond_rq_s_worker_object(
     finally:
         signal.signal(signal.SIGTERM, handlers[0])
         signal.signal(signal.SIGINT, handlers[1])
+
+
+def test_a_worker_held_past_its_hard_stop_exits_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever else holds a stopping worker (RQ's teardown, an atexit hook), the process ends."""
+    exited = threading.Event()
+    monkeypatch.setattr(main, "_hard_stop", None)
+    monkeypatch.setattr(os, "_exit", lambda code: exited.set())
+    monkeypatch.setattr(logging, "shutdown", lambda: None)
+
+    main.arm_hard_stop(0.05)
+
+    assert exited.wait(5), "the hard stop never fired"
+
+
+def test_rq_s_teardown_after_a_stop_arms_the_hard_stop(client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    armed: list[float] = []
+    monkeypatch.setattr(main, "_stopping", threading.Event())
+    monkeypatch.setattr(main, "arm_hard_stop", armed.append)
+    worker = main.RQWorker(["q"], connection=client)
+
+    worker.teardown()  # a Redis outage leaves the loop too: no stop asked, nothing armed
+    main._stopping.set()
+    worker.teardown()
+
+    assert armed == [main.HARD_STOP_S]

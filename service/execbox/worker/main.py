@@ -13,13 +13,16 @@ A stop (SIGTERM or SIGINT) lets the job in progress finish (RQ's warm shutdown; 
 it at once), then gives the clean-up `STOP_GRACE_S` in all: held sessions closed, the warm pool
 removed, deferred removals run. Each waits only until that deadline, in daemon threads, so the
 process exits within its grace whatever the engine does; what is still under way then carries the
-worker's labels and is removed by another worker's reaper once this one's heartbeat is gone.
+worker's labels and is removed by another worker's reaper once this one's heartbeat is gone. Should
+anything else hold the process (RQ's own teardown included), it exits at once `HARD_STOP_S` after the
+job's end.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 import signal
 import threading
 import time
@@ -52,6 +55,11 @@ _DRAINED_POLL_S = 0.5
 STOP_GRACE_S = 10.0
 """The whole clean-up after the queue loop ends (sessions, warm pool, deferred removals), within the
 stop grace a supervisor gives once the job in progress has ended (the test harness waits 15 s)."""
+
+HARD_STOP_S = STOP_GRACE_S + 10.0
+"""From the end of the job in progress, the longest a stopping worker lives: RQ's own teardown (a few
+Redis calls, its pub/sub thread) and the clean-up; past it the process exits at once (`os._exit`),
+leaving what is still under way, labelled, to the reaper."""
 
 _stopping = threading.Event()
 """Set by every SIGTERM/SIGINT, before and after RQ installs its own handlers: no loop of the main
@@ -130,6 +138,31 @@ class RQWorker(SimpleWorker):
     def request_stop(self, signum: int, frame: object) -> None:
         _stopping.set()  # RQ's own flag lives on this worker object only; the loop around it must know too
         super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
+
+    def teardown(self) -> None:
+        if _stopping.is_set():  # the loop is left for good (no job runs any more): bound what follows
+            arm_hard_stop(HARD_STOP_S)
+        super().teardown()  # type: ignore[no-untyped-call]
+
+
+_hard_stop: threading.Timer | None = None
+
+
+def arm_hard_stop(after_s: float) -> None:
+    """Exit the process `after_s` from now whatever it is blocked in (once; later calls keep the first)."""
+    global _hard_stop
+    if _hard_stop is not None:
+        return
+
+    def hard_stop() -> None:
+        log.error("worker still running %.0f s after its stop began: exiting now; the reaper removes what it left",
+                  after_s)  # fmt: skip
+        logging.shutdown()
+        os._exit(1)
+
+    _hard_stop = threading.Timer(after_s, hard_stop)
+    _hard_stop.daemon = True
+    _hard_stop.start()
 
 
 def _note_stop(signum: int, frame: object) -> None:
