@@ -93,7 +93,8 @@ class _Quiet(WSGIRequestHandler):
 
 
 def _connect(path: str) -> None:
-    """The bubblewrap helper accepts on its socket (a connection closed before its HEAD starts nothing)."""
+    """The bubblewrap helper accepts on its socket (a connection closed before its HEAD starts nothing;
+    a stale socket file of a helper gone refuses it)."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(CHECK_TIMEOUT_S)
     try:
