@@ -29,6 +29,7 @@ import time
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from rq import Queue, SimpleWorker
+from rq.exceptions import StopRequested
 from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.worker import WorkerStatus
@@ -200,7 +201,7 @@ def run_worker(
     ctx.metrics.loops.initialise(LOOPS)
     loops.start("reaper", lambda stop: reaper.run(ctx, stop))
     loops.start("webhooks", WebhookConsumer(ctx.store, settings.webhooks, ctx.name, ctx.metrics.loops).run)
-    if ctx.pool is not None:
+    if ctx.pool is not None and not _stopping.is_set():  # a stop during start-up makes nothing new
         ctx.pool.start(stop)
     sessions = SessionHost(ctx, paused=ctx.drain.check) if settings.sessions.per_worker > 0 else None
     if sessions is not None:
@@ -223,7 +224,10 @@ def run_worker(
             except RedisConnectionError as exc:
                 # Redis went away (restart, failover): wait for it, then serve again instead of dying.
                 log.error("lost Redis (%s); waiting for it to come back", exc)
-                _wait_for_redis(ctx)
+                try:
+                    _wait_for_redis(ctx)
+                except StopRequested:  # RQ's handler (still installed) raises it out of the wait: a clean stop
+                    return
     finally:
         stop.set()
         shut_down(ctx, sessions, stop_grace_s)
