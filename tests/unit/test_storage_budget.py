@@ -36,6 +36,7 @@ tenants:
   other: {running: 500, per_minute: 6000, policies: [default], storage_budget_mb: 4096}
   few: {running: 64, per_minute: 600, policies: [default], runs_per_minute: 2}
   scripter: {running: 64, per_minute: 600, policies: [default], storage_budget_mb: 1}
+  uploader: {running: 64, per_minute: 600, policies: [default], storage_budget_mb: 2}
 """
 Api = tuple[InProcess, dict[str, dict[str, str]]]
 BLOCK, ROUNDS = 20, 10
@@ -51,7 +52,9 @@ def budgets(tmp_path: Path, settings: Settings, client: redis.Redis) -> Iterator
     (policies / "tenants.yaml").write_text(TENANTS)
     configured = settings.model_copy(update={"policies_dir": policies})
     keys = ApiKeys(client, configured.redis.key_prefix)
-    headers = {t: {"Authorization": f"Bearer {keys.create(t)[0]}"} for t in ("filler", "other", "few", "scripter")}
+    headers = {
+        t: {"Authorization": f"Bearer {keys.create(t)[0]}"} for t in ("filler", "other", "few", "scripter", "uploader")
+    }
     http = InProcess(create_app(configured))
     yield http, headers
     http.close()
@@ -212,3 +215,16 @@ def test_script_versions_count_against_the_budget_until_removed(
     assert used > 600 << 10 and kept.used("scripter") == used, "a replay is counted once"
     assert second.status_code == 429 and second.json()["errors"][0]["field"] == "tenant.storage_budget"
     assert client.ttl(Keys(settings.redis.key_prefix).kept("scripter")) > 86400 * 365, "kept without a TTL"
+
+
+def test_uploads_kept_in_redis_count_against_the_budget(budgets: Api, settings: Settings, client: redis.Redis) -> None:
+    http, as_ = budgets
+    kept = StorageBudget(client, Keys(settings.redis.key_prefix))
+    data = b"u" * (900 << 10)
+
+    answers = [http.post("/v1/files", files={"file": ("u.bin", data)}, headers=as_["uploader"]) for _ in range(3)]
+
+    assert [a.status_code for a in answers] == [201, 201, 429], [a.text[:300] for a in answers]
+    assert answers[2].json()["errors"][0]["field"] == "tenant.storage_budget"
+    assert kept.used("uploader") == 2 * len(data), "each upload counted at its size; the refused one not at all"
+    assert len(list(client.scan_iter(match=f"{settings.redis.key_prefix}:file:*"))) == 2, "nothing stored when refused"

@@ -137,7 +137,7 @@ def prepare(
     if problems:
         raise PolicyExceeded(tuple(problems))
     for path, data in pending:
-        meta = files.put(data, path.rsplit("/", 1)[-1], ttl_s, tenant)
+        meta = files.put(data, path.rsplit("/", 1)[-1], ttl_s, tenant, counted=False)  # counted with the execution
         refs.append(InputFileRef(path=path, file_id=meta.id, size=meta.size, sha256=meta.sha256))
     for ref in refs:
         files.keep(ref.file_id, keep_until)

@@ -35,6 +35,23 @@ def new_file_id() -> str:
     return "file_" + base64.b32encode(secrets.token_bytes(16)).decode().rstrip("=").lower()
 
 
+class Budget(Protocol):
+    """A tenant's storage budget (execbox.tenancy.quotas.Quotas.keep): counts or raises (429)."""
+
+    def __call__(self, tenant: str, nbytes: int, ttl_s: float, what: str) -> object: ...
+
+
+def _remaining(stream: IO[bytes], limit: int) -> int:
+    """Bytes left in a seekable stream (an upload spooled to a file), else `limit`."""
+    try:
+        here = stream.tell()
+        end = stream.seek(0, io.SEEK_END)
+        stream.seek(here)
+    except (OSError, ValueError):
+        return limit
+    return end - here
+
+
 class InputBlobs(Protocol):
     """Where input file data lives. Errors: FileNotFoundError when absent, another OSError when the
     store fails, ArtifactTooLarge past the limit."""
@@ -97,10 +114,23 @@ class FileStore:
         hashed = RedisHashBlobs(client, keys)
         self.blobs: InputBlobs = blobs or hashed
         self._by_kind: dict[str, InputBlobs] = {REDIS: hashed, self.blobs.kind: self.blobs}
+        self.budget: Budget | None = None
+        """Counts a file kept in Redis against its tenant's storage budget, or refuses it (the assembly
+        sets Quotas.keep); None: not counted."""
 
-    def put(self, data: bytes | IO[bytes], name: str, ttl_s: int, tenant: str, limit: int | None = None) -> FilePublic:
+    def put(
+        self,
+        data: bytes | IO[bytes],
+        name: str,
+        ttl_s: int,
+        tenant: str,
+        limit: int | None = None,
+        counted: bool = True,
+    ) -> FilePublic:
         """Store a file: its data first, then its meta, so a meta always has its data. A stream is
-        read once, in chunks (at most `limit` bytes, required for a stream)."""
+        read once, in chunks (at most `limit` bytes, required for a stream). Data kept in Redis is
+        counted against the tenant's storage budget first, unless `counted` is False (an execution's
+        inline files: the execution counted them)."""
         if isinstance(data, bytes):
             stream: IO[bytes] = io.BytesIO(data)
             limit = len(data)
@@ -108,6 +138,8 @@ class FileStore:
             raise ValueError("a stream needs a limit")
         else:
             stream = data
+        if counted and self.budget is not None and self.blobs.kind == REDIS:
+            self.budget(tenant, min(_remaining(stream, limit), limit), ttl_s, "this file")
         file_id = new_file_id()
         with _store_errors(file_id, "store", name):
             size, sha256 = self.blobs.put(file_id, stream, limit, ttl_s)

@@ -91,7 +91,10 @@ async def upload_file(
             tenant, "POST /v1/files", idempotency_key, fingerprint, put, lambda meta: meta.id, stored
         )
 
-    meta, replayed = await run_in_threadpool(create)
+    try:
+        meta, replayed = await run_in_threadpool(create)
+    finally:  # refused too (the tenant's storage budget): the spooled part is not left to the collector
+        await form.close()
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
     return meta
