@@ -199,6 +199,22 @@ def test_a_chunked_body_is_refused_as_it_passes_its_bound(served: Served) -> Non
 # -- bodies: deadlines
 
 
+def test_the_rest_of_a_body_answered_before_it_was_read_has_the_head_deadline(served: Served) -> None:
+    with served.connect() as sock:
+        sock.sendall(head("/v1/executions", "Content-Length: 1000000", "Content-Type: application/json"))
+        sock.sendall(b'{"code": ')  # no key: a 401 before the body is read
+        answer = b""
+        while b"}" not in answer:  # the whole (JSON) answer
+            answer += sock.recv(65536)
+        sock.sendall(b'"')  # a byte after the answer: uvicorn's keep-alive timer is cancelled, nothing is armed
+        started = time.monotonic()
+        rest = read_all(sock)  # without the deadline: the socket's 30 s timeout
+        took = time.monotonic() - started
+
+    assert answer_of(answer)[0] == 401 and rest == b"", (answer, rest)
+    assert took < HEAD_S + SLACK_S, f"closed after {took:.2f} s"
+
+
 def test_a_body_that_stops_halfway_is_408_within_the_idle_deadline(served: Served) -> None:
     declared = 60 * 1024 * 1024
     with served.connect() as sock:

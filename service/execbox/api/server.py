@@ -7,7 +7,9 @@ nothing bounded how many there were. Here each head must arrive within api.head_
 first byte (of the connection, for the first request; then the connection is closed with a 408),
 a head above api.max_head_bytes is a 431, and a request arriving while api.max_connections are open
 (or as many requests in progress) is answered at once with a 503 and Retry-After, in problem+json,
-instead of queueing behind them. The body's own bounds and deadlines are api.limits'.
+instead of queueing behind them, and the rest of a body answered before it was read must arrive
+within the head's deadline too (it otherwise had none). The body's own bounds and deadlines are
+api.limits'.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class BoundedHttp(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0
+        self._served = False  # no answer yet on this connection
         super().connection_made(transport)
         self._arm()
 
@@ -77,6 +80,7 @@ class BoundedHttp(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        self._head_bytes = 0  # no head in progress
         if len(self.connections) > self.max_connections or len(self.tasks) >= self.max_connections:
             app, self.app = self.app, _busy
             try:
@@ -85,6 +89,17 @@ class BoundedHttp(HttpToolsProtocol):
                 self.app = app
             return
         super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        self._served = True
+        # Answered before its body was read (a 401 before a large upload, say): the rest of the body
+        # would arrive with no deadline at all (each byte cancels uvicorn's keep-alive timer, and no
+        # head is pending), so it gets the head's deadline. Not closed at once: the client may still
+        # be sending, and a close then resets the connection before it reads the answer.
+        if not self.pipeline and self.cycle is not None and self.cycle.more_body:
+            self._disarm()
+            self._arm()
+        super().on_response_complete()
 
     def send_400_response(self, msg: str) -> None:
         if self._head_bytes <= self.max_head_bytes:
@@ -111,6 +126,9 @@ class BoundedHttp(HttpToolsProtocol):
     def _head_late(self) -> None:
         self._head_timer = None
         if self.transport.is_closing() or (self.cycle is not None and not self.cycle.response_complete):
+            return
+        if self._served and self._head_bytes == 0:  # the rest of an answered body, or nothing: no answer owed
+            self.transport.close()
             return
         late = f"the request's head did not arrive within {self.head_timeout_s:g} s"
         self.transport.write(_raw_problem(408, "Request Timeout", "request.timeout", late))
