@@ -35,8 +35,9 @@ MASKED = ("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", 
           "/proc/softirqs", "/proc/latency_stats", "/proc/sysrq-trigger")  # fmt: skip
 BACKSTOP_S = 30.0
 """How long past its own timeout the helper lets a run go before it ends it itself."""
-JOIN_WAIT_S = 10.0
-"""How long the spawned shell may take to join the run's cgroups."""
+JOIN_WAIT_S = 60.0
+"""How long the spawned shell may take to join the run's cgroups (a host writing back a freshly
+unpacked image stalled it past 10 s; the worker waits START_WAIT_S for a start)."""
 STARTED = wire.pack_json(wire.EXIT, {"event": "started"})
 
 
@@ -176,9 +177,10 @@ class RunningSandbox:
             joined_w = -1
             # Nothing of the conversation (a RELEASE sent with the HEAD, say) is read before the
             # kernel shows the run's first process in its cgroups: a kill then reaches all of it.
-            said = os.read(joined_r, 16) if select.select([joined_r], [], [], JOIN_WAIT_S)[0] else b""
-            if said != b"joined\n" or not cgroup.holds(self.process.pid):
+            if not select.select([joined_r], [], [], JOIN_WAIT_S)[0]:
                 raise RuntimeError(f"the run's first process did not join its cgroups within {JOIN_WAIT_S:.0f} s")
+            if os.read(joined_r, 16) != b"joined\n" or not cgroup.holds(self.process.pid):
+                raise RuntimeError(f"the run's first process could not join its cgroups (status {self.process.poll()})")
         finally:
             for fd in (read_end, write_end, joined_r, joined_w):
                 if fd >= 0:
