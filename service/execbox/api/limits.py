@@ -118,9 +118,13 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         cap = self.bounds.bound(scope)
-        length = dict(scope["headers"]).get(b"content-length")
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > cap:
             await self._refuse(scope, receive, send, 413, cap)
+            return
+        if length is None and b"transfer-encoding" not in headers:  # no body (a GET): nothing to bound or wait for
+            await self.app(scope, receive, send)
             return
         expected = int(length) if length is not None and length.isdigit() else cap
         stream = scope.get("path", "") in STREAMS
