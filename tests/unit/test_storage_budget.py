@@ -75,6 +75,10 @@ def test_a_charge_past_the_budget_is_refused_and_counts_nothing(settings: Settin
     assert "600 of 1000 bytes used" in refused.value.problems[0].message and "storage budget 1000" in str(refused.value)
     assert int(refused.value.headers["Retry-After"]) > 3600 - BUCKET_S, "room comes back when the first data expires"
     assert kept.used("alpha") == 600, "a refused charge counts nothing"
+    with pytest.raises(StorageBudgetFull) as never:
+        kept.charge("alpha", 1001, 3600, budget=1000, what="too much")
+    assert refused.value.retryable and not never.value.retryable, "more than the whole budget is not worth a retry"
+    assert "can never fit" in str(never.value)
     assert kept.used("beta") == 0, "per tenant"
 
 

@@ -77,7 +77,7 @@ class StorageBudgetFull(RateLimited):
     def __init__(self, tenant: str, used: int, budget: int, wanted: int, room_at: float, what: str) -> None:
         wait = max(int(room_at - time.time()), 1) if room_at else 1
         if wanted > budget:
-            advice = "it can never fit: send less, lower the policy's output_bytes, or raise the budget"
+            advice = "it can never fit: send less, lower the policy's output_bytes, or ask for a larger budget"
         else:
             advice = f"room comes back as kept data expires, the first in {wait} s; retry then, or raise the budget"
         super().__init__(
@@ -88,6 +88,7 @@ class StorageBudgetFull(RateLimited):
                      "Execbox-Storage-Budget": str(budget)},
         )  # fmt: skip
         self.used, self.budget, self.wanted, self.room_at = used, budget, wanted, room_at
+        self.retryable = wanted <= budget  # waiting cannot make room for more than the whole budget
 
 
 class SignInThrottled(RateLimited):
