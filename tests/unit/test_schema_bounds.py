@@ -12,7 +12,13 @@ import pytest
 
 from execbox.core.readable import schema_problems
 from execbox.core.schemacheck import CHECK_S, is_valid, schema_errors
+from execbox.executions.outcome import decide
+from execbox.executions.outputs import ProgramFiles
+from execbox.executions.schemas import Expect
+from execbox.executions.status import ErrorCategory, ExecutionStatus
 from tests.unit.conftest import InProcess
+from tests.unit.test_outcome import LIMITS, run
+from tests.unit.test_results import make_record
 
 Api = tuple[InProcess, dict[str, dict[str, str]]]
 EVIL = "^(a+)+$"
@@ -74,6 +80,24 @@ def test_unique_items_of_many_objects_are_compared_by_hash() -> None:
     assert schema_errors({"uniqueItems": True}, [*items, {"row": 7}])
     assert time.perf_counter() - started < 5.0  # pairwise: 2e8 comparisons, minutes
     assert schema_errors({"uniqueItems": True}, [1, 1.0]) and not schema_errors({"uniqueItems": True}, [1, True])
+
+
+def test_the_workers_expect_check_is_bounded_and_fails_the_run_not_the_worker() -> None:
+    branch = {"type": "array", "items": {"$ref": "#/$defs/n"}}
+    schema = {"type": "object", "$defs": {"n": {"oneOf": [branch, branch]}},
+              "properties": {"word": {"pattern": EVIL}, "tree": {"$ref": "#/$defs/n"}}}  # fmt: skip
+    deep: list[Any] = []
+    for _ in range(40):
+        deep = [deep]
+    record = make_record(expect=Expect(outputs_schema=schema))
+    started = time.perf_counter()
+
+    outcome = decide(record, run(0), ProgramFiles(outputs={"word": subject(40), "tree": deep}), LIMITS, "python")
+
+    assert time.perf_counter() - started < CHECK_S + 1.0, "the check ran past its bound"
+    assert outcome.status is ExecutionStatus.FAILED and outcome.error is not None
+    assert outcome.error.category is ErrorCategory.OUTPUT_INVALID, outcome.error
+    assert "took more than" in outcome.error.message or "does not match" in outcome.error.message
 
 
 @pytest.mark.parametrize(
