@@ -18,7 +18,8 @@ import httpx
 import pytest
 
 from execbox.sandbox.bwrap import wire
-from execbox.sandbox.bwrap.helper import HEAD_WAIT_S, uid_holders
+from execbox.sandbox.bwrap.helper import HEAD_WAIT_S
+from execbox.sandbox.bwrap.running import uid_holders
 from execbox.sandbox.protocol import LAUNCHER, frame_files
 from execbox.sandbox.runtime import EXECUTION_LABEL
 from tests.conftest import (

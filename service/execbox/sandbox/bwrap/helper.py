@@ -46,7 +46,7 @@ from execbox.sandbox.bwrap import wire
 from execbox.sandbox.bwrap.cgroups import sweep_leftovers
 from execbox.sandbox.bwrap.checks import BadRun, BoundsError, checked, policy_bounds
 from execbox.sandbox.bwrap.rootfs import Rootfs, RootfsError
-from execbox.sandbox.bwrap.running import BWRAP, UMOUNT, RunningSandbox
+from execbox.sandbox.bwrap.running import BWRAP, UMOUNT, RunningSandbox, uid_holders
 from execbox.sandbox.bwrap.seccomp_bpf import compile_profile
 from execbox.sandbox.seccomp import SeccompProfiles, narrowed
 from execbox.sandbox.uids import parse_range
@@ -81,27 +81,6 @@ class HelperSettings:
     """Runs at once; one more is refused (FAILED), not queued: a worker's own slots bound its runs."""
     policies: Path = field(default_factory=_policies_dir)
     """The deployment's policy files: no run may ask for more than their highest ceilings."""
-
-
-def uid_holders(uid: int, proc: Path = Path("/proc")) -> list[int]:
-    """The pids of every live process whose real, effective, saved or file-system uid is `uid` (a
-    zombie runs nothing and holds nothing but its pid until its parent reaps it)."""
-    found = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(entry / "status", "rb") as status:
-                for line in status:
-                    if line.startswith(b"State:") and line.split()[1:2] == [b"Z"]:
-                        break
-                    if line.startswith(b"Uid:"):
-                        if uid in (int(u) for u in line.split()[1:]):
-                            found.append(int(entry.name))
-                        break
-        except (OSError, ValueError):
-            continue  # the process ended meanwhile
-    return found
 
 
 class Helper:
@@ -182,10 +161,7 @@ class Helper:
             self._hold(sandbox)
 
     def _done(self, uid: int | None) -> None:
-        """The run's uid and slot go back, once the kernel shows no process holding the uid."""
-        while uid is not None and (holders := uid_holders(uid)):
-            log.warning("uid %d is still held by %s: kept from other runs until they end", uid, holders)
-            time.sleep(REAP_EVERY_S)
+        """The run's uid and slot go back (its run showed the uid free, or never started)."""
         with self._lock:
             if uid is not None:
                 self._live_uids.discard(uid)
@@ -193,7 +169,8 @@ class Helper:
 
     def _hold(self, sandbox: RunningSandbox) -> None:
         """A run whose processes did not all end: its uid and slot stay taken until they have."""
-        log.warning("run %s: processes outlived its clean-up; its uid %d stays taken", sandbox.token, sandbox.run.uid)
+        log.warning("run %s: processes outlived its clean-up (uid %d held by %s); its uid stays taken until they end",
+                    sandbox.token, sandbox.run.uid, uid_holders(sandbox.run.uid))  # fmt: skip
         while not sandbox.reap():
             time.sleep(REAP_EVERY_S)
         self._done(sandbox.run.uid)

@@ -11,11 +11,11 @@ import logging
 import os
 import queue
 import secrets
-import select
 import shutil
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -38,6 +38,7 @@ BACKSTOP_S = 30.0
 JOIN_WAIT_S = 60.0
 """How long the spawned shell may take to join the run's cgroups (a host writing back a freshly
 unpacked image stalled it past 10 s; the worker waits START_WAIT_S for a start)."""
+JOIN_POLL_S = 0.001
 STARTED = wire.pack_json(wire.EXIT, {"event": "started"})
 
 
@@ -82,11 +83,14 @@ class RunningSandbox:
             log.warning("run %s ended early: %s", self.token, exc)
             self.fail(f"the bubblewrap helper failed: {exc}")
         finally:
-            self.uid_free = self._clean_up()
+            self.uid_free = self._stop()
             with contextlib.suppress(OSError):
                 self.send(wire.pack_json(wire.EXIT, {"event": "released", "uid_free": self.uid_free}))
             with contextlib.suppress(OSError):
                 self.conn.close()
+            for mount in self.mounts:  # after the worker was told: nothing of the run runs any more
+                subprocess.run([UMOUNT, "-l", str(mount)], check=False, capture_output=True)
+            shutil.rmtree(self.dir, ignore_errors=True)
         return self.uid_free
 
     def fail(self, error: str) -> None:
@@ -152,7 +156,6 @@ class RunningSandbox:
         run, cgroup = self.run, self.cgroup
         assert cgroup is not None
         read_end, write_end = os.pipe()
-        joined_r, joined_w = os.pipe()
         try:
             os.write(write_end, self.host.seccomp(run.seccomp_deny))  # a few KiB: within a pipe's buffer
             os.close(write_end)
@@ -160,31 +163,33 @@ class RunningSandbox:
             limits = [f"--cpu={run.cpu_time_s}:{run.cpu_time_s + 1}", "--nofile=1024", f"--fsize={run.disk_mb << 20}",
                       "--core=0", f"--stack={8 << 20}", f"--nproc={run.pids + 1}"]  # fmt: skip
             # The shell joins the run's cgroup(s) before bubblewrap exists, so nothing of the run is
-            # ever outside them, and says so on a pipe of its own (closed before the exec); prlimit
-            # sets the per-process limits Docker sets as ulimits. The host's OOM killer picks a
-            # sandbox before any service (as oom_score_adj does for containers).
+            # ever outside them; prlimit sets the per-process limits Docker sets as ulimits. The
+            # host's OOM killer picks a sandbox before any service (as oom_score_adj does for containers).
             joins = ('echo "$EBX_OOM" > /proc/self/oom_score_adj && '
-                     'for f in $EBX_CGROUPS; do echo $$ > "$f" || exit 121; done && '
-                     'echo joined >&"$EBX_JOINED" && eval "exec $EBX_JOINED>&-" && exec "$@"')  # fmt: skip
+                     'for f in $EBX_CGROUPS; do echo $$ > "$f" || exit 121; done; exec "$@"')  # fmt: skip
             self.process = subprocess.Popen(
                 [SH, "-c", joins, "sh", PRLIMIT, *limits, "--", *self._argv(read_end)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(read_end, joined_w),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(read_end,),
                 env={"EBX_CGROUPS": " ".join(cgroup.procs_files), "EBX_OOM": str(self.host.oom_score_adj),
-                     "EBX_JOINED": str(joined_w), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                     "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                 start_new_session=True,
             )  # fmt: skip
-            os.close(joined_w)
-            joined_w = -1
-            # Nothing of the conversation (a RELEASE sent with the HEAD, say) is read before the
-            # kernel shows the run's first process in its cgroups: a kill then reaches all of it.
-            if not select.select([joined_r], [], [], JOIN_WAIT_S)[0]:
-                raise RuntimeError(f"the run's first process did not join its cgroups within {JOIN_WAIT_S:.0f} s")
-            if os.read(joined_r, 16) != b"joined\n" or not cgroup.holds(self.process.pid):
-                raise RuntimeError(f"the run's first process could not join its cgroups (status {self.process.poll()})")
         finally:
-            for fd in (read_end, write_end, joined_r, joined_w):
+            for fd in (read_end, write_end):
                 if fd >= 0:
                     os.close(fd)
+        # Nothing of the conversation (a RELEASE sent with the HEAD, say) is read before the kernel
+        # shows the run's first process in every one of its cgroups: a kill then reaches all of it.
+        # (The kernel sends no event for a join; the shell takes about a millisecond.)
+        deadline = time.monotonic() + JOIN_WAIT_S
+        while not cgroup.holds(self.process.pid):
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"the run's first process could not join its cgroups (status {self.process.returncode})"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the run's first process did not join its cgroups within {JOIN_WAIT_S:.0f} s")
+            time.sleep(JOIN_POLL_S)
 
     def _pump(self, source: IO[bytes], kind: int) -> None:
         with contextlib.suppress(OSError):
@@ -278,8 +283,8 @@ class RunningSandbox:
                            lambda data: self.send(wire.pack(wire.TAR, data)))  # fmt: skip
         self.send(wire.pack_json(wire.TAR_END, {"error": ended.error, "cut": ended.cut}))
 
-    def _clean_up(self) -> bool:
-        """Everything of the run removed; True when its cgroup is gone (so no process of it is left)."""
+    def _stop(self) -> bool:
+        """Every process of the run ended; True when its uid is free (see reap)."""
         with contextlib.suppress(RuntimeError):
             self._kill()
         if self.process is not None:
@@ -289,16 +294,37 @@ class RunningSandbox:
                 with contextlib.suppress(OSError):
                     if stream is not None:
                         stream.close()
-        gone = self.reap()
-        for mount in self.mounts:
-            subprocess.run([UMOUNT, "-l", str(mount)], check=False, capture_output=True)
-        shutil.rmtree(self.dir, ignore_errors=True)
-        return gone
+        return self.reap()
 
     def reap(self) -> bool:
-        """Kill what is left of the run and remove its cgroup; True once it is gone."""
-        if self.cgroup is None:
-            return self.process is None or self.process.poll() is not None
-        with contextlib.suppress(RuntimeError):
-            self._kill()
-        return self.cgroup.remove()
+        """Kill what is left of the run and remove its cgroup; True once the cgroup is gone and the
+        kernel shows no process holding the run's uid."""
+        if self.cgroup is not None:
+            with contextlib.suppress(RuntimeError):
+                self._kill()
+            if not self.cgroup.remove():
+                return False
+        elif self.process is not None and self.process.poll() is None:
+            return False
+        return not uid_holders(self.run.uid)
+
+
+def uid_holders(uid: int, proc: Path = Path("/proc")) -> list[int]:
+    """The pids of every live process whose real, effective, saved or file-system uid is `uid` (a
+    zombie runs nothing and holds nothing but its pid until its parent reaps it)."""
+    found = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(entry / "status", "rb") as status:
+                for line in status:
+                    if line.startswith(b"State:") and line.split()[1:2] == [b"Z"]:
+                        break
+                    if line.startswith(b"Uid:"):
+                        if uid in (int(u) for u in line.split()[1:]):
+                            found.append(int(entry.name))
+                        break
+        except (OSError, ValueError):
+            continue  # the process ended meanwhile
+    return found
