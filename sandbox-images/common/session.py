@@ -59,6 +59,8 @@ GRACE_S = 2.0
 HANDOVER_S = 5.0
 """How long the kernel's old process may take to exit once it reported a cell's end."""
 READY_TIMEOUT_S = 60.0
+SWEEP_S = 1.0
+"""Between cells, how often the processes that belong to no command (nor the kernel) are killed."""
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -156,7 +158,8 @@ class Kernel:
     def sweep(self):
         """Kill every process in the sandbox but the launcher, this one and the kernel: what a cell
         started and left running. Repeated until none is left (one may fork while it is killed)."""
-        keep = {1, os.getpid(), self.pid, *self.helpers}
+        # A command just forked may not have made its own session yet (setsid): spared by its pid.
+        keep = {1, os.getpid(), self.pid, *self.helpers, *OPS.processes.live}
         for _ in range(100):
             sids = {pid: _sid(pid) for pid in _pids() if pid not in keep}
             spared = OPS.processes.spared(set(sids.values()))
@@ -345,6 +348,7 @@ def main():
     cell = None  # the running cell's id
     oom_before = 0
     kill_at = None  # set when the running cell was interrupted: its kernel is restarted by then at the latest
+    next_sweep = 0.0
     while True:
         ready, _, _ = select.select([0, *kernel.watched(), *procs.watched(), *OPS.watchers.watched()], [], [], 0.1)
         report = None
@@ -378,9 +382,12 @@ def main():
                 report = _mine(_read_reports(kernel), cell) or report
             elif not procs.readable(fd) and not OPS.watchers.readable(fd):
                 _drain(kernel, fd, forward=cell is not None)
-        if procs.live:
+        if procs.timed():
             procs.expire()
             _reap(kernel)  # a process of OPS that ended reports it now, not at the next cell
+        if cell is None and time.monotonic() >= next_sweep:
+            kernel.sweep()  # between cells, whatever left its command's session (setsid) is nobody's
+            next_sweep = time.monotonic() + SWEEP_S
         status = kernel.exited()
         if report is None and status is not None and cell is not None:
             report = _mine(_read_reports(kernel, wait=False), cell)  # written just before the process left

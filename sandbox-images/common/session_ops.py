@@ -42,6 +42,7 @@ import ctypes
 import errno
 import fcntl
 import grp
+import json
 import os
 import pwd
 import shutil
@@ -70,6 +71,9 @@ IN_CREATE, IN_DELETE, IN_Q_OVERFLOW, IN_IGNORED, IN_ONLYDIR, IN_ISDIR = 0x100, 0
 WATCH_MASK = IN_MODIFY | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_ONLYDIR
 EVENT_TYPES = ((IN_CREATE | IN_MOVED_TO, "create"), (IN_MODIFY, "write"), (IN_DELETE, "remove"),
                (IN_MOVED_FROM, "rename"), (IN_ATTRIB, "chmod"))  # fmt: skip
+REPLY_CAP = 768 * 1024
+"""The longest reply line (the worker reads lines of 1 MiB at most and loses a session that sends a
+longer one): a larger answer is refused as too_large, saying how to ask for less."""
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT, "SIGHUP": signal.SIGHUP}
 
 
@@ -100,10 +104,11 @@ def _failure(exc, path):
     kinds = {errno.ENOENT: "not_found", errno.ENOTDIR: "not_found", errno.EEXIST: "exists",
              errno.ENOTEMPTY: "exists", errno.EXDEV: "invalid", errno.ELOOP: "invalid",
              errno.EISDIR: "invalid", errno.EACCES: "invalid", errno.EPERM: "invalid", errno.EROFS: "invalid",
-             errno.ENOSPC: "too_large", errno.EDQUOT: "too_large"}  # fmt: skip
-    what = {"invalid": "leads outside the workspace or through a link that may not be followed"}
-    kind = kinds.get(exc.errno, "failed")
-    return OpError(kind, "%s: %s" % (path, what.get(kind) if exc.errno in (errno.EXDEV, errno.ELOOP) else exc.strerror))
+             errno.ENOSPC: "too_large", errno.EDQUOT: "too_large", errno.ENXIO: "invalid"}  # fmt: skip
+    what = {errno.EXDEV: "leads outside the workspace or through a link that may not be followed",
+            errno.ELOOP: "leads outside the workspace or through a link that may not be followed",
+            errno.ENXIO: "not a regular file (a FIFO or socket with no reader, or a device)"}  # fmt: skip
+    return OpError(kinds.get(exc.errno, "failed"), "%s: %s" % (path, what.get(exc.errno, exc.strerror)))
 
 
 def _clean(path):
@@ -359,6 +364,61 @@ def _child(argv, environ, cwd, stdio, terminal=None):
         os._exit(127)
 
 
+def _fork():
+    """os.fork, its failure an answer (the sandbox's process limit reached, say by a fork bomb)."""
+    try:
+        return os.fork()
+    except OSError as exc:
+        raise OpError("failed", "no process could be started (%s): the sandbox's process limit is reached; "
+                      "end some processes (proc.signal) and retry" % exc.strerror) from None  # fmt: skip
+
+
+def _stat(pid):
+    """(state, session id) of a process, None when it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[3])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _members(sid):
+    """The live (not zombie) processes of session sid."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            seen = _stat(int(name))
+            if seen is not None and seen[1] == sid and seen[0] != "Z":
+                found.append(int(name))
+    return found
+
+
+def _signal_session(sid, sig):
+    """Signal every process of a command's session (its process group is not enough: what it
+    started may have made groups of its own). SIGKILL is repeated until none is left (one may
+    fork while the others are killed); each is stopped first so that none forks past the kill."""
+    if sig != signal.SIGKILL:
+        for pid in _members(sid):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        return
+    for attempt in range(100):
+        members = _members(sid)
+        if not members:
+            return
+        if attempt:
+            time.sleep(0.002)  # the killed ones are still exiting
+        for stop in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in members:
+                try:
+                    os.kill(pid, stop)
+                except ProcessLookupError:
+                    pass
+
+
 def _size(request):
     """A terminal's (rows, cols) from {"rows", "cols"}."""
     rows, cols = (request or {}).get("rows"), (request or {}).get("cols")
@@ -374,7 +434,8 @@ class Processes:
         self.emit = emit
         self.live = {}
         self.ended = {}
-        """Session ids of processes whose leader has ended: spared while any member is left."""
+        """Processes whose leader has ended, by session id, while any member of the session is left:
+        spared by the cell sweep, listed, signalable, and killed at the command's lifetime."""
 
     def watched(self):
         return [fd for proc in self.live.values() for fd in proc.pipes]
@@ -386,23 +447,33 @@ class Processes:
                 del self.ended[sid]
         return set(self.live) | set(self.ended)
 
+    def _left(self):
+        """Forget the ended commands whose sessions have no process left."""
+        for sid in list(self.ended):
+            if not _members(sid):
+                del self.ended[sid]
+
     def handle(self, request):
         op = request.get("op")
         if op == "proc.list":
-            return {"processes": [proc.info for proc in self.live.values()]}
+            self._left()
+            left = [dict(proc.info, leader_ended=True) for proc in self.ended.values()]
+            return {"processes": [proc.info for proc in self.live.values()] + left}
         if op == "proc.start":
             return self._start(request)
         proc = self.live.get(request.get("pid"))
+        if proc is None and op == "proc.signal" and request.get("pid") in self.ended:
+            if _members(request["pid"]):  # what its leader left running: still the command's
+                proc = self.ended[request["pid"]]
+            else:
+                del self.ended[request["pid"]]
         if proc is None:
             raise OpError("not_found", "no running process %r" % (request.get("pid"),))
         if op == "proc.signal":
             sig = SIGNALS.get(request.get("sig"))
             if sig is None:
                 raise OpError("invalid", "signal must be one of %s" % ", ".join(SIGNALS))
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
+            _signal_session(proc.pid, sig)
             return {}
         if op == "proc.input":
             if proc.stdin is None:
@@ -452,7 +523,13 @@ class Processes:
         stdin_r, stdin_w = os.pipe() if request.get("stdin") else (os.open(os.devnull, os.O_RDONLY), None)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        pid = os.fork()
+        try:
+            pid = _fork()
+        except OpError:
+            for fd in (stdin_r, out_w, err_w, out_r, err_r, stdin_w):
+                if fd is not None:
+                    os.close(fd)
+            raise
         if pid == 0:
             _child(argv, environ, cwd, (stdin_r, out_w, err_w))
         for fd in (stdin_r, out_w, err_w):
@@ -469,7 +546,12 @@ class Processes:
         rows, cols = _size(request.get("pty"))
         master, slave = os.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-        pid = os.fork()
+        try:
+            pid = _fork()
+        except OpError:
+            os.close(master)
+            os.close(slave)
+            raise
         if pid == 0:
             _child(argv, environ, cwd, (slave, slave, slave), terminal=slave)
         os.close(slave)
@@ -479,15 +561,18 @@ class Processes:
         return {"pid": pid}
 
     def expire(self):
-        """Kill the processes whose lifetime is over (their end is reported when they are reaped)."""
+        """Kill the commands whose lifetime is over, and everything in their sessions (what they
+        started in the background included, whether their leader has ended or not); an end is
+        reported when its leader is reaped."""
         now = time.monotonic()
-        for proc in self.live.values():
+        for proc in [*self.live.values(), *self.ended.values()]:
             if proc.deadline is not None and now >= proc.deadline:
                 proc.deadline = None
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                _signal_session(proc.pid, signal.SIGKILL)
+
+    def timed(self):
+        """Whether any command still has a lifetime to enforce (the supervisor calls expire then)."""
+        return bool(self.live) or any(proc.deadline is not None for proc in self.ended.values())
 
     def readable(self, fd):
         """Forward what a process wrote on fd; False when fd is none of theirs."""
@@ -529,7 +614,7 @@ class Processes:
                     proc.stdin = None
         if proc.stdin is not None:
             os.close(proc.stdin)
-        self.ended[pid] = True
+        self.ended[pid] = proc
         code = os.waitstatus_to_exitcode(status)
         self.emit({"ev": "pend", "pid": pid, "status": code if code >= 0 else 128 - code,
                    "signal": signal.Signals(-code).name if code < 0 else None})  # fmt: skip
@@ -669,6 +754,10 @@ class Ops:
                 answer = self.watchers.handle(request)
             else:
                 raise OpError("invalid", "unknown op %r" % (op,))
+            size = len(json.dumps(answer))
+            if size > REPLY_CAP:
+                raise OpError("too_large", "the answer is %d bytes, more than the %d one reply carries; ask for less "
+                              "(a smaller depth, a subdirectory)" % (size, REPLY_CAP))  # fmt: skip
             self.emit({"ev": "reply", "id": ident, "ok": answer})
         except OpError as exc:
             self.emit({"ev": "reply", "id": ident, "error": {"kind": exc.kind, "message": exc.message}})

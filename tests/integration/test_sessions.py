@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import docker
 import httpx
 import pytest
+from e2b_code_interpreter import Sandbox
 
 from execbox.sandbox.runtime import SESSION_LABEL
 from tests.conftest import Side, Stack, wait_until
@@ -283,3 +285,69 @@ def test_a_killed_worker_ends_its_session_as_sandbox_error(
 def test_output_of_a_call_is_base64_when_not_text(api: httpx.Client, session: dict[str, Any]) -> None:
     raw = call(api, session["id"], "import sys\nsys.stdout.buffer.write(b'\\xff\\xfe'); sys.stdout.flush()")
     assert raw["stdout_encoding"] == "base64" and base64.b64decode(raw["stdout"]) == b"\xff\xfe", raw
+
+
+def _stopped_supervisor(docker_client: docker.DockerClient, container: str) -> bool:
+    """Whether the session's supervisor (session.py) is stopped (state T), as the host sees it."""
+    top = docker_client.api.top(container, ps_args="-eo pid,stat,args")
+    return any(row[1].startswith("T") and "session.py" in row[2] for row in top["Processes"])
+
+
+def test_a_supervisor_stopped_by_its_code_with_its_input_full_still_ends_at_its_lifetime(
+    e2b_env: Stack, api: httpx.Client, docker_client: docker.DockerClient
+) -> None:
+    """Issue 44 (5), control C51: a background command sends SIGSTOP to the supervisor (same uid),
+    a 4 MiB file write fills the attach stream, then a call blocked the worker for ever: the session
+    stayed `ready` 78 s past a 20 s lifetime, holding its slot, until DELETE. Now the session ends at
+    its lifetime (the lease keeper's timer, not the blocked call) and its container goes."""
+    lifetime = 12
+    sbx = Sandbox.create(timeout=lifetime)
+    sid = "ses_" + sbx.sandbox_id
+    try:
+        found: Any = wait_until(lambda: containers(docker_client, sid), 30, "the sandbox's container")
+        container = found[0]
+        sbx.commands.run("sleep 1; kill -STOP $PPID", background=True)
+        wait_until(lambda: _stopped_supervisor(docker_client, container), 10, "the supervisor to be stopped")
+
+        def attempt(action: Callable[[], object]) -> None:
+            try:
+                action()
+            except Exception:  # the sandbox goes away under it: what this test waits for is the session's end
+                pass
+
+        for action in (lambda: sbx.files.write("/home/user/big", b"x" * (4 << 20)), lambda: sbx.run_code("1")):
+            threading.Thread(target=attempt, args=(action,), daemon=True).start()
+        created = api.get(f"/v1/sessions/{sid}").json()
+        assert time.time() < created["created_at"] + lifetime, "the attack is in place before the lifetime ends"
+        ended: Any = wait_until(lambda: (s := api.get(f"/v1/sessions/{sid}").json())["status"] == "ended" and s,
+                                lifetime + 20, "the session's lifetime to end it")  # fmt: skip
+        assert ended["end_reason"] == "max_lifetime", ended
+        late = ended["ended_at"] - ended["created_at"] - lifetime
+        print(f"ended {late:.2f} s after its lifetime, its supervisor stopped and its input full")  # noqa: T201
+        assert late < 3.0, f"ended {late:.2f} s late"
+        wait_until(lambda: not containers(docker_client, sid), 20, "the session's container to go")
+    finally:
+        api.delete(f"/v1/sessions/{sid}")
+
+
+def test_a_fork_bomb_a_command_leaves_in_the_background_dies_at_its_lifetime(
+    sandbox: Sandbox, docker_client: docker.DockerClient
+) -> None:
+    """Issue 44: a command's background children outlived its timeout, unlisted and unsignalable; a
+    fork bomb started that way took every pid of the sandbox for good, and later calls were 500s
+    (BlockingIOError). Now they are the command's until its lifetime ends, and then killed, every
+    one; the sandbox serves calls again."""
+    assert sandbox.run_code("1").text == "1"  # the sandbox is up
+    [container] = containers(docker_client, "ses_" + sandbox.sandbox_id)
+
+    def processes() -> int:
+        return len(docker_client.api.top(container)["Processes"])
+
+    quiet = processes()
+    sandbox.commands.run("b() { b | b & }; b & sleep 0.5; exit 0", timeout=3)
+    assert processes() > quiet + 20, "the bomb runs on after its command's leader ended"
+    started = time.monotonic()
+    wait_until(lambda: processes() <= quiet, 30, "the bomb to be killed at the command's lifetime")
+    print(f"the bomb was gone {time.monotonic() - started:.2f} s after its command's leader ended")  # noqa: T201
+    assert sandbox.commands.run("echo again", timeout=10).stdout == "again\n"
+    assert sandbox.run_code("1 + 1").text == "2"
