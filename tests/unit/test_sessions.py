@@ -268,3 +268,37 @@ def test_a_session_ends_at_its_lifetime_even_in_a_call_that_does_not_return(
         host.join(5)
         context._current = None
         ctx.store.redis.close()
+
+
+@pytest.mark.redis
+def test_a_sandbox_lost_between_calls_ends_its_session_at_once(
+    settings: Settings, client: redis.Redis, api: tuple[InProcess, dict[str, dict[str, str]]]
+) -> None:
+    """Issue 44: a reply longer than the worker reads (files.list over a big tree) cut the worker off
+    the sandbox between calls, and the session still said `ready` while every later file call 504ed
+    after 60 s. Now its holder ends it as soon as the sandbox is lost, saying why."""
+    http, headers = api
+    fake = FakeRuntime()
+    ctx = WorkerContext.build(settings, "w-lost", fake)
+    context.install(ctx)
+    report_health(ctx)
+    host, stop = SessionHost(ctx), threading.Event()
+    intake = threading.Thread(target=host.run, args=(stop,), daemon=True)
+    intake.start()
+    try:
+        opened = http.post("/v1/sessions", json={"language": "python"}, headers=headers["alpha"])
+        assert opened.status_code == 201, opened.text
+        sid = opened.json()["id"]
+        wait_until(lambda: http.get(f"/v1/sessions/{sid}", headers=headers["alpha"]).json()["status"] == "ready", 10,
+                   "the session to start")  # fmt: skip
+        fake.sessions[sid].gone = "the session's supervisor sent an oversized line; the session was closed"
+        ended: Any = wait_until(lambda: (b := http.get(f"/v1/sessions/{sid}", headers=headers["alpha"]).json())
+                                ["status"] == "ended" and b, 5, "the lost session to end")  # fmt: skip
+        assert ended["end_reason"] == "sandbox_error" and "oversized line" in ended["error"]["message"], ended
+        assert fake.sessions[sid].closed, "its container is removed"
+    finally:
+        stop.set()
+        intake.join(5)
+        host.join(5)
+        context._current = None
+        ctx.store.redis.close()
