@@ -34,10 +34,12 @@ return {'ok', count + 1}
 """
 
 
-DEFAULT_STORAGE_BUDGET_MB = 64
-"""The shipped Redis holds 1 GiB (noeviction): twelve tenants at this budget keep 768 MiB, leaving a quarter
-for the shared keys (queue, outbox, sessions, loops); deployments with more active tenants size Redis or
-the tenants' budgets (decisions: the storage budget)."""
+DEFAULT_STORAGE_BUDGET_MB = 256
+"""Room for the default `running` quota (64) of default-policy executions in flight, each reserving its worst
+case (~4 MiB: both 1 MiB output caps, in the record and in its live events) until it ends and settles to its
+size. The shipped Redis holds 1 GiB (noeviction): one tenant at this budget leaves three quarters to the
+others; deployments with more tenants busy at once size Redis or lower the tenants' budgets in tenants.yaml
+(decisions: the storage budget)."""
 
 _RUN_RATE = """
 local count = tonumber(redis.call('GET', KEYS[1]) or '0')
