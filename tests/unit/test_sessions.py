@@ -177,9 +177,10 @@ def test_a_sandbox_that_stops_reading_its_requests_loses_the_session_within_the_
 ) -> None:
     """Issue 44 (5): the sandbox's code stops its supervisor (SIGSTOP) and a 4 MiB file write fills
     the attach stream; the worker's write used to wait on it for ever, holding the send lock, so the
-    next call blocked too. Now every write has a deadline: the request and the call after it return
-    within it, and the session is lost, saying why."""
-    monkeypatch.setattr(kernel, "SEND_TIMEOUT_S", 0.5)
+    next call blocked too. Now every write has a deadline: the call behind the stuck write gives up
+    at the cell's (shorter) one, the write at its own, and the session is lost, saying why."""
+    monkeypatch.setattr(kernel, "SEND_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(kernel, "CELL_SEND_TIMEOUT_S", 0.3)
     worker_end, sandbox_end = socket.socketpair()  # the sandbox's end is never read
     worker_end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     container = kernel.KernelContainer(cast(kernel.KernelHost, None), template(), "ses_x")
@@ -188,12 +189,13 @@ def test_a_sandbox_that_stops_reading_its_requests_loses_the_session_within_the_
     writing = threading.Thread(target=container.op, args=(request,), daemon=True)
     started = time.monotonic()
     writing.start()
-    writing.join(5)
-    assert not writing.is_alive(), "the write gave up at its deadline"
-    assert container.gone is not None and "took no request for" in container.gone, container.gone
+    wait_until(lambda: container._send_lock.locked(), 5, "the write to hold the send lock")
     outcome = container.run_cell(dataclasses.replace(template(), execution_id="exe_1"), "1", SandboxControl())
-    assert time.monotonic() - started < 3.0, "the call after it did not wait on the sandbox either"
+    assert writing.is_alive() and time.monotonic() - started < 3.0, "the call gave up first, at its own deadline"
+    assert container.gone is not None and "took no request for" in container.gone, container.gone
     assert outcome.launcher_fault == container.gone and outcome.exit_code is None
+    writing.join(10)
+    assert not writing.is_alive(), "the write gave up at its deadline"
     worker_end.close()
     sandbox_end.close()
 

@@ -42,10 +42,14 @@ LINE_CAP = 1 << 20
 a file's 512 KiB)."""
 SIDE_EVENTS = frozenset({"reply", "chunk", "pout", "pend", "wev"})
 """What the supervisor says outside a cell (session_ops.py): for the listener, not the call."""
-SEND_TIMEOUT_S = 15.0
-"""The longest a request may wait for the sandbox to take it (its stdin full: a supervisor that
-stopped reading, say one its own code sent SIGSTOP). Past it the session is lost, so no thread of
-the worker ever waits on the sandbox without a bound (control C51)."""
+SEND_TIMEOUT_S = 75.0
+"""The longest a file or process request may wait for the sandbox to take it (its stdin full: a
+supervisor that stopped reading, say one its own code sent SIGSTOP). The supervisor may rightly not
+read for a while: a kernel restart waits up to 60 s for the new kernel. Past it the session is
+lost, so no thread of the worker ever waits on the sandbox without a bound (control C51)."""
+CELL_SEND_TIMEOUT_S = 15.0
+"""The same for a cell's own requests (run, interrupt): they are sent while the supervisor reads
+(idle, or relaying the cell), so a shorter wait, and the cell's timeout is not outlived by much."""
 
 
 class KernelHost(Protocol):
@@ -162,14 +166,16 @@ class KernelContainer:
         except queue.Empty:
             return None
 
-    def _send(self, data: bytes) -> None:
-        """Write a request within SEND_TIMEOUT_S (the lock's wait counted), or lose the session.
+    def _send(self, data: bytes, timeout_s: float | None = None) -> None:
+        """Write a request within timeout_s (default SEND_TIMEOUT_S; the lock's wait counted), or
+        lose the session.
 
         The socket is also the reader's, so it stays blocking: each write is MSG_DONTWAIT after a
         poll for room, and the reader's recv is not given a timeout it would take for an end."""
-        deadline = time.monotonic() + SEND_TIMEOUT_S
-        if self.gone is not None or not self._send_lock.acquire(timeout=SEND_TIMEOUT_S):
-            self.gone = self.gone or self._stalled()
+        timeout_s = SEND_TIMEOUT_S if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        if self.gone is not None or not self._send_lock.acquire(timeout=timeout_s):
+            self.gone = self.gone or self._stalled(timeout_s)
             return
         try:
             view = memoryview(data)
@@ -177,7 +183,7 @@ class KernelContainer:
                 assert self._raw is not None
                 left = deadline - time.monotonic()
                 if left <= 0 or not _writable(self._raw, left):
-                    self.gone = self._stalled()
+                    self.gone = self.gone or self._stalled(timeout_s)
                     return
                 try:
                     if isinstance(self._raw, ssl.SSLSocket):  # no flags there: a small piece, once there is room
@@ -192,14 +198,14 @@ class KernelContainer:
             self._send_lock.release()
 
     @staticmethod
-    def _stalled() -> str:
+    def _stalled(timeout_s: float) -> str:
         return (
-            f"the session's supervisor took no request for {SEND_TIMEOUT_S:.0f} s (stopped, or its input "
+            f"the session's supervisor took no request for {timeout_s:.0f} s (stopped, or its input "
             "full); the session was closed"
         )
 
-    def _request(self, request: dict[str, Any]) -> None:
-        self._send((json.dumps(request) + "\n").encode())
+    def _request(self, request: dict[str, Any], timeout_s: float | None = None) -> None:
+        self._send((json.dumps(request) + "\n").encode(), timeout_s)
 
     # beside the cells
     def op(self, request: dict[str, Any]) -> None:
@@ -242,9 +248,9 @@ class KernelContainer:
         def interrupt(why: str) -> None:
             if not interrupted:
                 interrupted.append(why)
-                self._request({"op": "interrupt", "id": cell})
+                self._request({"op": "interrupt", "id": cell}, CELL_SEND_TIMEOUT_S)
 
-        self._request(request)
+        self._request(request, CELL_SEND_TIMEOUT_S)
         control.set_killer(lambda: interrupt("cancelled"))
         deadline = started + spec.limits.timeout_s
         end: dict[str, Any] | None = None
