@@ -59,8 +59,9 @@ RUNS_ROOT = Path("/run/execbox-bwrap")
 """Each helper keeps its runs' directories under RUNS_ROOT/<instance>, root-only (0700)."""
 REAP_EVERY_S = 1.0
 """How often a run whose processes outlived its clean-up is tried again (its uid and slot held meanwhile)."""
-STOP_WAIT_S = 15.0
-"""How long a stopping helper waits for its runs' clean-up."""
+STOP_WAIT_S = 5.0
+"""How long a stopping helper waits for its runs' own clean-up before it sweeps what is left (well
+within the 10 s a service manager or Docker gives a process to stop)."""
 
 
 def _policies_dir() -> Path:
@@ -186,8 +187,10 @@ class Helper:
         while time.monotonic() < deadline:
             with self._lock:
                 if not self._running:
-                    return
+                    break
             time.sleep(0.05)
+        # Whatever a clean-up has not finished yet (or a run still held), before the process ends.
+        sweep(self.runs_dir, self.instance)
 
 
 def sweep(runs_dir: Path, instance: str) -> None:
