@@ -297,7 +297,7 @@ def test_a_sandbox_lost_between_calls_ends_its_session_at_once(
         ended: Any = wait_until(lambda: (b := http.get(f"/v1/sessions/{sid}", headers=headers["alpha"]).json())
                                 ["status"] == "ended" and b, 5, "the lost session to end")  # fmt: skip
         assert ended["end_reason"] == "sandbox_error" and "oversized line" in ended["error"]["message"], ended
-        assert fake.sessions[sid].closed, "its container is removed"
+        wait_until(lambda: fake.sessions[sid].closed, 5, "its container to be removed")
     finally:
         stop.set()
         intake.join(5)
