@@ -81,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     bwrap.add_argument("--state", type=Path, default=Path("/var/lib/execbox-bwrap"), help="unpacked images go here")
     bwrap.add_argument("--seccomp", type=Path, default=Path("policies/seccomp.json"), help="execbox's seccomp profile")
     bwrap.add_argument(
+        "--policies",
+        type=Path,
+        default=Path(os.environ.get("EXECBOX_POLICIES_DIR", "policies")),
+        help="the workers' policy directory: no run may ask more than its highest ceilings (EXECBOX_POLICIES_DIR)",
+    )
+    bwrap.add_argument(
         "--oom-score-adj", type=int, default=1000, help="the runs' (the host's OOM killer picks them first)"
     )
     egress_key = sub.add_parser(
@@ -123,7 +129,14 @@ def main(argv: list[str] | None = None) -> int:
         engine = args.engine if "://" in args.engine else f"unix://{args.engine}"
         helper_main(
             HelperSettings(
-                args.socket, args.group, args.uids, engine, args.state, args.seccomp, oom_score_adj=args.oom_score_adj
+                args.socket,
+                args.group,
+                args.uids,
+                engine,
+                args.state,
+                args.seccomp,
+                oom_score_adj=args.oom_score_adj,
+                policies=args.policies,
             )
         )
         return 0
