@@ -351,5 +351,7 @@ def test_an_approval_that_outlived_its_run_does_not_stop_the_inbox(
         http_sign_in(web, stack.keys["alpha"])
         inbox = web.get("/console/approvals")
     assert inbox.status_code == 200 and approval_id in inbox.text
-    card = inbox.text[inbox.text.index(f'id="approval-{approval_id}"') :].split("</section>")[0]
-    assert "The run has ended (gone)" in card and "/decision" not in card, "no decision is offered for it"
+    assert f'id="approval-{approval_id}"' not in inbox.text, "it no longer waits for a decision"
+    row = inbox.text[inbox.text.index(f"<td>{approval_id}</td>") :].split("</tr>")[0]
+    assert 'class="withdrawn">withdrawn<' in row, "it ended with its run (issue 44: an approval ends with its subject)"
+    assert f"/console/approvals/{approval_id}/decision" not in inbox.text, "no decision is offered for it"

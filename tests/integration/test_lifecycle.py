@@ -146,9 +146,9 @@ def test_queue_deadline_expires_execution(side_stack: Callable[..., Side]) -> No
 def test_missing_image_is_retryable_sandbox_error(side_stack: Callable[..., Side], tmp_path: os.PathLike[str]) -> None:
     images = os.path.join(tmp_path, "images")
     os.makedirs(os.path.join(images, "python"))
-    with open(os.path.join(images, "python", "metadata.yaml"), "w") as f:
-        f.write(
-            "language: python\nversion: '3'\nimage: execbox/no-such-image:none\nfile: main.py\n"
+    with open(os.path.join(images, "python", "metadata.yaml"), "w") as f:  # a sandbox image's name (the docker
+        f.write(  # proxy inspects no other), which the engine does not hold
+            "language: python\nversion: '3'\nimage: execbox/sandbox-no-such-image:none\nfile: main.py\n"
             "command: [python3, main.py]\nsmoke: [python3, -c, 'print(1)']\n"
         )
     side = side_stack(EXECBOX_IMAGES_DIR=images)

@@ -1,6 +1,7 @@
 """Issue #28, finding 14, in a real sandbox: a program that writes a rich results' index of the wrong
 shape and exits 3, or whose client's `expect.outputs_schema` has a `$ref` that resolves nowhere,
-gets its own outcome on its first attempt, not a retryable sandbox.error after its worker is lost."""
+gets its own outcome on its first attempt, not a retryable sandbox.error after its worker is lost (the
+schema is now refused at submission, issue 44)."""
 
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ def test_what_a_program_writes_or_its_schema_declares_is_its_own_outcome_not_a_l
     assert broken_index["error"]["category"] == "code.exit_nonzero", broken_index["error"]
     assert broken_index["error"]["retryable"] is False and broken_index["exit_code"] == 3
 
-    unresolvable = run(api, {"code": "print(1)", "expect": {"outputs_schema": {"$ref": "#/$defs/missing"}}})
-    assert unresolvable["status"] == "failed" and unresolvable["attempt"] == 1, unresolvable
-    assert unresolvable["error"]["category"] == "output.invalid", unresolvable["error"]
-    assert "expect.outputs_schema cannot be applied" in unresolvable["error"]["message"]
-    assert unresolvable["error"]["retryable"] is False
+    # Since issue 44 such a schema is refused at submission, naming the field, and nothing runs.
+    refused = api.post(
+        "/v1/executions?wait=60",
+        json={"language": "python", "code": "print(1)", "expect": {"outputs_schema": {"$ref": "#/$defs/missing"}}},
+    )
+    assert refused.status_code == 422 and "expect.outputs_schema" in refused.text, refused.text
