@@ -52,9 +52,8 @@ def check_create(body: Any, deployment: str, network_is_ours: Callable[[str], bo
     uid = _user(body["User"], shape)
     if not _strings(body["Labels"], mapping=True) or not ours(body["Labels"], deployment):
         raise Refused("Labels", f"containers carry execbox.managed=true and execbox.deployment={deployment}")
-    for name in ("Tty", "OpenStdin", "StdinOnce", "AttachStdin", "AttachStdout", "AttachStderr", "NetworkDisabled"):
-        if name in body and not isinstance(body[name], bool):
-            raise Refused(name, "must be true or false")
+    _booleans(body, "", ("Tty", "OpenStdin", "StdinOnce", "AttachStdin", "AttachStdout", "AttachStderr",
+                         "NetworkDisabled"))  # fmt: skip
     for name in ("Hostname", "WorkingDir"):
         if name in body and not isinstance(body[name], str):
             raise Refused(name, "must be a string")
@@ -215,16 +214,14 @@ def _mounts(mounts: Any, uid: int, shape: Shape) -> None:
         _equal(mount, "Target", WORKDIR, where=field)
         if mount.get("Source") not in (None, ""):
             raise Refused(f"{field}.Source", "volumes are anonymous (no source)")
-        if not isinstance(mount.get("ReadOnly", False), bool):
-            raise Refused(f"{field}.ReadOnly", "must be true or false")
+        _booleans(mount, f"{field}.", ("ReadOnly",))
         volume = mount.get("VolumeOptions")
         if volume is None:
             continue
         fields(volume, f"{field}.VolumeOptions", {"Labels", "DriverConfig", "NoCopy"}, set())
         if volume.get("Labels") is not None and not _strings(volume["Labels"], mapping=True):
             raise Refused(f"{field}.VolumeOptions.Labels", "must map strings to strings")
-        if not isinstance(volume.get("NoCopy", False), bool):
-            raise Refused(f"{field}.VolumeOptions.NoCopy", "must be true or false")
+        _booleans(volume, f"{field}.VolumeOptions.", ("NoCopy",))
         driver = volume.get("DriverConfig")
         if driver is None:
             continue
@@ -270,6 +267,13 @@ def _equal(obj: Mapping[str, Any], name: str, wanted: Any, where: str = "HostCon
     value = obj.get(name)
     if (name in obj or required) and (type(value) is not type(wanted) or value != wanted):
         raise Refused(f"{where}.{name}", f"must be {wanted!r}")
+
+
+def _booleans(obj: Mapping[str, Any], prefix: str, names: tuple[str, ...]) -> None:
+    """Each of `names` given in obj is true or false."""
+    for name in names:
+        if name in obj and not isinstance(obj[name], bool):
+            raise Refused(f"{prefix}{name}", "must be true or false")
 
 
 def _number(value: Any, field: str, low: int, high: int, what: str) -> None:
