@@ -4,11 +4,13 @@ capture's hold-back of the end marker, and the live-output writer."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -219,6 +221,25 @@ class _Stuck(FakeKernel):
         self.removed.set()
 
 
+@contextlib.contextmanager
+def _hosting(settings: Settings, worker: str, fake: FakeRuntime) -> Iterator[WorkerContext]:
+    """A worker `worker` on `fake` with its session host running, stopped and uninstalled after."""
+    ctx = WorkerContext.build(settings, worker, fake)
+    context.install(ctx)
+    report_health(ctx)
+    host, stop = SessionHost(ctx), threading.Event()
+    intake = threading.Thread(target=host.run, args=(stop,), daemon=True)
+    intake.start()
+    try:
+        yield ctx
+    finally:
+        stop.set()
+        intake.join(5)
+        host.join(5)
+        context._current = None
+        ctx.store.redis.close()
+
+
 @pytest.mark.redis
 def test_a_session_ends_at_its_lifetime_even_in_a_call_that_does_not_return(
     settings: Settings, client: redis.Redis, api: tuple[InProcess, dict[str, dict[str, str]]]
@@ -235,13 +256,7 @@ def test_a_session_ends_at_its_lifetime_even_in_a_call_that_does_not_return(
         return stuck[session_id]
 
     fake.open_session = open_stuck  # type: ignore[method-assign]
-    ctx = WorkerContext.build(settings, "w-life", fake)
-    context.install(ctx)
-    report_health(ctx)
-    host, stop = SessionHost(ctx), threading.Event()
-    intake = threading.Thread(target=host.run, args=(stop,), daemon=True)
-    intake.start()
-    try:
+    with _hosting(settings, "w-life", fake) as ctx:
         opened = http.post("/v1/sessions", json={"language": "python", "max_lifetime_s": 2}, headers=headers["alpha"])
         assert opened.status_code == 201, opened.text
         sid = opened.json()["id"]
@@ -264,12 +279,6 @@ def test_a_session_ends_at_its_lifetime_even_in_a_call_that_does_not_return(
                                                        headers=headers["alpha"]).json())["status"] == "failed" and b,
                                10, "the cut call to end")  # fmt: skip
         assert "reached its lifetime" in done["error"]["message"], done
-    finally:
-        stop.set()
-        intake.join(5)
-        host.join(5)
-        context._current = None
-        ctx.store.redis.close()
 
 
 @pytest.mark.redis
@@ -281,13 +290,7 @@ def test_a_sandbox_lost_between_calls_ends_its_session_at_once(
     after 60 s. Now its holder ends it as soon as the sandbox is lost, saying why."""
     http, headers = api
     fake = FakeRuntime()
-    ctx = WorkerContext.build(settings, "w-lost", fake)
-    context.install(ctx)
-    report_health(ctx)
-    host, stop = SessionHost(ctx), threading.Event()
-    intake = threading.Thread(target=host.run, args=(stop,), daemon=True)
-    intake.start()
-    try:
+    with _hosting(settings, "w-lost", fake):
         opened = http.post("/v1/sessions", json={"language": "python"}, headers=headers["alpha"])
         assert opened.status_code == 201, opened.text
         sid = opened.json()["id"]
@@ -298,9 +301,3 @@ def test_a_sandbox_lost_between_calls_ends_its_session_at_once(
                                 ["status"] == "ended" and b, 5, "the lost session to end")  # fmt: skip
         assert ended["end_reason"] == "sandbox_error" and "oversized line" in ended["error"]["message"], ended
         wait_until(lambda: fake.sessions[sid].closed, 5, "its container to be removed")
-    finally:
-        stop.set()
-        intake.join(5)
-        host.join(5)
-        context._current = None
-        ctx.store.redis.close()
