@@ -141,6 +141,7 @@ class Quotas:
         self.slots = slots
         self._max_queue_depth = max_queue_depth
         self.budget = StorageBudget(slots.redis, slots.keys)
+        self._run_rate = slots.redis.register_script(_RUN_RATE)
 
     @classmethod
     def load(cls, path: Path, slots: Slots, max_queue_depth: int) -> Quotas:
@@ -193,8 +194,7 @@ class Quotas:
         limit = self.quota(tenant).runs_per_minute
         now = time.time()
         with redis_errors():
-            count = int(self.slots.redis.register_script(_RUN_RATE)(
-                keys=[self.slots.keys.run_rate(tenant, int(now // 60))], args=[limit]))  # fmt: skip
+            count = int(self._run_rate(keys=[self.slots.keys.run_rate(tenant, int(now // 60))], args=[limit]))
         if count >= 0:
             reset = int(60 - now % 60) or 60
             raise RateLimited(
