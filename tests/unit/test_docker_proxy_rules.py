@@ -230,6 +230,13 @@ def _workspace_driver(options: dict[str, str]) -> Callable[[Body], None]:
     return _set_mount("VolumeOptions", {"DriverConfig": {"Name": "local", "Options": options}})
 
 
+def _workspace_tmpfs(o: str) -> Callable[[Body], None]:
+    return _workspace_driver({"type": "tmpfs", "device": "tmpfs", "o": o})
+
+
+_DRIVER_OPTIONS = "HostConfig.Mounts[0].VolumeOptions.DriverConfig.Options"
+
+
 def _set_mount(key: str, value: Any) -> Callable[[Body], None]:
     def change(body: Body) -> None:
         body["HostConfig"]["Mounts"][0][key] = value
@@ -291,24 +298,18 @@ HOSTILE: dict[str, tuple[Callable[[Body], None], str]] = {
     # host directories through the local volume driver
     "workspace volume binding a host path": (
         _workspace_driver(HOST_BIND),
-        "HostConfig.Mounts[0].VolumeOptions.DriverConfig.Options.type",
+        f"{_DRIVER_OPTIONS}.type",
     ),
     "workspace volume as a tmpfs with bind in o": (
-        _workspace_driver({"type": "tmpfs", "device": "tmpfs", "o": "size=64m,nosuid,nodev,bind"}),
-        "HostConfig.Mounts[0].VolumeOptions.DriverConfig.Options.o",
+        _workspace_tmpfs("size=64m,nosuid,nodev,bind"),
+        f"{_DRIVER_OPTIONS}.o",
     ),
     "workspace volume of a block device": (
         _workspace_driver({"type": "ext4", "device": "/dev/sda1", "o": "size=64m,nosuid,nodev"}),
-        "HostConfig.Mounts[0].VolumeOptions.DriverConfig.Options.type",
+        f"{_DRIVER_OPTIONS}.type",
     ),
-    "workspace volume without nosuid": (
-        _workspace_driver({"type": "tmpfs", "device": "tmpfs", "o": "size=64m,nodev"}),
-        "HostConfig.Mounts[0].VolumeOptions.DriverConfig.Options.o",
-    ),
-    "workspace volume above the disk ceiling": (
-        _workspace_driver({"type": "tmpfs", "device": "tmpfs", "o": "size=64g,nosuid,nodev"}),
-        "HostConfig.Mounts[0].VolumeOptions.DriverConfig.Options.o",
-    ),
+    "workspace volume without nosuid": (_workspace_tmpfs("size=64m,nodev"), f"{_DRIVER_OPTIONS}.o"),
+    "workspace volume above the disk ceiling": (_workspace_tmpfs("size=64g,nosuid,nodev"), f"{_DRIVER_OPTIONS}.o"),
     "workspace volume of another driver": (
         _set_mount("VolumeOptions", {"DriverConfig": {"Name": "nfs"}}),
         "HostConfig.Mounts[0].VolumeOptions.DriverConfig.Name",
