@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from execbox.dockerproxy.rules import SANDBOX_IMAGES, Refused, fields, ours
+from execbox.dockerproxy.rules import SANDBOX_IMAGES, Refused, booleans, fields, ours
 from execbox.dockerproxy.shape import Shape, digest
 from execbox.sandbox.docker.hostconfig import CPU_PERIOD_US, DEFAULT_CPU_SHARES, IDLE_CPU_SHARES
 from execbox.sandbox.runtime import WORKDIR
@@ -52,8 +52,8 @@ def check_create(body: Any, deployment: str, network_is_ours: Callable[[str], bo
     uid = _user(body["User"], shape)
     if not _strings(body["Labels"], mapping=True) or not ours(body["Labels"], deployment):
         raise Refused("Labels", f"containers carry execbox.managed=true and execbox.deployment={deployment}")
-    _booleans(body, "", ("Tty", "OpenStdin", "StdinOnce", "AttachStdin", "AttachStdout", "AttachStderr",
-                         "NetworkDisabled"))  # fmt: skip
+    booleans(body, "", ("Tty", "OpenStdin", "StdinOnce", "AttachStdin", "AttachStdout", "AttachStderr",
+                        "NetworkDisabled"))  # fmt: skip
     for name in ("Hostname", "WorkingDir"):
         if name in body and not isinstance(body[name], str):
             raise Refused(name, "must be a string")
@@ -214,14 +214,14 @@ def _mounts(mounts: Any, uid: int, shape: Shape) -> None:
         _equal(mount, "Target", WORKDIR, where=field)
         if mount.get("Source") not in (None, ""):
             raise Refused(f"{field}.Source", "volumes are anonymous (no source)")
-        _booleans(mount, f"{field}.", ("ReadOnly",))
+        booleans(mount, field, ("ReadOnly",))
         volume = mount.get("VolumeOptions")
         if volume is None:
             continue
         fields(volume, f"{field}.VolumeOptions", {"Labels", "DriverConfig", "NoCopy"}, set())
         if volume.get("Labels") is not None and not _strings(volume["Labels"], mapping=True):
             raise Refused(f"{field}.VolumeOptions.Labels", "must map strings to strings")
-        _booleans(volume, f"{field}.VolumeOptions.", ("NoCopy",))
+        booleans(volume, f"{field}.VolumeOptions", ("NoCopy",))
         driver = volume.get("DriverConfig")
         if driver is None:
             continue
@@ -267,13 +267,6 @@ def _equal(obj: Mapping[str, Any], name: str, wanted: Any, where: str = "HostCon
     value = obj.get(name)
     if (name in obj or required) and (type(value) is not type(wanted) or value != wanted):
         raise Refused(f"{where}.{name}", f"must be {wanted!r}")
-
-
-def _booleans(obj: Mapping[str, Any], prefix: str, names: tuple[str, ...]) -> None:
-    """Each of `names` given in obj is true or false."""
-    for name in names:
-        if name in obj and not isinstance(obj[name], bool):
-            raise Refused(f"{prefix}{name}", "must be true or false")
 
 
 def _number(value: Any, field: str, low: int, high: int, what: str) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from execbox.dockerproxy.rules import Refused, fields, ours
+from execbox.dockerproxy.rules import Refused, booleans, fields, ours
 
 INHIBIT_IPV4 = "com.docker.network.bridge.inhibit_ipv4"
 Pool = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -24,8 +24,7 @@ def check_network_create(body: Any, deployment: str, pool: Pool) -> None:
         raise Refused("Labels", f"networks carry execbox.managed=true and execbox.deployment={deployment}")
     if body["Options"] != {INHIBIT_IPV4: "true"}:
         raise Refused("Options", f"only {INHIBIT_IPV4}=true: per-run networks give the host no address")
-    if "CheckDuplicate" in body and not isinstance(body["CheckDuplicate"], bool):
-        raise Refused("CheckDuplicate", "must be true or false")
+    booleans(body, "", ("CheckDuplicate",))
     ipam = body["IPAM"]
     fields(ipam, "IPAM", {"Driver", "Config", "Options"}, {"Config"})
     if ipam.get("Driver") not in (None, "default") or ipam.get("Options") not in (None, {}):
@@ -48,8 +47,7 @@ def check_connect(body: Any, egress_container: str, pool: Pool) -> None:
     fields(body, "", {"Container", "EndpointConfig", "Force"}, {"Container"})
     if body["Container"] != egress_container:
         raise Refused("Container", "only the egress proxy may be connected to or disconnected from a run's network")
-    if "Force" in body and not isinstance(body["Force"], bool):
-        raise Refused("Force", "must be true or false")
+    booleans(body, "", ("Force",))
     endpoint = body.get("EndpointConfig")
     if endpoint is None:
         return

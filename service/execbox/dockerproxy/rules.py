@@ -149,5 +149,13 @@ def fields(value: Any, where: str, allowed: set[str], required: set[str]) -> Non
         raise Refused(f"{prefix}{key}", "is required: every worker's call gives it")
 
 
-__all__ = ["ROUTES", "SANDBOX_IMAGES", "Refused", "Route", "check_image", "check_listing", "decode", "fields", "ours",
-           "route"]  # fmt: skip
+def booleans(value: dict[str, Any], where: str, names: tuple[str, ...]) -> None:
+    """Each of `names` that the object gives is true or false."""
+    prefix = f"{where}." if where else ""
+    for name in names:
+        if name in value and not isinstance(value[name], bool):
+            raise Refused(f"{prefix}{name}", "must be true or false")
+
+
+__all__ = ["ROUTES", "SANDBOX_IMAGES", "Refused", "Route", "booleans", "check_image", "check_listing", "decode",
+           "fields", "ours", "route"]  # fmt: skip
