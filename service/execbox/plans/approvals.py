@@ -178,18 +178,21 @@ def execution_ended(record: ExecutionRecord | None, now: float) -> tuple[Approva
 
 
 def as_now(
-    store: RunStore, approval: ApprovalPublic, execution: Callable[[str], ExecutionRecord | None]
+    store: RunStore,
+    approval: ApprovalPublic,
+    execution: Callable[[str], ExecutionRecord | None],
+    run: Callable[[str], StoredRun | None],
 ) -> ApprovalPublic:
     """The approval as it stands now: a pending one whose subject no longer waits for it is closed,
     saying why: withdrawn (its run ended or is gone, its execution was cancelled or is gone) or
-    expired. `execution` reads an execution's record."""
+    expired. `execution` reads an execution's record, `run` a run (a listing reads each run once)."""
     if approval.status is not ApprovalStatus.PENDING:
         return approval
     now = time.time()
     if approval.execution_id is not None:
         ended = execution_ended(execution(approval.execution_id), now)
     else:
-        why = run_ended(store.get(approval.run_id or ""))
+        why = run_ended(run(approval.run_id or ""))
         expired = (
             (ApprovalStatus.EXPIRED, "nobody decided it before it expired") if now >= approval.expires_at else None
         )

@@ -7,6 +7,7 @@ pattern, each with the key's rights checked (approvals, inputs, compensation), b
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Collection, Iterator
@@ -286,12 +287,14 @@ class Runs:
         approval = self.executor.store.approval(approval_id)
         if approval is None or approval.tenant != tenant:
             raise ApprovalNotFound(approval_id)
-        return approvals.as_now(self.executor.store, approval, self.executor.submissions.store.get)
+        store = self.executor.store
+        return approvals.as_now(store, approval, self.executor.submissions.store.get, store.get)
 
     def approvals(self, tenant: str) -> list[ApprovalPublic]:
         """The tenant's latest approvals, each as it stands now."""
-        read = self.executor.submissions.store.get
-        return [approvals.as_now(self.executor.store, a, read) for a in self.executor.store.approvals(tenant)]
+        store, read = self.executor.store, self.executor.submissions.store.get
+        run = functools.cache(store.get)  # many approvals of one run: it is read once
+        return [approvals.as_now(store, a, read, run) for a in store.approvals(tenant)]
 
     def report_usage(self, tenant: str, run_id: str, report: ModelCallReport) -> StoredRun:
         """Record one model call of the agent's; a run whose reported tokens or cost pass its budget
