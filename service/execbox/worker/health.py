@@ -17,6 +17,7 @@ from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from execbox.core.errors import ServiceError
+from execbox.core.stopping import left
 from execbox.sandbox.errors import RuntimeUnavailable
 from execbox.worker.context import WorkerContext
 
@@ -56,7 +57,7 @@ def readiness(named: dict[str, Check], timeout_s: float | None = None) -> tuple[
         thread.start()
     deadline = time.monotonic() + timeout_s
     for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
+        thread.join(left(deadline))
     result = {
         name: dict(answers.get(name) or {"ok": False, "detail": f"no answer within {timeout_s:g} s"}) for name in named
     }
