@@ -228,33 +228,58 @@ class Processes:
 
 
 @pytest.fixture(scope="session")
-def processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
-    procs = Processes(tmp_path_factory.mktemp("logs"))
+def process_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One directory for every process log of the session, whichever fixture started the process."""
+    return tmp_path_factory.mktemp("logs")
+
+
+@pytest.fixture(scope="session")
+def session_processes(process_logs: Path) -> Iterator[Processes]:
+    """The session's own processes (the docker proxy, the bubblewrap helper, the main stack)."""
+    procs = Processes(process_logs)
+    yield procs
+    procs.stop_all()
+
+
+@pytest.fixture(scope="module")
+def module_processes(process_logs: Path) -> Iterator[Processes]:
+    """Processes a module's fixture starts for the module's tests: stopped when the module ends."""
+    procs = Processes(process_logs)
+    yield procs
+    procs.stop_all()
+
+
+@pytest.fixture
+def processes(process_logs: Path) -> Iterator[Processes]:
+    """Processes one test starts (an extra API, a worker, a Redis): stopped when the test ends, so that
+    no idle API or worker of an earlier test takes CPU from the tests after it."""
+    procs = Processes(process_logs)
     yield procs
     procs.stop_all()
 
 
 @pytest.fixture(scope="session")
 def docker_proxy(
-    docker_client: docker.DockerClient, processes: Processes, tmp_path_factory: pytest.TempPathFactory
+    docker_client: docker.DockerClient, session_processes: Processes, tmp_path_factory: pytest.TempPathFactory
 ) -> str:
     """The narrowed Docker socket every worker of the session uses (as in the compose stack)."""
     path = tmp_path_factory.mktemp("docker-proxy") / "docker.sock"
-    processes.spawn("docker-proxy", [EXECBOX, "docker-proxy", "--listen", str(path), "--deployment", PREFIX,
-                                     "--egress-container", f"{PREFIX}-egress"], dict(os.environ))  # fmt: skip
+    args = [EXECBOX, "docker-proxy", "--listen", str(path), "--deployment", PREFIX, "--egress-container",
+            f"{PREFIX}-egress"]  # fmt: skip
+    session_processes.spawn("docker-proxy", args, dict(os.environ))
     wait_until(path.exists, 10, "the docker proxy's socket")
     return f"unix://{path}"
 
 
 @pytest.fixture(scope="session")
-def bwrap_helper(processes: Processes, tmp_path_factory: pytest.TempPathFactory) -> str:
+def bwrap_helper(session_processes: Processes, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The host's bubblewrap helper (policy.runtime bwrap), on the engine itself: it reads sandbox
     images, never the session's containers. Its unpacked images live in the session's temp dir."""
     path = tmp_path_factory.mktemp("bwrap") / "bwrap.sock"
     state = tmp_path_factory.mktemp("bwrap-state")
-    processes.spawn("bwrap-helper", [EXECBOX, "bwrap-helper", "--socket", str(path), "--engine", ENGINE, "--state",
-                                     str(state), "--seccomp", str(ROOT / "policies" / "seccomp.json")],
-                    dict(os.environ))  # fmt: skip
+    args = [EXECBOX, "bwrap-helper", "--socket", str(path), "--engine", ENGINE, "--state", str(state),
+            "--seccomp", str(ROOT / "policies" / "seccomp.json")]  # fmt: skip
+    session_processes.spawn("bwrap-helper", args, dict(os.environ))
     wait_until(path.exists, 10, "the bubblewrap helper's socket")
     return str(path)
 
@@ -265,7 +290,7 @@ def stack(
     docker_client: docker.DockerClient,
     docker_proxy: str,
     bwrap_helper: str,
-    processes: Processes,
+    session_processes: Processes,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Stack:
     prefix = PREFIX
@@ -293,17 +318,17 @@ def stack(
         "EXECBOX_POLICIES_DIR": str(policies_with_tenants(tmp_path_factory.mktemp("stack"), fast_schedules)),
     }
     port = free_port()
-    processes.spawn("api", [EXECBOX, "api", "--port", str(port)], env)
+    session_processes.spawn("api", [EXECBOX, "api", "--port", str(port)], env)
     worker_metrics = []
     for i in (1, 2):
         metrics_port = free_port()
         worker_metrics.append(f"127.0.0.1:{metrics_port}")
         worker_env = as_role({**env, "EXECBOX_TELEMETRY__WORKER_METRICS_PORT": str(metrics_port)}, "worker")
-        processes.spawn(f"worker-{i}", [EXECBOX, "worker", "--name", f"{prefix}-worker-{i}"], worker_env)
+        session_processes.spawn(f"worker-{i}", [EXECBOX, "worker", "--name", f"{prefix}-worker-{i}"], worker_env)
     base_url = f"http://127.0.0.1:{port}"
     wait_until(lambda: answers_200(f"{base_url}/readyz"), 30, "the API's /readyz (Redis + a worker reaching Docker)")
     keys = {tenant: create_key(env, tenant) for tenant in ("alpha", "beta")}
-    return Stack(env=env, base_url=base_url, prefix=prefix, logs=processes.logs, worker_metrics=worker_metrics,
+    return Stack(env=env, base_url=base_url, prefix=prefix, logs=session_processes.logs, worker_metrics=worker_metrics,
                  keys=keys)  # fmt: skip
 
 

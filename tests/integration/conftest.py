@@ -143,12 +143,12 @@ class Targets:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def no_sandbox_outlives_the_session(docker_client: docker.DockerClient, processes: Processes) -> Iterator[None]:
+def no_sandbox_outlives_the_session(docker_client: docker.DockerClient, session_processes: Processes) -> Iterator[None]:
     """What the reaper of a live deployment would do: the session's workers are stopped at its end,
     sometimes in the middle of a run or before a deferred removal, so their sandboxes and networks
     (every test deployment's label starts with PREFIX) are removed here; nothing is left behind."""
     yield
-    processes.stop_all()
+    session_processes.stop_all()
     managed: dict[str, Any] = {"label": f"{MANAGED_LABEL}=true"}
 
     def ours(labels: dict[str, str] | None) -> bool:
@@ -259,8 +259,10 @@ def targets(
         network.remove()
 
 
-@pytest.fixture(scope="session")
-def netside(targets: Targets, stack: Stack, processes: Any, tmp_path_factory: pytest.TempPathFactory) -> Side:
+@pytest.fixture(scope="module")
+def netside(
+    targets: Targets, stack: Stack, module_processes: Processes, tmp_path_factory: pytest.TempPathFactory
+) -> Side:
     """An API and two workers whose `net` policy lets executions reach target-a and target-b."""
     policies = tmp_path_factory.mktemp("policies")
     for path in [*(ROOT / "policies").glob("*.yaml"), ROOT / "policies" / "seccomp.json"]:
@@ -270,14 +272,14 @@ def netside(targets: Targets, stack: Stack, processes: Any, tmp_path_factory: py
     tenants = yaml.safe_load((policies / "tenants.yaml").read_text())
     tenants["default"]["policies"].append("net")
     (policies / "tenants.yaml").write_text(yaml.safe_dump(tenants))
-    queue = f"{stack.prefix}-net"
+    queue = f"{stack.prefix}-net-{secrets.token_hex(2)}"  # a module's own: the fixture is made again per module
     env = {**stack.env, "EXECBOX_QUEUE__NAME": queue, "EXECBOX_POLICIES_DIR": str(policies),
            "EXECBOX_EGRESS__CONTAINER": targets.egress, "EXECBOX_EGRESS__PUBLIC_KEY": targets.public_key}  # fmt: skip
     port = free_port()
-    processes.spawn(f"api-{queue}", [EXECBOX, "api", "--port", str(port)], env)
+    module_processes.spawn(f"api-{queue}", [EXECBOX, "api", "--port", str(port)], env)
     base_url = f"http://127.0.0.1:{port}"
     wait_until(lambda: answers_200(f"{base_url}/healthz"), 20, "the network test API")
-    side = Side(env, base_url, processes, stack.keys["alpha"])
+    side = Side(env, base_url, module_processes, stack.keys["alpha"])
     side.worker("net-1")
     side.worker("net-2")
     return side

@@ -17,6 +17,7 @@ import redis
 
 from tests.conftest import (
     EXECBOX,
+    Processes,
     Side,
     Stack,
     answers_200,
@@ -217,7 +218,7 @@ def test_no_network_left_behind(netside: Side, docker_client: docker.DockerClien
 
 
 def test_a_reused_network_slot_never_serves_the_previous_runs_rule(
-    netside: Side, targets: Targets, stack: Stack
+    netside: Side, targets: Targets, stack: Stack, processes: Processes
 ) -> None:
     """One worker whose pool has a single /28 and no cool-down: the second run gets the very address
     the first run's proxy rule was stored under, at once. It must still be judged by its own rule
@@ -227,7 +228,7 @@ def test_a_reused_network_slot_never_serves_the_previous_runs_rule(
     subprocess.run([EXECBOX, "secrets", "set", "--host", "target-b", "--header", "Authorization", "--value", "-",
                     "--tenant", "alpha"], input=secret.encode(), env=admin, check=True)  # fmt: skip
     queue = f"{netside.env['EXECBOX_QUEUE__NAME']}-slot"
-    side = Side({**netside.env, "EXECBOX_QUEUE__NAME": queue}, netside.base_url, netside.processes, netside.key)
+    side = Side({**netside.env, "EXECBOX_QUEUE__NAME": queue}, netside.base_url, processes, netside.key)
     port = free_port()
     side.processes.spawn(f"api-{queue}", [EXECBOX, "api", "--port", str(port)], side.env)
     side.base_url = f"http://127.0.0.1:{port}"

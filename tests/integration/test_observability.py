@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
 
 @pytest.fixture(scope="module")
-def prometheus(stack: Stack, processes: Processes, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def prometheus(stack: Stack, module_processes: Processes, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     binary = shutil.which("prometheus")
     if binary is None:
         pytest.fail("prometheus is not installed: run `scripts/install` (apt-get install prometheus)")
@@ -38,7 +38,7 @@ def prometheus(stack: Stack, processes: Processes, tmp_path_factory: pytest.Temp
     }
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
-    processes.spawn("prometheus", [binary, f"--config.file={workdir / 'prometheus.yml'}",
+    module_processes.spawn("prometheus", [binary, f"--config.file={workdir / 'prometheus.yml'}",
                                    f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
                     {"PATH": "/usr/bin:/bin"})  # fmt: skip
     url = f"http://127.0.0.1:{port}"

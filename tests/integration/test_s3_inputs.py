@@ -75,7 +75,7 @@ class Deployment:
 def deployment(
     seaweedfs: Cluster,
     stack: Stack,
-    processes: Processes,
+    module_processes: Processes,
     redis_server: Redis,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Deployment]:
@@ -88,10 +88,10 @@ def deployment(
     env = {**stack.env, "EXECBOX_QUEUE__NAME": queue,
            **s3_env(seaweedfs, bucket, prefix, directory / "s3-secret", directory / "local")}  # fmt: skip
     port = free_port()
-    processes.spawn(f"api-{queue}", [EXECBOX, "api", "--port", str(port)], env)
+    module_processes.spawn(f"api-{queue}", [EXECBOX, "api", "--port", str(port)], env)
     base_url = f"http://127.0.0.1:{port}"
     wait_until(lambda: answers_200(f"{base_url}/healthz"), 30, "the S3 inputs API to answer")
-    side = Side(env, base_url, processes, stack.keys["alpha"])
+    side = Side(env, base_url, module_processes, stack.keys["alpha"])
     side.worker("s3-inputs")
     client = redis.Redis.from_url(redis_server.url)
     try:
