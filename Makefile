@@ -41,21 +41,32 @@ down-host:
 check: install
 	scripts/check
 
-# The fast tier: no root, no Docker, no apt; needs python3 and redis-server on PATH. Two processes
-# (pytest-xdist), each with its own redis-server: 82 s instead of 134 s on 2 idle cores. Prints branch
-# coverage and fails under its floor ([tool.coverage] in pyproject.toml); make test applies the same floor.
+# The fast tier: no root, no Docker, no apt; needs python3 and, on PATH, redis-server, bwrap and kustomize
+# (scripts/install installs them). Two processes (pytest-xdist), each with its own redis-server. Prints
+# branch coverage and fails under its floor ([tool.coverage] in pyproject.toml); make test applies the
+# same floor.
 unit: venv
 	.venv/bin/pytest -n 2 -m "not docker and not stack" --cov=execbox --cov=execbox_client tests/unit
 
-integration: images
-	.venv/bin/pytest tests/integration
+# The integration tier in two parts: the tests marked `serial` (they measure timings, or count what the
+# whole host runs) first, alone on the machine; then the rest on two processes, each testing a
+# deployment of its own (its Redis, API, workers, docker proxy, bubblewrap helper and uid range), a
+# test file's tests on one process (--dist loadfile: a module's fixtures are made once).
+INTEGRATION_SERIAL = -m serial tests/integration
+INTEGRATION_REST = -m "not serial" -n 2 --dist loadfile tests/integration
 
-# The unit tier on two processes as in `make unit`, then the integration tier in one (its tests share
-# one engine and measure timings) with the coverage appended and the floor applied to both; the
-# slowest tests are listed so that a slower CI names its cause.
+integration: images
+	.venv/bin/pytest $(INTEGRATION_SERIAL)
+	.venv/bin/pytest $(INTEGRATION_REST)
+
+# The unit tier on two processes as in `make unit`, then the integration tier as in `make integration`,
+# with the coverage appended and the floor applied to all three; the slowest tests are listed so that a
+# slower CI names its cause.
+COV = --cov=execbox --cov=execbox_client --cov-report= --cov-fail-under=0
 test: images check
-	.venv/bin/pytest -n 2 --cov=execbox --cov=execbox_client --cov-report= --cov-fail-under=0 tests/unit
-	.venv/bin/pytest --cov=execbox --cov=execbox_client --cov-append --durations=25 tests/integration
+	.venv/bin/pytest -n 2 $(COV) tests/unit
+	.venv/bin/pytest $(COV) --cov-append --durations=10 $(INTEGRATION_SERIAL)
+	.venv/bin/pytest --cov=execbox --cov=execbox_client --cov-append --durations=25 $(INTEGRATION_REST)
 
 # Brings the compose stack up with three workers, runs tests/stack and langchain-tests' sandbox
 # suite (scripts/conformance) against it, takes it down. It replaces a running `make up` stack, on

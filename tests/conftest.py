@@ -32,6 +32,11 @@ PREFIX = f"exbt{secrets.token_hex(3)}"
 """The session's key prefix: its Redis ACL names keys under it."""
 ENGINE = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 """The engine the session tests against: DOCKER_HOST's (.ci/run's engine of its own), else Docker's default."""
+WORKER_INDEX = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+"""This test process's index under pytest-xdist (0 alone): each process tests a deployment of its own."""
+UID_RANGE = f"{200000 + WORKER_INDEX * 20000}-{200000 + WORKER_INDEX * 20000 + 19999}"
+"""The sandbox uids of this process's deployment: two deployments on one host never share a uid (a uid's
+process count and its files are host-wide, and the bubblewrap helpers each hand out uids of their own)."""
 PASSWORDS = {role: secrets.token_hex(16) for role in (*ROLES, "harness")}
 """Each role's Redis password; `harness` (the tests' own inspections) may do anything."""
 
@@ -266,7 +271,7 @@ def docker_proxy(
     path = tmp_path_factory.mktemp("docker-proxy") / "docker.sock"
     args = [EXECBOX, "docker-proxy", "--listen", str(path), "--deployment", PREFIX, "--egress-container",
             f"{PREFIX}-egress"]  # fmt: skip
-    session_processes.spawn("docker-proxy", args, dict(os.environ))
+    session_processes.spawn("docker-proxy", args, {**os.environ, "EXECBOX_DOCKER__UID_RANGE": UID_RANGE})
     wait_until(path.exists, 10, "the docker proxy's socket")
     return f"unix://{path}"
 
@@ -278,7 +283,7 @@ def bwrap_helper(session_processes: Processes, tmp_path_factory: pytest.TempPath
     path = tmp_path_factory.mktemp("bwrap") / "bwrap.sock"
     state = tmp_path_factory.mktemp("bwrap-state")
     args = [EXECBOX, "bwrap-helper", "--socket", str(path), "--engine", ENGINE, "--state", str(state),
-            "--seccomp", str(ROOT / "policies" / "seccomp.json")]  # fmt: skip
+            "--seccomp", str(ROOT / "policies" / "seccomp.json"), "--uids", UID_RANGE]  # fmt: skip
     session_processes.spawn("bwrap-helper", args, dict(os.environ))
     wait_until(path.exists, 10, "the bubblewrap helper's socket")
     return str(path)
@@ -315,6 +320,7 @@ def stack(
         "EXECBOX_API__SSE_KEEPALIVE_S": "1",
         "EXECBOX_DOCKER__URL": docker_proxy,
         "EXECBOX_DOCKER__BWRAP_SOCKET": bwrap_helper,
+        "EXECBOX_DOCKER__UID_RANGE": UID_RANGE,
         "EXECBOX_POLICIES_DIR": str(policies_with_tenants(tmp_path_factory.mktemp("stack"), fast_schedules)),
     }
     port = free_port()

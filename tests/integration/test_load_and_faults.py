@@ -50,6 +50,7 @@ def roomy(side_stack: Callable[..., Side], tmp_path: Path) -> tuple[Side, dict[s
     return side, {tenant: create_key(side.env, tenant) for tenant in ("busy", "rated")}
 
 
+@pytest.mark.serial
 def test_healthz_answers_in_tens_of_milliseconds_while_three_hundred_clients_wait(
     roomy: tuple[Side, dict[str, str]],
 ) -> None:

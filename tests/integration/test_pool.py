@@ -211,6 +211,7 @@ def heavy_preload(directory: Path) -> Path:
     return directory
 
 
+@pytest.mark.serial
 def test_a_run_arriving_mid_preload_waits_for_it_only_when_it_names_what_it_imports(
     pooled: Callable[..., tuple[Side, str]], docker_client: docker.DockerClient, tmp_path: Path
 ) -> None:
@@ -371,6 +372,7 @@ def submit_burst(side: Side, n: int) -> list[dict[str, Any]]:
         return [client.get(f"/v1/executions/{i}?wait=60").json() for i in ids]
 
 
+@pytest.mark.serial
 def test_the_pool_grows_for_a_burst_within_its_max_and_shrinks_when_arrivals_stop(
     pooled: Callable[..., tuple[Side, str]], docker_client: docker.DockerClient
 ) -> None:

@@ -157,6 +157,7 @@ def test_the_weekly_report_fires_quietly_until_a_log_changes_format(api: httpx.C
     assert len({f["slot"] for f in firings}) == len(firings), "no slot handled twice"
 
 
+@pytest.mark.serial
 def test_two_scheduler_processes_and_a_restart_handle_each_of_20_slots_once(
     stack: Stack, processes: Processes, tmp_path: Path
 ) -> None:

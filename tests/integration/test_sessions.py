@@ -231,6 +231,7 @@ def test_delete_removes_the_container_and_cancels_what_waits(
     assert api.get("/v1/sessions?status=ended").json()["sessions"][0]["id"] == sid
 
 
+@pytest.mark.serial
 def test_a_tenant_holds_only_its_share_of_the_fleets_session_slots(stack: Stack) -> None:
     """Finding 11: the fleet holds 2 workers x 4 sessions; beta's quota is 10 but its share is half the
     fleet. Holding 4 idle sessions, it is refused a fifth at once, and alpha's session starts promptly
@@ -332,6 +333,7 @@ def test_a_supervisor_stopped_by_its_code_with_its_input_full_still_ends_at_its_
         api.delete(f"/v1/sessions/{sid}")
 
 
+@pytest.mark.serial
 def test_a_fork_bomb_a_command_leaves_in_the_background_dies_at_its_lifetime(
     sandbox: Sandbox, docker_client: docker.DockerClient
 ) -> None:

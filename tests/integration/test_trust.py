@@ -22,7 +22,7 @@ from execbox.sandbox.docker.hostconfig import host_config_kwargs
 from execbox.sandbox.runtime import Limits, SandboxSpec
 from execbox.sandbox.seccomp import SeccompProfiles
 from execbox.sandbox.settings import DockerSettings
-from tests.conftest import PASSWORDS, ROOT, Side, Stack, free_port, wait_until
+from tests.conftest import PASSWORDS, ROOT, UID_RANGE, Side, Stack, free_port, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
@@ -123,12 +123,13 @@ def test_the_workers_docker_socket_refuses_what_a_sandbox_must_not_be(
     sandboxes of the runtime's shape (the whole suite runs its workers through it), but nothing that
     would give it the host (tests/unit/test_docker_proxy_rules.py holds the whole table)."""
     worker = docker.APIClient(base_url=docker_proxy, version="auto", timeout=10)
+    uid = int(UID_RANGE.split("-")[0])  # the session's deployment's first sandbox uid
     labels = {"execbox.managed": "true", "execbox.deployment": stack.prefix}
     image = "execbox/sandbox-python:latest"
     limits = Limits(timeout_s=10, cpu=1.0, cpu_time_s=20, memory_mb=64, pids=16, disk_mb=64, output_bytes=1 << 20)
     spec = SandboxSpec("exe_trust", "", "trust", image, ("true",), (), (), limits, deployment=stack.prefix)
     seccomp = SeccompProfiles(ROOT / "policies" / "seccomp.json").json()
-    good: dict[str, Any] = host_config_kwargs(spec, DockerSettings(), 200000, seccomp)  # as the runtime makes it
+    good: dict[str, Any] = host_config_kwargs(spec, DockerSettings(), uid, seccomp)  # as the runtime makes it
     attempts: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         "privileged": ({**good, "privileged": True}, {}),
         "bind of /": ({**good, "binds": ["/:/host"]}, {}),
@@ -156,7 +157,7 @@ def test_the_workers_docker_socket_refuses_what_a_sandbox_must_not_be(
             worker.create_container(
                 extra.get("image", image),
                 "true",
-                user=extra.get("user", "200000:200000"),
+                user=extra.get("user", f"{uid}:{uid}"),
                 labels=extra.get("labels", labels),
                 host_config=worker.create_host_config(**host),
             )
@@ -179,7 +180,7 @@ def test_the_workers_docker_socket_refuses_what_a_sandbox_must_not_be(
         assert other.status == "created"
     finally:
         other.remove(force=True)
-    ok = worker.create_container(image, "true", user="200000:200000", labels=labels,
+    ok = worker.create_container(image, "true", user=f"{uid}:{uid}", labels=labels,
                                  host_config=worker.create_host_config(**good, cpu_shares=2))  # fmt: skip
     # A waiting warm container's weight may go back to the default, never above it.
     worker.update_container(ok["Id"], cpu_shares=1024)

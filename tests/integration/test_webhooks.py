@@ -185,6 +185,7 @@ class _Hole:
         self.closed.set()
 
 
+@pytest.mark.serial
 def test_a_receiver_that_never_answers_delays_no_execution(stack: Stack, processes: Processes, tmp_path: Path) -> None:
     """A deployment of its own with one worker, whose deliveries wait 20 s for an answer: while that
     worker's delivery hangs on a receiver that never answers, the same worker runs the executions
