@@ -147,9 +147,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "redis-acl":
         from execbox.core.redis_roles import ROLES, acl_file
+        from execbox.keyschema import SCHEMA
 
         lines = dict(line.split("=", 1) for line in args.passwords.read_text().split() if "=" in line)
-        sys.stdout.write(acl_file(args.prefix, {r: lines.get(f"REDIS_{r.upper()}_PASSWORD", "") for r in ROLES}))
+        passwords = {r: lines.get(f"REDIS_{r.upper()}_PASSWORD", "") for r in ROLES}
+        sys.stdout.write(acl_file(args.prefix, passwords, SCHEMA))
         return 0
     settings = Settings()
 

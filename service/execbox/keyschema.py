@@ -3,11 +3,13 @@
 It sits above the rooms and below the entry points (pyproject's import-linter layers): a room names
 its keys in its `keys.py`, and only this module sees them all. The API, the worker, the egress proxy
 and the CLI build `Keys(prefix)`; a room's function asks for its own room's key class, which `Keys`
-is. docs/architecture.md's key table is rendered from `SCHEMA` (`execbox.vocabulary`).
+is. docs/architecture.md's key table is rendered from `SCHEMA` (`execbox.vocabulary`), and the Redis
+roles' ACL patterns are derived from it (`execbox.core.redis_roles`, handed `SCHEMA` here).
 """
 
 from __future__ import annotations
 
+from execbox.core import redis_roles
 from execbox.core.keys import LOOP_SCHEMA, KeySpec
 from execbox.e2b import keys as e2b
 from execbox.egress import keys as egress
@@ -40,6 +42,8 @@ ROOM_SCHEMAS: dict[str, tuple[KeySpec, ...]] = {
 """Each room's keys, by the room that owns them (core: the background loops')."""
 
 SCHEMA: tuple[KeySpec, ...] = tuple(spec for table in ROOM_SCHEMAS.values() for spec in table)
+
+redis_roles.use_schema(SCHEMA)  # the Redis ACL is derived from the rows; core imports no room to find them
 
 
 class Keys(webhooks.WebhookKeys, plans.PlanKeys, schedules.ScheduleKeys, e2b.E2bKeys):

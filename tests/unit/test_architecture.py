@@ -69,7 +69,7 @@ def test_every_role_that_uses_a_key_may_reach_it() -> None:
     pattern covering it (with write rights for writers)."""
     import fnmatch
 
-    granted = roles("p")
+    granted = roles("p", SCHEMA)
     keys = Keys("p")
     missing = []
     for spec in SCHEMA:

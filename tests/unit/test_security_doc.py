@@ -6,12 +6,13 @@ from __future__ import annotations
 import re
 
 from execbox.core.redis_roles import ROLES, acl_file
+from execbox.keyschema import SCHEMA
 from tests.conftest import ROOT
 
 
 def _granted() -> dict[str, set[str]]:
     granted = {}
-    for line in acl_file("p", dict.fromkeys(ROLES, "x")).splitlines():
+    for line in acl_file("p", dict.fromkeys(ROLES, "x"), SCHEMA).splitlines():
         words = line.split()
         if len(words) < 2 or words[0] != "user" or words[1] == "default":
             continue

@@ -19,14 +19,11 @@ from typing import Any
 import redis
 
 from execbox.core.errors import ServiceError
-from execbox.core.keys import TENANT_SPACE, LoopKeys
+from execbox.core.keys import MOVED_KINDS, TENANT_SPACE, LoopKeys
 from execbox.core.redis import redis_errors, text
 
 log = logging.getLogger(__name__)
 
-MOVED_KINDS = ("rate", "active", "idem", "runs", "approvals", "script", "scriptuse", "scripts", "schedules",
-               "surprises", "ses:tenant", "ses:open")  # fmt: skip
-"""The families that moved under `t:`, as they were named before."""
 SHARED_INDEXES = {"runs:active": ("run", "runs"), "schedules:due": ("schedule", "schedules")}
 """Shared keys that a tenant of the same name also used -> (the kind of their records, of the tenant's list)."""
 

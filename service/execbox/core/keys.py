@@ -17,7 +17,8 @@ no shared key fills: `secret:{tenant}:{host}` and the queue's `q:{queue}:pending
 stored under the older layout is moved by `execbox.core.keymigration`.
 
 Roles: api, worker, egress, admin, scaler (execbox.core.redis_roles). "write" in a row means the
-role creates or changes the key; "read" that it only reads it.
+role creates or changes the key; "read" that it only reads it. The rows are the Redis ACL's source:
+each role is granted the patterns of the rows that name it (`KeySpec.glob`), and nothing else.
 """
 
 from __future__ import annotations
@@ -37,6 +38,23 @@ class KeySpec:
     write: tuple[str, ...]
     read: tuple[str, ...]
     what: str
+    write_only: tuple[str, ...] = ()
+    """Roles among `write` that never read it (the egress proxy appending refusals): granted write only."""
+
+    @property
+    def glob(self) -> str:
+        """The ACL pattern after `{p}:`: the key up to its first variable part, then `*`."""
+        fixed, variable, _ = self.pattern.partition("{")
+        return f"{fixed}*" if variable else fixed
+
+    @property
+    def is_key(self) -> bool:
+        return not self.type.startswith("pub/sub")
+
+    @property
+    def is_channel(self) -> bool:
+        """A pub/sub channel (`pub/sub channel`), or a key published on too (`... + pub/sub`)."""
+        return "pub/sub" in self.type
 
 
 class KeyBuilder:
@@ -70,6 +88,20 @@ LOOP_SCHEMA: tuple[KeySpec, ...] = (
 operator hands back, failed attempts."""
 
 
+MOVED_KINDS = ("rate", "active", "idem", "runs", "approvals", "script", "scriptuse", "scripts", "schedules",
+               "surprises", "ses:tenant", "ses:open")  # fmt: skip
+"""The families that moved under `t:` (execbox.core.keymigration), as they were named before."""
+
+LEGACY_SCHEMA: tuple[KeySpec, ...] = tuple(
+    KeySpec(
+        f"{kind}:{{tenant}}", "as before tenant namespaces", "as before", ("api",), (), "moved under `t:` at API start"
+    )
+    for kind in MOVED_KINDS
+)
+"""The keys of the layout before tenant namespaces, which only the API's move (execbox.core.keymigration)
+touches; nothing writes them any more. Not part of the key schema, but granted by the ACL."""
+
+
 class LoopKeys(KeyBuilder):
     def dead_letters(self, loop: str) -> str:
         return self._k("dead", loop)
@@ -81,4 +113,4 @@ class LoopKeys(KeyBuilder):
         return self._k("poison", loop, digest)
 
 
-__all__ = ["LOOP_SCHEMA", "TENANT_SPACE", "KeyBuilder", "KeySpec", "LoopKeys"]
+__all__ = ["LEGACY_SCHEMA", "LOOP_SCHEMA", "MOVED_KINDS", "TENANT_SPACE", "KeyBuilder", "KeySpec", "LoopKeys"]

@@ -7,17 +7,22 @@ read egress rules or secrets; a worker cannot read API keys, idempotency records
 role can run administrative commands (CONFIG, ACL, FLUSHALL, MONITOR, DEBUG, KEYS, ...). Nobody
 can log in as the `default` user (it is off), so a connection without credentials can do nothing.
 
-The key schema is assembled in `execbox.keyschema` from each room's `keys` (prefix `p`, RQ's own
-keys under `rq:`). Patterns here name those keys; a key a role does not name is invisible to it.
+A role's keys and channels are derived from the key schema's rows (`KeySpec`: the roles that write
+and read each key), so a room that adds a key names its roles in its own row and nowhere else; a key
+no row gives a role is invisible to it. The rows reach this module from the assembly
+(`execbox.keyschema` hands them over when imported; core imports no room). Written by hand here:
+each role's commands, and RQ's own keys and channels (under `rq:`, outside the prefix).
 `%R~` grants read only, `%W~` write only (Redis 7 key permissions).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit, urlunsplit
+
+from execbox.core.keys import LEGACY_SCHEMA, KeySpec
 
 ROLES = ("api", "worker", "egress", "admin", "scaler")
 
@@ -44,111 +49,85 @@ class Role:
         return " ".join(parts)
 
 
-def roles(prefix: str) -> dict[str, Role]:
-    p = prefix
-    shared = (f"~{p}:exe:*", f"~{p}:deadlines", f"~{p}:running", f"~{p}:lease:*", f"~{p}:cancel:*",
-              f"~{p}:t:active:*", f"~{p}:worker:*", f"~{p}:q:*", f"%R~{p}:egress:denied:*", "~rq:*",
-              f"~{p}:t:kept:*", f"~{p}:events", f"~{p}:ses:*", f"~{p}:t:ses:*", f"~{p}:live:*",
-              # every process's background loops: their dead letters, replays and failure counts
-              f"~{p}:dead:*", f"~{p}:replay:*", f"~{p}:poison:*")  # fmt: skip
-    # The API moves data stored under the layout before tenant namespaces (execbox.core.keymigration):
-    # the same families without `t:`. Nothing writes them any more.
-    legacy = tuple(f"~{p}:{kind}:*" for kind in ("rate", "active", "idem", "runs", "approvals", "script",
-                                                "scriptuse", "scripts", "schedules", "surprises"))  # fmt: skip
-    return {
-        # Accepts and reads executions, files, keys, idempotency records, quotas; queues tickets; runs plans.
-        "api": Role(
-            "api",
-            (
-                *shared,
-                *legacy,
-                f"~{p}:file:*",
-                f"~{p}:t:rate:*",
-                f"~{p}:t:runrate:*",
-                f"~{p}:apikey:*",
-                f"~{p}:apikeys",
-                f"~{p}:console:*",
-                f"~{p}:t:idem:*",
-                f"~{p}:run:*",
-                f"~{p}:runlock:*",
-                f"~{p}:t:runs:*",
-                f"~{p}:runs:active",
-                f"~{p}:approval:*",
-                f"~{p}:t:approvals:*",
-                f"~{p}:t:script:*",
-                f"~{p}:t:scriptuse:*",
-                f"~{p}:t:scripts:*",
-                f"~{p}:schedule:*",
-                f"~{p}:t:schedules:*",
-                f"~{p}:schedules:due",
-                f"~{p}:firings:*",
-                f"~{p}:slot:*",
-                f"~{p}:t:surprises:*",
-                f"~{p}:surprise:*",
-                f"~{p}:nodes:drained",
-                f"%R~{p}:nodes:finished",
-                f"~{p}:e2b:*",
-            ),
-            (f"{p}:done:*", f"{p}:t:idem:*"),
-            f"{_DATA} {_PUBSUB}",
-        ),
-        # Runs executions: records, leases, egress rules, network slots and sandbox uids; reads input files,
-        # and runs, approvals and failed scheduled executions (to deliver their webhooks).
-        "worker": Role(
-            "worker",
-            (
-                *shared,
-                f"%R~{p}:file:*",
-                f"~{p}:egress:rule:*",
-                f"~{p}:egress:slot:*",
-                f"~{p}:uid:*",
-                f"~{p}:due:*",
-                f"%R~{p}:run:*",
-                f"%R~{p}:approval:*",
-                f"%R~{p}:surprise:*",
-                f"%R~{p}:nodes:drained",
-                f"~{p}:nodes:finished",
-            ),
-            (f"{p}:done:*", "rq:pubsub:*"),
-            f"{_DATA} {_PUBSUB}",
-        ),
-        # Reads rules and sealed secrets, appends refusals. Nothing else, not even a scan.
-        "egress": Role(
-            "egress",
-            (f"%R~{p}:egress:rule:*", f"%R~{p}:secret:*", f"%W~{p}:egress:denied:*"),
-            (),
-            "+get +hgetall +rpush +ltrim +expire +multi +exec +discard +ping +client|setname",
-        ),
-        # The operator's CLI: API keys, (sealed) secret headers, and the loops' dead letters (a replay
-        # is queued for the loop to put back: the admin role reaches none of the loops' own keys); the
-        # nodes' drain marks, and what `execbox nodes list` reads (heartbeats, running ids and their
-        # leases' holders: names and ids, never a record).
-        "admin": Role(
-            "admin",
-            (
-                f"~{p}:apikey:*",
-                f"~{p}:apikeys",
-                f"~{p}:secret:*",
-                f"~{p}:dead:*",
-                f"~{p}:replay:*",
-                f"~{p}:nodes:drained",
-                f"%R~{p}:nodes:finished",
-                f"%R~{p}:worker:*",
-                f"%R~{p}:running",
-                f"%R~{p}:lease:*",
-            ),  # fmt: skip
-            (),
-            "+@read +@write +@keyspace +@string +@hash +@set +@list +@stream +@transaction +@connection "
-            "-@dangerous -@admin",
-        ),
-        # An autoscaler (KEDA) reading the queue's length.
-        "scaler": Role("scaler", ("%R~rq:queue:*",), (), "+llen +ping +client|setname"),
-    }
+_COMMANDS = {
+    # Accepts and reads executions, files, keys, idempotency records, quotas; queues tickets; runs plans.
+    "api": f"{_DATA} {_PUBSUB}",
+    # Runs executions; reads input files, and runs, approvals and failed scheduled executions (to
+    # deliver their webhooks).
+    "worker": f"{_DATA} {_PUBSUB}",
+    # Reads rules and sealed secrets, appends refusals. Nothing else, not even a scan.
+    "egress": "+get +hgetall +rpush +ltrim +expire +multi +exec +discard +ping +client|setname",
+    # The operator's CLI: API keys, (sealed) secret headers, the loops' dead letters (a replay is
+    # queued for the loop to put back), the nodes' drain marks and what `execbox nodes list` reads.
+    "admin": "+@read +@write +@keyspace +@string +@hash +@set +@list +@stream +@transaction +@connection "
+    "-@dangerous -@admin",
+    # An autoscaler (KEDA) reading the queue's length.
+    "scaler": "+llen +ping +client|setname",
+}
+_RQ_KEYS = {"api": ("~rq:*",), "worker": ("~rq:*",), "scaler": ("%R~rq:queue:*",)}
+_RQ_CHANNELS = {"worker": ("rq:pubsub:*",)}
+
+_schema: tuple[KeySpec, ...] = ()
 
 
-def acl_file(prefix: str, passwords: Mapping[str, str]) -> str:
+def use_schema(schema: Iterable[KeySpec]) -> None:
+    """The deployment's key rows, handed over by the assembly (`execbox.keyschema`) for `roles` and
+    `acl_file` to derive from when not given theirs."""
+    global _schema
+    _schema = tuple(schema)
+
+
+def _rights(spec: KeySpec, role: str) -> set[str]:
+    wants = set()
+    if role in spec.write:
+        wants |= {"W"} if role in spec.write_only else {"R", "W"}
+    if role in spec.read:
+        wants.add("R")
+    return wants
+
+
+def _grants(prefix: str, schema: Iterable[KeySpec], role: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The key and channel patterns of the rows naming `role`: the rows' own, each with the rights its
+    rows give (read, write or both), less those a pattern granted before already covers; then the
+    families of the layout before tenant namespaces that none of them covers."""
+    rights: dict[str, set[str]] = {}
+    channels: dict[str, None] = {}
+    for spec in (*schema, *LEGACY_SCHEMA):
+        wants = _rights(spec, role)
+        if not wants:
+            continue
+        if spec.is_channel:
+            channels[f"{prefix}:{spec.glob}"] = None
+        if not spec.is_key:
+            continue
+        covered = any(
+            held >= wants and glob.endswith("*") and glob != spec.glob and spec.glob.startswith(glob[:-1])
+            for glob, held in rights.items()
+        )
+        if spec.glob in rights or not covered:
+            rights.setdefault(spec.glob, set()).update(wants)
+    marks = {frozenset("RW"): "~", frozenset("R"): "%R~", frozenset("W"): "%W~"}
+    keys = tuple(f"{marks[frozenset(held)]}{prefix}:{glob}" for glob, held in rights.items())
+    return (*keys, *_RQ_KEYS.get(role, ())), (*channels, *_RQ_CHANNELS.get(role, ()))
+
+
+def roles(prefix: str, schema: Iterable[KeySpec] | None = None) -> dict[str, Role]:
+    """Each role's grants for the deployment's prefix, from `schema` (by default the assembled one)."""
+    rows = tuple(_schema if schema is None else schema)
+    if not rows:
+        raise RuntimeError("no key schema to derive the Redis roles from: import execbox.keyschema, or pass its SCHEMA")
+    unknown = {role for spec in rows for role in (*spec.write, *spec.read)} - set(ROLES)
+    if unknown:
+        raise ValueError(
+            f"key rows name unknown role(s) {', '.join(sorted(unknown))}; the roles are {', '.join(ROLES)}"
+        )
+    return {name: Role(name, *_grants(prefix, rows, name), _COMMANDS[name]) for name in ROLES}
+
+
+def acl_file(prefix: str, passwords: Mapping[str, str], schema: Iterable[KeySpec] | None = None) -> str:
     """The ACL file for a deployment: each role with its password (stored as a SHA-256 digest, so
-    the file holds no password); the default user switched off.
+    the file holds no password); the default user switched off. The roles' patterns come from
+    `schema`, by default the one `execbox.keyschema` assembled.
 
     The default user keeps every permission although nobody can authenticate as it: Redis replays
     the append-only file as the default user and, up to 7.2, re-checks its permissions at each
@@ -159,7 +138,7 @@ def acl_file(prefix: str, passwords: Mapping[str, str]) -> str:
     if missing:
         raise ValueError(f"no password for role(s) {', '.join(missing)}")
     lines = ["user default off resetpass resetkeys ~* resetchannels &* +@all"]
-    lines += [role.acl_line(passwords[name]) for name, role in roles(prefix).items()]
+    lines += [role.acl_line(passwords[name]) for name, role in roles(prefix, schema).items()]
     return "\n".join(lines) + "\n"
 
 
@@ -170,4 +149,4 @@ def role_url(url: str, role: str, password: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{quote(role, safe='')}:{quote(password, safe='')}@{host}"))
 
 
-__all__ = ["ROLES", "Role", "acl_file", "role_url", "roles"]
+__all__ = ["ROLES", "Role", "acl_file", "role_url", "roles", "use_schema"]

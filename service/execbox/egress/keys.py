@@ -28,6 +28,7 @@ SCHEMA: tuple[KeySpec, ...] = (
         ("egress",),
         ("api", "worker"),
         "the proxy's refusals for an execution (first 100)",
+        write_only=("egress",),
     ),
     KeySpec(
         "secret:{tenant}:{host}",
