@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from execbox.core.redis_roles import ROLES, acl_file, role_url
+from execbox.keyschema import SCHEMA
 
 ROOT = Path(__file__).resolve().parents[1]
 EXECBOX = str(Path(sys.executable).with_name("execbox"))
@@ -44,7 +45,7 @@ PASSWORDS = {role: secrets.token_hex(16) for role in (*ROLES, "harness")}
 def write_acl(path: Path, prefix: str) -> Path:
     """The deployment's ACL for `prefix` plus the test harness's own unrestricted user."""
     harness = hashlib.sha256(PASSWORDS["harness"].encode()).hexdigest()
-    path.write_text(acl_file(prefix, PASSWORDS) + f"user harness on #{harness} ~* &* +@all\n")
+    path.write_text(acl_file(prefix, PASSWORDS, SCHEMA) + f"user harness on #{harness} ~* &* +@all\n")
     return path
 
 
