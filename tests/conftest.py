@@ -219,12 +219,12 @@ class Processes:
         self.procs.append(proc)
         return proc
 
-    def stop_all(self) -> None:
-        """SIGTERM to every process, 15 s for all of them together, then SIGKILL to what is left."""
+    def stop_all(self, grace_s: float = 15) -> None:
+        """SIGTERM to every process, `grace_s` for all of them together, then SIGKILL to what is left."""
         for proc in self.procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + grace_s
         for proc in self.procs:
             try:
                 proc.wait(max(0.0, deadline - time.monotonic()))
@@ -258,10 +258,11 @@ def module_processes(process_logs: Path) -> Iterator[Processes]:
 @pytest.fixture
 def processes(process_logs: Path) -> Iterator[Processes]:
     """Processes one test starts (an extra API, a worker, a Redis): stopped when the test ends, so that
-    no idle API or worker of an earlier test takes CPU from the tests after it."""
+    no idle API or worker of an earlier test takes CPU from the tests after it. A test that checks how
+    a process stops does so itself: what is still running here gets 5 s, then SIGKILL."""
     procs = Processes(process_logs)
     yield procs
-    procs.stop_all()
+    procs.stop_all(grace_s=5)
 
 
 @pytest.fixture(scope="session")
