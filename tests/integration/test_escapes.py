@@ -27,6 +27,7 @@ from tests.conftest import (
     ENGINE,
     EXECBOX,
     ROOT,
+    UID_RANGE,
     Processes,
     Stack,
     answers_200,
@@ -43,6 +44,9 @@ from tests.conftest import (
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
 LAUNCHER_NAMES = ("launch.py", "python3-launcher", "/opt/execbox")
+FIRST_UID, LAST_UID = (int(end) for end in UID_RANGE.split("-"))
+"""The session's sandbox uids: the helper tests below take uids at the range's far end, which the
+session's workers reach last."""
 
 
 @pytest.fixture
@@ -322,7 +326,7 @@ def test_the_bwrap_helper_refuses_what_a_taken_over_worker_asks_beyond_a_sandbox
     sandbox = docker_client.images.get("execbox/sandbox-python").id
     base = docker_client.images.get("local/debian:trixie").id
     limits = {"cpu": 1, "cpu_time_s": 5, "memory_mb": 128, "pids": 16, "disk_mb": 16, "timeout_s": 5}
-    good = {"image": sandbox, "uid": 200_001, "label": "exe_attack", "collect": "out", "limits": limits,
+    good = {"image": sandbox, "uid": FIRST_UID + 1, "label": "exe_attack", "collect": "out", "limits": limits,
             "command": [*LAUNCHER, "python3", "/opt/execbox/oneshot.py", "main.py"], "env": []}  # fmt: skip
     asks: dict[str, dict[str, Any]] = {
         "not a sandbox image": {**good, "image": base},
@@ -377,7 +381,7 @@ def test_a_run_released_in_the_same_send_as_its_head_leaves_no_process_and_no_cg
     uid (its uid then given to the next run) and four v1 cgroup directories stayed. The run's first
     process is now in its cgroups before anything of the conversation is read, and the helper says
     the uid is free only once no process holds it."""
-    uid, label = 299_901, "exe_race"
+    uid, label = LAST_UID - 98, "exe_race"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.connect(bwrap_helper)
         conn.sendall(wire.pack_json(wire.HEAD, _bwrap_head(docker_client, uid, label)) + wire.pack(wire.STDIN, SLEEPER)
@@ -397,11 +401,11 @@ def test_a_head_and_then_an_end_of_the_connection_leaves_no_cgroup(
         label = f"exe_headonly{attempt}"
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.connect(bwrap_helper)
-            conn.sendall(wire.pack_json(wire.HEAD, _bwrap_head(docker_client, 299_911 + attempt, label)))
+            conn.sendall(wire.pack_json(wire.HEAD, _bwrap_head(docker_client, LAST_UID - 88 + attempt, label)))
             conn.shutdown(socket.SHUT_WR)
             _frames(conn)  # until the helper closes its side: the run is cleaned up by then
         assert _cgroup_dirs(label) == [], attempt
-        assert uid_holders(299_911 + attempt) == []
+        assert uid_holders(LAST_UID - 88 + attempt) == []
 
 
 def test_a_head_trickled_a_byte_at_a_time_is_cut_at_the_heads_deadline(
@@ -409,7 +413,7 @@ def test_a_head_trickled_a_byte_at_a_time_is_cut_at_the_heads_deadline(
 ) -> None:
     """32 connections trickling a byte every 8 s held every slot: the deadline was per recv. It is
     now the whole HEAD's, however slowly its bytes come."""
-    head = wire.pack_json(wire.HEAD, _bwrap_head(docker_client, 299_921, "exe_trickle"))
+    head = wire.pack_json(wire.HEAD, _bwrap_head(docker_client, LAST_UID - 78, "exe_trickle"))
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.connect(bwrap_helper)
         started = time.monotonic()
@@ -430,7 +434,7 @@ def test_stdin_past_the_helpers_window_ends_the_run(bwrap_helper: str, docker_cl
     per run. It now holds one window (1 MiB) and ends a run whose worker sends past it."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.connect(bwrap_helper)
-        conn.sendall(wire.pack_json(wire.HEAD, _bwrap_head(docker_client, 299_931, "exe_stdin"))
+        conn.sendall(wire.pack_json(wire.HEAD, _bwrap_head(docker_client, LAST_UID - 68, "exe_stdin"))
                      + wire.pack(wire.STDIN, SLEEPER))  # fmt: skip
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             for _ in range(4):
@@ -451,7 +455,7 @@ def test_stopping_the_bwrap_helper_kills_its_runs_and_tells_their_workers(
     helper = subprocess.Popen([EXECBOX, "bwrap-helper", "--socket", str(path), "--engine", ENGINE, "--state",
                                str(tmp_path / "state"), "--seccomp", str(ROOT / "policies" / "seccomp.json")],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    uid = 299_941
+    uid = LAST_UID - 58
     try:
         wait_until(path.exists, 10, "the helper's socket")
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:

@@ -301,6 +301,7 @@ def test_stale_containers_are_recycled_and_a_stopped_worker_leaves_none(
     assert not labelled
 
 
+@pytest.mark.serial
 def test_a_worker_stopped_while_its_pool_fills_exits_within_its_grace(
     pooled: Callable[..., tuple[Side, str]], docker_client: docker.DockerClient
 ) -> None:

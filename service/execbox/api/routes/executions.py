@@ -233,7 +233,11 @@ def reconcile_execution(
     summary="Download an artifact",
     response_class=StreamingResponse,
     responses={
-        200: {"content": {"application/octet-stream": {}}, "description": "The artifact's bytes."},
+        200: {
+            "content": {"*/*": {}},
+            "description": "The artifact's bytes, with the media type it was stored with "
+            "(application/octet-stream when none).",
+        },
         404: {"description": "No such execution or artifact.", **_PROBLEM},
         422: {"description": "Malformed execution id.", **_PROBLEM},
         **UNAUTHORIZED_DOC,
