@@ -62,6 +62,9 @@ HARD_STOP_S = STOP_GRACE_S + 10.0
 Redis calls, its pub/sub thread) and the clean-up; past it the process exits at once (`os._exit`),
 leaving what is still under way, labelled, to the reaper."""
 
+UNSUBSCRIBE_S = 2.0
+"""How long a stopping worker waits for RQ to end its pub/sub listener."""
+
 _stopping = threading.Event()
 """Set by every SIGTERM/SIGINT, before and after RQ installs its own handlers: no loop of the main
 thread (start-up, waiting for Redis, a new RQ worker after a Redis outage) outlives a stop request."""
@@ -144,6 +147,12 @@ class RQWorker(SimpleWorker):
         if _stopping.is_set():  # the loop is left for good (no job runs any more): bound what follows
             arm_hard_stop(HARD_STOP_S)
         super().teardown()  # type: ignore[no-untyped-call]
+
+    def unsubscribe(self) -> None:
+        """RQ's unsubscribe, given UNSUBSCRIBE_S: RQ's listener waits for a message up to 60 s at a time
+        and closing its connection can wait for that read (a stop hung 15 s there, with no job running).
+        The subscription ends with the connection anyway when the process exits."""
+        run_until(time.monotonic() + UNSUBSCRIBE_S, [super().unsubscribe], "pub/sub unsubscribe")
 
 
 _hard_stop: threading.Timer | None = None
