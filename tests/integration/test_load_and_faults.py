@@ -37,17 +37,18 @@ print(" ".join(f"{s:.4f}" for s in seen))
 @pytest.fixture
 def roomy(side_stack: Callable[..., Side], tmp_path: Path) -> tuple[Side, dict[str, str]]:
     """An API on a queue of its own whose tenant `busy` may have 1,000 executions at once, and a
-    tenant `rated` allowed one per minute."""
+    tenant `trickle` allowed one per minute."""
     policies = policies_with_tenants(
         tmp_path,
         "default: {running: 64, per_minute: 600, policies: [default]}\n"
         "tenants:\n"
         # 300 queued at once reserve their output caps: 300 x 4 MiB of storage budget
         "  busy: {running: 1000, per_minute: 5000, policies: [default], storage_budget_mb: 2048}\n"
-        "  rated: {running: 10, per_minute: 1, policies: [default]}\n",
+        # a tenant name no other test's quotas use: rate windows live in the one Redis all tests share
+        "  trickle: {running: 10, per_minute: 1, policies: [default]}\n",
     )
     side = side_stack(EXECBOX_POLICIES_DIR=str(policies))
-    return side, {tenant: create_key(side.env, tenant) for tenant in ("busy", "rated")}
+    return side, {tenant: create_key(side.env, tenant) for tenant in ("busy", "trickle")}
 
 
 @pytest.mark.serial
@@ -133,7 +134,7 @@ def test_a_refused_request_stores_nothing(roomy: tuple[Side, dict[str, str]], re
         keys (counted and weighed). The session's Redis also serves other tests' background work,
         so the whole database's figures would not do."""
         records = list(harness.scan_iter(match=f"{prefix}:exe:*", count=1000))
-        weighed = [k for pattern in ("file:*", "t:idem:rated:*", "t:rate:rated:*", "t:active:rated") for k in
+        weighed = [k for pattern in ("file:*", "t:idem:trickle:*", "t:rate:trickle:*", "t:active:trickle") for k in
                    harness.scan_iter(match=f"{prefix}:{pattern}", count=1000)]  # fmt: skip
         memory = sum(int(harness.memory_usage(k) or 0) for k in weighed)
         return len(records) + len(weighed), memory, redis_contents(harness, f"{prefix}:file:*")
@@ -141,15 +142,15 @@ def test_a_refused_request_stores_nothing(roomy: tuple[Side, dict[str, str]], re
     files = [{"path": f"in/{i}.bin", "content_b64": "QUFB" * 20000} for i in range(4)]
     with side.client() as client:
         first = client.post("/v1/executions", json={"language": "python", "code": "print(1)"},
-                            headers=auth(keys["rated"]))  # fmt: skip
+                            headers=auth(keys["trickle"]))  # fmt: skip
         assert first.status_code == 202, first.text
         before = submission_state()
         refused = [client.post("/v1/executions", json={"language": "python", "code": "print(2)", "files": files},
-                               headers=auth(keys["rated"])) for _ in range(5)]  # fmt: skip
+                               headers=auth(keys["trickle"])) for _ in range(5)]  # fmt: skip
         after = submission_state()
     assert {r.status_code for r in refused} == {429}, [r.text for r in refused]
     # The refusals stored no file or record and did not use up the window: the counter did not move.
-    rate = list(harness.scan_iter(match=f"{prefix}:t:rate:rated:*"))
+    rate = list(harness.scan_iter(match=f"{prefix}:t:rate:trickle:*"))
     assert [int(harness.get(k) or 0) for k in rate] == [1]
     assert after == before  # same keys, same bytes (320 KB of refused files would show)
 
