@@ -298,7 +298,7 @@ class Script:
 
 def _spawn(requests, answers, tell, environ):
     """In the middle process: a process group of its own, then node as its child, whose pid it
-    tells, and it exits. node's parent is then the supervisor (the subreaper) from its start, so the
+    tells, and it exits. node's parent is then the supervisor (init) from its start, so the
     kernel's copies coming and going never leave node's process group orphaned while it is stopped
     (which would send it SIGHUP and SIGCONT); being in its own group, the supervisor's interrupts of
     the kernel do not reach it either, and one sent during another context's cell does not wait,

@@ -13,6 +13,12 @@ peak: the sandbox's memory high-water mark in bytes, 0 when the cgroup does not 
 It then holds the container open (until the worker removes it, or SIGUSR1), so that the
 workspace stays mounted while the worker collects artifacts through the engine.
 
+A session's supervisor is not forked but takes the launcher's place (the frame's header says
+"exec"): it is then PID 1 of the sandbox, and the kernel drops every signal sent to a namespace's
+init from inside the namespace for which it installed no handler, SIGSTOP and SIGKILL included. So
+the code it supervises, which runs as the same uid, cannot stop or kill it. No marker is written:
+the session ends when the supervisor does, and with it every process in the sandbox.
+
 The marker is trusted because the program cannot know the nonce: it arrives on stdin before the
 program exists, and this process is non-dumpable, so the program (same uid, no capabilities) can
 neither ptrace it nor read its memory: it marks itself so (prctl PR_SET_DUMPABLE 0) before it
@@ -48,9 +54,9 @@ started with -I -S (no user site, no current directory on sys.path).
 stdin carries, in order:
   10 ASCII digits      length N of the header
   N bytes              header lines: "nonce <hex>" (optional: without it the launcher exits
-                       with the program), "environ <size>" (optional: NUL-separated NAME=value
-                       pairs added to the program's environment), then "<size> <octal mode>
-                       <path>" per file
+                       with the program), "exec" (optional: become the program, see above),
+                       "environ <size>" (optional: NUL-separated NAME=value pairs added to the
+                       program's environment), then "<size> <octal mode> <path>" per file
   the data             the environ block and the files' bytes, in header order
   the rest             the program's own stdin (the launcher never reads past the files)
 """
@@ -126,7 +132,7 @@ def _unpack(header):
     os.makedirs(os.path.join(WORKDIR, "out"), exist_ok=True)  # the output directory always exists
     env = dict(os.environ)
     for line in lines:
-        if line.startswith("nonce "):
+        if line.startswith("nonce ") or line == "exec":
             continue
         if line.startswith("environ "):
             block = _read_exact(int(line[8:])).decode("utf-8")
@@ -344,6 +350,8 @@ def main():
     marker = ("\n\x00execbox-done:%s:" % nonce).encode()
     for name in PRELOAD_ENV:
         env.pop(name, None)
+    if "exec" in header[1] and preloaded is None:
+        return _become(argv, env, nonce, marker, release)
     child = _hand_over(preloaded, argv, env) if preloaded else None
     if child is not None:
         os.close(0)
@@ -366,6 +374,21 @@ def main():
     started = not os.read(exec_failed[0], 1)
     os.close(exec_failed[0])
     return _after(child, started, nonce, marker)
+
+
+def _become(argv, env, nonce, marker, release):
+    """Replace this process with the program, which is then PID 1 itself (the frame said "exec":
+    a session's supervisor, which the code it runs must not be able to signal)."""
+    try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, release)
+        os.chdir(WORKDIR)
+        os.execvpe(argv[0], argv, env)
+    except OSError:
+        pass
+    signal.pthread_sigmask(signal.SIG_BLOCK, release)
+    if nonce:
+        _finish(nonce, marker, b"L%d" % FAULTS["exec"])
+    return LAUNCH_FAILED
 
 
 def _after(child, started, nonce, marker):

@@ -1,4 +1,4 @@
-"""execbox session supervisor: the program the launcher starts in a session's sandbox.
+"""execbox session supervisor: the program a session's sandbox runs, as its PID 1.
 
 It keeps one kernel process (kernel.py, an IPython interpreter) and relays between it and the
 worker. The worker writes requests on stdin, one JSON object per line:
@@ -19,18 +19,24 @@ any more. The kernel answers each cell from a process it is about to leave: it f
 thread, every variable) waits for the next request, and the old process reports the copy's pid and
 exits, taking with it every thread the cell left (one reading fd 0 for the next call's request, or
 writing a made-up end on fd 3). The supervisor then waits for that exit, checks the copy (its child,
-as this process is a child subreaper; one thread), kills every other process in the sandbox (what
-the cell started and left), and only then writes `end`. A report that does not lead there (no exit,
+as this process is init; one thread), kills every other process in the sandbox (what the cell
+started and left), and only then writes `end`. A report that does not lead there (no exit,
 a pid that is not a fresh single-threaded child) restarts the kernel instead.
 
 An interrupt (the worker's clock ran out, a cancel, the output cap) is SIGINT to the kernel's
 process group. A cell that stops hands over as above (its variables kept, nothing of it left
 running); one that has not handed over GRACE_S later is not waited for: the kernel is restarted,
 so a cell past its timeout never lives into the next call. Restarting kills every process in the
-sandbox but the launcher and this one (kill -1, which no fork outruns) and starts a fresh kernel
+sandbox but this one (kill -1, which no fork outruns) and starts a fresh kernel
 (`restarted`: variables are gone, the workspace stays). A kernel that dies during a cell (the
 program exited the process, the OOM killer) is restarted the same way, and the cell's end says so.
-When stdin closes (the worker let go of the session) the supervisor ends, and the launcher with it.
+When stdin closes (the worker let go of the session) the supervisor ends, and the sandbox with it.
+
+The launcher execs this program in its own place, so it is the sandbox's init: the kernel drops
+every signal sent to a PID namespace's init from inside it unless init handles that signal, and
+SIGSTOP and SIGKILL always. This process handles none (SIGINT is set back to the default, which for
+init means ignored), so no signal of the code it supervises, which runs as the same uid, reaches
+it: a cell cannot stop it and so make the worker wait on a channel nobody reads.
 
 This process is not dumpable (no ptrace, no /proc/<pid>/fd, no memory reads by the program, which
 runs as the same uid), and the kernel never holds its fds: the worker's channel (this stdin and
@@ -156,7 +162,7 @@ class Kernel:
         return True
 
     def sweep(self):
-        """Kill every process in the sandbox but the launcher, this one and the kernel: what a cell
+        """Kill every process in the sandbox but this one (PID 1) and the kernel: what a cell
         started and left running. Repeated until none is left (one may fork while it is killed)."""
         # A command just forked may not have made its own session yet (setsid): spared by its pid.
         keep = {1, os.getpid(), self.pid, *self.helpers, *OPS.processes.live}
@@ -188,8 +194,8 @@ class Kernel:
         return status
 
     def close(self):
-        """Kill the kernel and everything else in the sandbox (kill -1 spares only the launcher and
-        this process, and no process can fork past it)."""
+        """Kill the kernel and everything else in the sandbox (kill -1 spares only this process,
+        and no process can fork past it)."""
         try:
             os.kill(-1, signal.SIGKILL)
         except ProcessLookupError:
@@ -243,7 +249,7 @@ def _status(pid):
 
 
 def _reap(kernel):
-    """Collect every ended child (this process is a subreaper: orphans of a cell end up here); the
+    """Collect every ended child (this process is init: orphans of a cell end up here); the
     kernel's own end is noted, not lost."""
     while True:
         try:
@@ -339,8 +345,9 @@ OPS = session_ops.Ops(_emit)
 def main():
     libc = ctypes.CDLL(None)
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # a cell's orphans become ours: swept and reaped
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # a cell's orphans become ours (also when not init)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # no handler: as init, a SIGINT from the code is dropped
     kernel = _start()
     _emit({"ev": "ready", "restarted": False})
     procs = OPS.processes

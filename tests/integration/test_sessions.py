@@ -291,27 +291,59 @@ def test_output_of_a_call_is_base64_when_not_text(api: httpx.Client, session: di
     assert raw["stdout_encoding"] == "base64" and base64.b64decode(raw["stdout"]) == b"\xff\xfe", raw
 
 
-def _stopped_supervisor(docker_client: docker.DockerClient, container: str) -> bool:
-    """Whether the session's supervisor (session.py) is stopped (state T), as the host sees it."""
+def _supervisor(docker_client: docker.DockerClient, container: str) -> tuple[int, str]:
+    """The session's supervisor (session.py) as the host sees it: host pid and state."""
     top = docker_client.api.top(container, ps_args="-eo pid,stat,args")
-    return any(row[1].startswith("T") and "session.py" in row[2] for row in top["Processes"])
+    [found] = [(int(row[0]), row[1]) for row in top["Processes"] if "session.py" in row[2]]
+    return found
 
 
-def test_a_supervisor_stopped_by_its_code_with_its_input_full_still_ends_at_its_lifetime(
+SIGNAL_THE_SUPERVISOR = """
+import os, signal
+targets = {os.getppid()}  # the kernel's parent
+for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+        if b'session.py' in open(f'/proc/{pid}/cmdline', 'rb').read():
+            targets.add(int(pid))
+    except OSError:
+        pass
+for pid in sorted(targets):
+    for sig in (signal.SIGSTOP, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGKILL):
+        os.kill(pid, sig)
+print(sorted(targets))
+"""
+
+
+def test_the_code_cannot_stop_or_kill_its_supervisor(sandbox: Sandbox, docker_client: docker.DockerClient) -> None:
+    """Issue 44 (5): the supervisor shared its code's uid, so a cell or a command could SIGSTOP it
+    (the worker then waited on a channel nobody read) or kill it (the session was lost). It is now
+    the sandbox's PID 1, which no signal from inside the sandbox reaches: every signal is sent, none
+    lands, and the session goes on as before."""
+    [container] = containers(docker_client, "ses_" + sandbox.sandbox_id)
+    assert sandbox.run_code(SIGNAL_THE_SUPERVISOR).logs.stdout == ["[1]\n"]  # found it: it is PID 1
+    command = sandbox.commands.run("for s in STOP INT TERM HUP USR1 KILL; do kill -$s $PPID; done; echo $PPID")
+    assert command.stdout == "1\n", command
+    assert not _supervisor(docker_client, container)[1].startswith("T"), "the supervisor is not stopped"
+    assert sandbox.run_code("6 * 7").text == "42"
+
+
+def test_a_stopped_supervisor_with_its_input_full_still_ends_at_its_lifetime(
     e2b_env: Stack, api: httpx.Client, docker_client: docker.DockerClient
 ) -> None:
-    """Issue 44 (5), control C51: a background command sends SIGSTOP to the supervisor (same uid),
-    a 4 MiB file write fills the attach stream, then a call blocked the worker for ever: the session
-    stayed `ready` 78 s past a 20 s lifetime, holding its slot, until DELETE. Now the session ends at
-    its lifetime (the lease keeper's timer, not the blocked call) and its container goes."""
+    """Issue 44 (5), control C51: a background command sent SIGSTOP to the supervisor (same uid), a
+    4 MiB file write filled the attach stream, then a call blocked the worker for ever: the session
+    stayed `ready` 78 s past a 20 s lifetime, holding its slot, until DELETE. The code can no longer
+    stop its supervisor (test above); a supervisor that stops reading for any other reason (here the
+    host stops it) must still not keep the session past its lifetime (the lease keeper's timer, not
+    the blocked call) and its container goes."""
     lifetime = 12
     sbx = Sandbox.create(timeout=lifetime)
     sid = "ses_" + sbx.sandbox_id
     try:
         found: Any = wait_until(lambda: containers(docker_client, sid), 30, "the sandbox's container")
         container = found[0]
-        sbx.commands.run("sleep 1; kill -STOP $PPID", background=True)
-        wait_until(lambda: _stopped_supervisor(docker_client, container), 10, "the supervisor to be stopped")
+        os.kill(_supervisor(docker_client, container)[0], signal.SIGSTOP)
+        wait_until(lambda: _supervisor(docker_client, container)[1].startswith("T"), 10, "the supervisor to stop")
 
         def attempt(action: Callable[[], object]) -> None:
             try:

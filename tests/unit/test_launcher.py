@@ -85,6 +85,20 @@ def test_marker_reports_status_and_output_and_capture_strips_it() -> None:
     assert capture.result(STDOUT) == (b"result", 6, False)
 
 
+def test_a_frame_that_says_exec_makes_the_program_the_launchers_own_process(tmp_path: Path) -> None:
+    """A session's supervisor takes the launcher's place (in a sandbox: PID 1, which its code cannot
+    signal): same pid, the frame's environment and stdin, the work directory, and no marker."""
+    code = b"import os, sys\nprint(os.getpid(), os.environ['WHO'], os.getcwd() == sys.argv[1], sys.stdin.read())"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RUN, str(LAUNCHER), str(tmp_path), sys.executable, "main.py", str(tmp_path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    frame = frame_files((("main.py", code),), "f00d", (("WHO", "sup"),), become=True)
+    out, err = proc.communicate(frame + b"requests", timeout=30)
+    assert (out.decode(), proc.returncode) == (f"{proc.pid} sup True requests\n", 0), err
+    assert b"execbox-done" not in out + err
+
+
 def test_launcher_writes_marker_with_program_status(tmp_path: Path) -> None:
     frame = frame_files((("main.py", b"import sys\nopen('out/r.txt', 'w').write('x')\nsys.exit(3)"),), "abc123")
     proc = subprocess.Popen(

@@ -25,10 +25,18 @@ RELEASE_SIGNAL = "SIGUSR1"
 """Lets a launcher that holds its finished container exit (with the program's status)."""
 
 
-def frame_files(files: tuple[tuple[str, bytes], ...], nonce: str = "", env: tuple[tuple[str, str], ...] = ()) -> bytes:
-    """The launcher's stdin frame: header length, header lines, then the environment and files."""
+def frame_files(
+    files: tuple[tuple[str, bytes], ...],
+    nonce: str = "",
+    env: tuple[tuple[str, str], ...] = (),
+    become: bool = False,
+) -> bytes:
+    """The launcher's stdin frame: header length, header lines, then the environment and files.
+    With `become` the launcher does not fork the program but execs it in its place, as PID 1 (a
+    session's supervisor: its code cannot signal it); it then writes no end-of-run marker."""
     environ = b"".join(f"{name}={value}".encode() + b"\0" for name, value in env)
     lines = [f"nonce {nonce}\n"] if nonce else []
+    lines += ["exec\n"] if become else []
     lines += [f"environ {len(environ)}\n"] if environ else []
     lines += [f"{len(data)} 644 {path}\n" for path, data in files]
     encoded = "".join(lines).encode()

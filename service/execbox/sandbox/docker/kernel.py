@@ -101,8 +101,8 @@ class KernelContainer:
             api.start(self.container_id)
             if spec.input_archive:
                 api.put_archive(self.container_id, WORKDIR, spec.input_archive)
-        nonce = secrets.token_hex(8)  # the launcher's: its end marker (the session's end) carries it
-        self._send(frame_files((), nonce, spec.env))
+        nonce = secrets.token_hex(8)  # the launcher's: a fault of its own before the exec carries it
+        self._send(frame_files((), nonce, spec.env, become=True))  # the supervisor is PID 1
         deadline = time.monotonic() + start_timeout_s
         while True:
             event = self._next(deadline)
@@ -128,7 +128,7 @@ class KernelContainer:
                 while (end := pending.find(b"\n")) >= 0:
                     line = bytes(pending[:end])
                     del pending[: end + 1]
-                    if b"\x00" in line:  # the launcher's end marker: the supervisor has ended
+                    if b"\x00" in line:  # the launcher's marker: it failed before it became the supervisor
                         raise EOFError
                     self._parse(line)
                 if len(pending) > LINE_CAP:
