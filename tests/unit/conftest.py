@@ -30,6 +30,7 @@ from execbox.executions.submit import new_execution_id
 from execbox.settings import Settings
 from execbox.tenancy.apikeys import ApiKeys
 from tests.conftest import Redis
+from tests.unit.stack import InStack, in_stack
 
 
 @pytest.fixture
@@ -120,3 +121,11 @@ def api(settings: Settings, client: redis.Redis) -> Iterator[tuple[InProcess, di
     http = InProcess(create_app(settings))
     yield http, headers
     http.close()
+
+
+@pytest.fixture
+def inproc(redis_server: Redis, tmp_path: Path) -> Iterator[InStack]:
+    """The in-process stack (tests/unit/stack.py) with the unit settings; for settings of a test's
+    own, `with in_stack(redis_server, tmp_path, **updates) as inproc:`."""
+    with in_stack(redis_server, tmp_path) as made:
+        yield made
