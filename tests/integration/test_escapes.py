@@ -518,6 +518,29 @@ print(json.dumps({"child": child.returncode, "ls": listing.returncode, "ls_err":
 """
 
 
+SIGNAL_PID_1 = """
+import os, signal, time
+for sig in (signal.SIGSTOP, signal.SIGTERM, signal.SIGKILL):
+    os.kill(1, sig)
+time.sleep(0.5)
+print("went on")
+"""
+
+
+def test_a_program_that_signals_pid_1_is_told_its_own_outcome(api: httpx.Client) -> None:
+    """Linux drops every signal a program sends its namespace's init (PID 1, the launcher) but
+    those init handles; gVisor (20240729) delivers them, so SIGKILL ended the launcher and the run
+    was a retryable sandbox.error: a program could make its own failure the service's, and be
+    retried. Whatever the runtime, the program is told its own outcome and nothing is retryable
+    (under runc and bwrap it goes on; under gVisor it ends killed by the signal it sent)."""
+    body = run_code(api, SIGNAL_PID_1)
+    if body["status"] == "succeeded":
+        assert body["stdout"] == "went on\n", body
+    else:
+        assert body["error"]["category"] == "code.exit_nonzero" and not body["error"]["retryable"], body["error"]
+        assert body["error"]["signal"] in ("SIGKILL", "SIGTERM"), body["error"]
+
+
 def test_kill_minus_one_statx_and_a_long_select_behave_as_on_linux(api: httpx.Client) -> None:
     """Under Debian 12's gVisor, kill(-1, SIGTERM) reached PID 1 (the launcher: control C26 says no
     program signal reaches it), `ls /` failed with statx EINVAL and select with a long timeout

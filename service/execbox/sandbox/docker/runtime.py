@@ -74,6 +74,8 @@ DEFAULT_POLICIES = Path(__file__).resolve().parents[4] / "policies"
 STATS_AFTER_S = 1.0
 """Runs still going after this are sampled through the engine's stats stream (for a peak when
 no marker arrives, e.g. on timeout); shorter runs cost the engine no stats work."""
+SIGNALLED = 128
+"""An init's exit code above this is 128 + the signal that ended it."""
 
 
 class DockerRuntime:
@@ -309,7 +311,8 @@ class DockerRuntime:
         peak: list[int] = []
         # gVisor does not enforce RLIMIT_CPU: there the sandbox cgroup's CPU time is watched instead.
         cpu_over = threading.Event()
-        cpu_cap_ns = spec.limits.cpu_time_s * 10**9 if policy_runtime(spec, self._settings) == "runsc" else None
+        gvisor = policy_runtime(spec, self._settings) == "runsc"
+        cpu_cap_ns = spec.limits.cpu_time_s * 10**9 if gvisor else None
         sampler = threading.Timer(STATS_AFTER_S, self._sample, args=(cid, peak, cpu_cap_ns, cpu_over, wake))
         sampler.daemon = True
         sampler.start()
@@ -348,7 +351,10 @@ class DockerRuntime:
             close(sock)
             exit_code = exit_code if exit_code is not None else state.get("ExitCode")
             oom_killed = bool(state.get("OOMKilled"))
-            if capture.eof and not (timed_out or stopped or oom_killed):
+            # gVisor delivers a program's signals to PID 1, which Linux drops: a launcher killed by a
+            # signal the worker did not send was killed by the program (its own outcome, not ours).
+            killed_by_program = gvisor and exit_code is not None and exit_code > SIGNALLED
+            if capture.eof and not (timed_out or stopped or oom_killed or killed_by_program):
                 # It ended by itself without the launcher's report: the launcher died, not the program.
                 fault = f"the sandbox's init ended without reporting the run (exit code {exit_code})"
         if not finished:
