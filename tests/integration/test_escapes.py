@@ -538,7 +538,7 @@ def test_a_program_that_signals_pid_1_is_told_its_own_outcome(api: httpx.Client)
         assert body["stdout"] == "went on\n", body
     else:
         assert body["error"]["category"] == "code.exit_nonzero" and not body["error"]["retryable"], body["error"]
-        assert body["error"]["signal"] in ("SIGKILL", "SIGTERM"), body["error"]
+        assert body["error"]["details"]["signal"] in ("SIGKILL", "SIGTERM"), body["error"]
 
 
 def test_kill_minus_one_statx_and_a_long_select_behave_as_on_linux(api: httpx.Client) -> None:

@@ -319,8 +319,8 @@ def test_the_code_cannot_stop_or_kill_its_supervisor(sandbox: Sandbox, docker_cl
     (the worker then waited on a channel nobody read) or kill it (the session was lost). It is now
     the sandbox's PID 1, which no signal from inside the sandbox reaches: every signal is sent, none
     lands, and the session goes on as before."""
-    [container] = containers(docker_client, "ses_" + sandbox.sandbox_id)
     assert sandbox.run_code(SIGNAL_THE_SUPERVISOR).logs.stdout == ["[1]\n"]  # found it: it is PID 1
+    [container] = containers(docker_client, "ses_" + sandbox.sandbox_id)
     command = sandbox.commands.run("for s in STOP INT TERM HUP USR1 KILL; do kill -$s $PPID; done; echo $PPID")
     assert command.stdout == "1\n", command
     assert not _supervisor(docker_client, container)[1].startswith("T"), "the supervisor is not stopped"
@@ -342,6 +342,7 @@ def test_a_stopped_supervisor_with_its_input_full_still_ends_at_its_lifetime(
     try:
         found: Any = wait_until(lambda: containers(docker_client, sid), 30, "the sandbox's container")
         container = found[0]
+        assert sbx.run_code("1").text == "1"  # the supervisor is up and serving
         os.kill(_supervisor(docker_client, container)[0], signal.SIGSTOP)
         wait_until(lambda: _supervisor(docker_client, container)[1].startswith("T"), 10, "the supervisor to stop")
 
