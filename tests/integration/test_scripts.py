@@ -1,5 +1,7 @@
-"""The script library on the real stack: registered code run in real sandboxes, its schemas
-enforced, its ear (execbox.check) raising on the surprise it foresees."""
+"""The script library on the real stack: registered code run in a real sandbox, its ear
+(execbox.check) raising on the surprise it foresees; every slot fired once by scheduler processes
+that die and restart. The rest of the library's orchestration (schemas, plan steps, schedules'
+surprises and webhooks) is tested on the in-process stack: tests/unit/test_scripts_in_process.py."""
 
 from __future__ import annotations
 
@@ -29,7 +31,6 @@ from tests.conftest import (
     start_redis,
     wait_until,
 )
-from tests.integration.conftest import Hooks
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
@@ -89,72 +90,6 @@ def test_a_registered_report_runs_and_raises_on_a_log_it_cannot_read(api: httpx.
     assert promoted.status_code == 200 and refused.status_code == 422, "a failed run is no evidence"
     versions = api.get(f"/v1/scripts/{name}").json()["versions"]
     assert versions[0]["uses"] == 2 and versions[0]["status"] == "proven"
-
-
-def test_outputs_that_break_the_schema_are_output_invalid(api: httpx.Client) -> None:
-    name = f"reports.bad_{secrets.token_hex(3)}"
-    register(api, name, code="import execbox\nexecbox.emit('errors', 'many')\n")
-
-    ran = api.post(f"/v1/scripts/{name}/invoke?wait=60", json={"version": "1.0.0", "inputs": {"logs": []}}).json()
-
-    assert ran["status"] == "failed" and ran["error"]["category"] == "output.invalid"
-
-
-def test_a_plan_step_runs_the_proven_script_in_a_real_sandbox(api: httpx.Client) -> None:
-    name = f"reports.plan_{secrets.token_hex(3)}"
-    register(api, name)
-    first = api.post(f"/v1/scripts/{name}/invoke?wait=60", json={"version": "1.0.0", "inputs": {"logs": []}}).json()
-    api.post(f"/v1/scripts/{name}/versions/1.0.0/promote", json={"status": "proven", "evidence": [first["id"]]})
-    register(api, name, version="1.1.0")  # a draft: not used by @proven
-    files = logs(api, {"c.log": "ERRO one\n"})
-    plan = {"format": "plan/v1", "steps": [{"id": "report", "run": {"script": f"{name}@proven"},
-                                            "args": {"logs": ["c.log"]}, "files": files}]}  # fmt: skip
-    run = api.post("/v1/runs", json={"plan": plan}).json()
-    run = api.get(f"/v1/runs/{run['id']}?wait=60").json()
-
-    assert run["status"] == "succeeded", run
-    assert run["steps"]["report"]["script"] == f"{name}@1.0.0" and run["steps"]["report"]["outputs"] == {"errors": 1}
-
-
-def test_the_weekly_report_fires_quietly_until_a_log_changes_format(api: httpx.Client, hooks: Hooks) -> None:
-    name = f"reports.weekly_{secrets.token_hex(3)}"
-    register(api, name)
-    plain = {"a.log": "INFO start\nERRO disk\n", "b.log": "WARN hot\n"}
-    hook = {"url": hooks.url, "secret": "weekly-hook-secret-0123"}
-    schedule = api.post("/v1/schedules", json={
-        "script": f"{name}@1.0.0", "cron": "* * * * * */2", "timezone": "Europe/Oslo",
-        "inputs": {"logs": list(plain)}, "files": logs(api, plain), "webhook": hook}).json()  # fmt: skip
-    assert schedule["id"].startswith("sch_"), schedule
-
-    def finished(count: int) -> list[dict[str, Any]]:
-        fired = [f for f in api.get(f"/v1/schedules/{schedule['id']}/firings").json() if f["status"] == "fired"]
-        done = [api.get(f"/v1/executions/{f['execution_id']}").json() for f in fired]
-        done = [d for d in done if d["status"] in ("succeeded", "failed")]
-        return done if len(done) >= count else []
-
-    quiet: Any = wait_until(lambda: finished(2), 60, "two firings of the weekly report")
-    assert [q["status"] for q in quiet[:2]] == ["succeeded", "succeeded"]
-    ours = [e for e in api.get("/v1/events").json() if e["schedule"] == schedule["id"]]
-    assert ours == [], "quiet firings make no event"
-
-    changed = {**plain, "b.log": json.dumps({"level": "warn", "msg": "hot"}) + "\n"}
-    api.patch(f"/v1/schedules/{schedule['id']}", json={"files": logs(api, changed)})
-
-    def surprise() -> list[dict[str, Any]]:
-        return [e for e in api.get("/v1/events?type=script.failed").json() if e["schedule"] == schedule["id"]]
-
-    surprises: Any = wait_until(surprise, 60, "the surprise of the changed log")
-    event = surprises[0]
-    assert event["error"]["category"] == "check.failed" and event["script"] == f"{name}@1.0.0"
-    assert event["error"]["details"]["details"]["unreadable"][0]["file"] == "b.log"
-    assert event["slot"] is not None and event["inputs"] == {"logs": ["a.log", "b.log"]}
-    wait_until(lambda: any(h.get("Execbox-Event") == "script.failed" for h, _ in hooks.calls), 30, "the webhook")
-    body = next(json.loads(b) for h, b in hooks.calls if h.get("Execbox-Event") == "script.failed")
-    assert body["event"]["execution_id"] == event["execution_id"] and "b.log" in json.dumps(body)
-    assert all(h.get("Execbox-Event") == "script.failed" for h, _ in hooks.calls), "quiet firings sent nothing"
-    api.post(f"/v1/schedules/{schedule['id']}/pause")
-    firings = api.get(f"/v1/schedules/{schedule['id']}/firings").json()
-    assert len({f["slot"] for f in firings}) == len(firings), "no slot handled twice"
 
 
 @pytest.mark.serial
