@@ -1,10 +1,12 @@
 """Plans run by the real stack: every step an execution in a real sandbox, advanced from the event
-stream by the API's plan executor, with real Redis under the deployment's roles."""
+stream by the API's plan executor, with real Redis under the deployment's roles. What stays here
+is the end-to-end plan (real Python passing outputs between steps, a check stopping the run, a
+revision finishing it) and the runs whose API or worker process is killed mid-step; the
+orchestration (approvals, artifacts between steps, run webhooks, saved traces, budgets) runs on
+the in-process stack in tests/unit/test_plans_in_process.py."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
 import signal
@@ -33,7 +35,7 @@ from tests.conftest import (
     start_redis,
     wait_until,
 )
-from tests.integration.conftest import Hooks, Targets
+from tests.integration.conftest import Targets
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
@@ -136,59 +138,6 @@ def test_the_schema_lookup_plan_stops_at_the_check_and_a_revision_finishes_it(
     ran = [api.get(f"/v1/executions/{e}").json() for s in final["steps"].values() for e in s["attempts"]]
     assert len(ran) == 6, "schema, query, check, then query2, check2, execute2: execute never ran"
     assert all(r["trace_id"] == final["trace_id"] for r in ran), "one trace for the whole run"
-
-
-def test_a_diamond_with_a_failing_branch_finishes_the_other_one(api: httpx.Client) -> None:
-    def step(step_id: str, code: str = "print(1)", *after: str) -> dict[str, Any]:
-        return {"id": step_id, "run": {"code": code}, "depends_on": list(after)}
-
-    plan = {"format": "plan/v1", "steps": [
-        step("a"), step("b", "import time\ntime.sleep(1)\nprint('b')", "a"),
-        step("c", "raise SystemExit(3)", "a"), step("d", "print('d')", "b", "c")]}  # fmt: skip
-    run = wait_run(api, api.post("/v1/runs", json={"plan": plan}).json()["id"])
-
-    assert run["status"] == "needs_replan"
-    assert {s: v["status"] for s, v in run["steps"].items()} == {
-        "a": "succeeded", "b": "succeeded", "c": "failed", "d": "upstream_failed"}  # fmt: skip
-    assert run["steps"]["c"]["error"]["category"] == "code.exit_nonzero"
-    assert run["steps"]["d"]["attempts"] == [], "an invalidated step never runs"
-
-
-def test_an_approval_gated_step_runs_only_once_approved(api: httpx.Client) -> None:
-    gated = {"id": "send", "run": {"code": "import execbox\nexecbox.emit('sent', execbox.inputs['to'])\n"},
-             "args": {"to": {"$ref": "/inputs/to"}}, "effect": "write", "idempotency": {"strategy": "key"},
-             "approval": {"summary": "send the report"}}  # fmt: skip
-    plan = {"format": "plan/v1", "inputs": {"to": "ops@example.com"}, "steps": [gated]}
-    waiting = wait_run(api, api.post("/v1/runs", json={"plan": plan}).json()["id"])
-    assert waiting["status"] == "awaiting_approval" and waiting["steps"]["send"]["attempts"] == []
-    approval = api.get(f"/v1/approvals/{waiting['steps']['send']['approval_id']}").json()
-    assert approval["args"] == {"to": "ops@example.com"} and "execbox.emit" in approval["code"]
-
-    api.post(f"/v1/approvals/{approval['id']}/decision", json={"decision": "approve", "decided_by": "alice"})
-    done = wait_run(api, waiting["id"])
-
-    assert done["status"] == "succeeded" and done["steps"]["send"]["outputs"] == {"sent": "ops@example.com"}
-    rejected = wait_run(api, api.post("/v1/runs", json={"plan": plan}).json()["id"])
-    api.post(f"/v1/approvals/{rejected['steps']['send']['approval_id']}/decision",
-             json={"decision": "reject", "reason": "not today"})  # fmt: skip
-    replan = wait_run(api, rejected["id"])
-    assert replan["status"] == "needs_replan" and replan["steps"]["send"]["attempts"] == []
-    assert replan["steps"]["send"]["error"] == {"category": "approval.rejected", "message": "not today",
-                                                "retryable": False, "details": {}}  # fmt: skip
-
-
-def test_an_artifact_reaches_a_later_step_without_the_client(api: httpx.Client) -> None:
-    plan = {"format": "plan/v1", "steps": [
-        {"id": "make", "run": {"code": "import execbox, os\nopen(os.path.join(execbox.output_dir, 'r.csv'), 'w')"
-                               ".write('a,b\\n1,2\\n')\n"}},
-        {"id": "read", "run": {"code": "import execbox\nexecbox.emit('text', open(execbox.inputs['csv']).read())\n"},
-         "args": {"csv": {"$artifact": "/steps/make/artifacts/r.csv"}}},
-    ]}  # fmt: skip
-    run = wait_run(api, api.post("/v1/runs", json={"plan": plan}).json()["id"])
-
-    assert run["status"] == "succeeded", run
-    assert run["steps"]["read"]["outputs"] == {"text": "a,b\n1,2\n"}
-    assert run["steps"]["read"]["args"] == {"csv": "artifacts/make/r.csv"}
 
 
 WRITE = """
@@ -324,138 +273,3 @@ def test_killing_the_api_and_a_worker_mid_run_loses_no_step_and_runs_none_twice(
         ["s0", "s1", "s2", "s4", "s5", "side"], 1), "only the step whose worker died ran again"  # fmt: skip
     lost = [r for r in by_step["s3"] if r["status"] != "succeeded"]
     assert [r["error"]["details"].get("reason") for r in lost] == ["worker_lost"]
-
-
-def test_run_events_reach_the_runs_webhook_signed(api: httpx.Client, hooks: Hooks) -> None:
-    secret = "run-hook-secret-0123456789"
-    hook = {"url": hooks.url, "secret": secret}
-    failing = {"format": "plan/v1", "steps": [{"id": "boom", "run": {"code": "raise ValueError('no')"}}]}
-    failed = wait_run(api, api.post("/v1/runs", json={"plan": failing, "webhook": hook}).json()["id"])
-    api.post(f"/v1/runs/{failed['id']}/cancel")
-    gated = {"format": "plan/v1", "steps": [{"id": "g", "run": {"code": "print(1)"}, "approval": {}}]}
-    waiting = api.post("/v1/runs", json={"plan": gated, "webhook": hook}).json()
-
-    def events() -> list[tuple[str, str]]:
-        return sorted((h["Execbox-Event"], h["Execbox-Run-Id"]) for h, _ in hooks.calls)
-
-    expected = sorted([("run.needs_replan", failed["id"]), ("run.finished", failed["id"]),
-                       ("approval.requested", waiting["id"])])  # fmt: skip
-    wait_until(lambda: events() == expected, 30, "the three run events to be delivered")
-    for headers, body in hooks.calls:
-        stamp, digest = (part.split("=", 1)[1] for part in headers["Execbox-Signature"].split(","))
-        assert hmac.compare_digest(digest, hmac.new(secret.encode(), f"{stamp}.".encode() + body,
-                                                    hashlib.sha256).hexdigest())  # fmt: skip
-    payloads = {h["Execbox-Event"]: json.loads(b) for h, b in hooks.calls}
-    assert payloads["run.needs_replan"]["handoff"]["failed"][0]["error"]["category"] == "code.exception"
-    assert payloads["run.finished"]["run"]["status"] == "cancelled"
-    assert payloads["approval.requested"]["approval"]["step_id"] == "g"
-    assert "secret" not in json.dumps(payloads), "the webhook's secret never travels"
-    bad = api.post("/v1/runs", json={"plan": gated, "webhook": {**hook, "url": "http://elsewhere.example/x"}})
-    assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "webhook.url"
-
-
-TRACES = Path(__file__).parent / "traces"
-
-
-@pytest.mark.parametrize("name", sorted(p.stem for p in TRACES.glob("*.json")))
-def test_a_saved_trace_replays_with_the_same_transitions(api: httpx.Client, name: str) -> None:
-    """Each trace holds a plan, what the agent did along the way and the transitions a real run
-    recorded; replaying it must record the same ones (EXECBOX_RECORD_TRACES=1 saves them anew)."""
-    path = TRACES / f"{name}.json"
-    trace = json.loads(path.read_text())
-    run = wait_run(api, api.post("/v1/runs", json={"plan": trace["plan"]}).json()["id"])
-    for action in trace["actions"]:
-        assert run["status"] == action["when"], run
-        if "revise" in action:
-            assert api.post(f"/v1/runs/{run['id']}/revisions", json=action["revise"]).status_code == 200
-        else:
-            step = next(s for s in run["steps"].values() if s["status"] == "awaiting_approval")
-            api.post(f"/v1/approvals/{step['approval_id']}/decision", json=action["decide"])
-        run = wait_run(api, run["id"])
-    transitions = [[e["type"], e["step"], e["status"]] for e in run["events"]]
-    if os.environ.get("EXECBOX_RECORD_TRACES") == "1":
-        path.write_text(json.dumps({**trace, "transitions": transitions}, indent=1) + "\n")
-    assert run["status"] == trace["final"]
-    assert transitions == trace["transitions"]
-
-
-def test_the_wall_budget_stops_a_run_and_cancels_its_running_step(api: httpx.Client) -> None:
-    slow = {"id": "slow", "run": {"code": "import time\ntime.sleep(25)\n"}, "policy": {"timeout_s": 30}}
-    plan = {"format": "plan/v1", "budgets": {"max_wall_s": 2}, "steps": [slow]}
-    run = wait_run(api, api.post("/v1/runs", json={"plan": plan}).json()["id"])
-
-    assert (run["status"], run["stop_reason"]) == ("failed", "budget_exceeded:wall"), run
-    assert run["steps"]["slow"]["status"] == "cancelled"
-    execution = api.get(f"/v1/executions/{run['steps']['slow']['attempts'][0]}?wait=30").json()
-    assert execution["status"] == "cancelled", "the step's sandbox is stopped, not left to run out its time"
-    metrics = api.get("/metrics").text
-    assert 'execbox_runs_total{reason="budget_exceeded:wall",status="failed"}' in metrics
-    assert 'execbox_run_steps_total{status="cancelled"}' in metrics
-
-
-def test_a_precondition_that_does_not_hold_keeps_the_write_from_running(api: httpx.Client) -> None:
-    status = "import execbox\nexecbox.emit('status', {7: 'open', 8: 'shipped'}[execbox.inputs['order']])\n"
-    check = {"name": "still_open", "run": {"code": status}, "args": {"order": {"$ref": "/inputs/order"}},
-             "expect": {"properties": {"status": {"const": "open"}}, "required": ["status"]}}  # fmt: skip
-    write = {"id": "cancel", "run": {"code": "import execbox\nexecbox.emit('cancelled', execbox.inputs['order'])\n"},
-             "args": {"order": {"$ref": "/inputs/order"}}, "effect": "write", "idempotency": {"strategy": "key"},
-             "preconditions": [check]}  # fmt: skip
-
-    def run_for(order: int) -> dict[str, Any]:
-        plan = {"format": "plan/v1", "inputs": {"order": order}, "steps": [write]}
-        return wait_run(api, api.post("/v1/runs", json={"plan": plan}).json()["id"])
-
-    open_order, shipped = run_for(7), run_for(8)
-
-    assert open_order["status"] == "succeeded" and open_order["steps"]["cancel"]["outputs"] == {"cancelled": 7}
-    assert len(open_order["steps"]["cancel"]["checks"]) == 1 and len(open_order["steps"]["cancel"]["attempts"]) == 1
-    step = shipped["steps"]["cancel"]
-    assert shipped["status"] == "needs_replan" and step["attempts"] == [] and step["side_effects"] == "none"
-    assert step["error"]["category"] == "precondition.failed" and "still_open" in step["error"]["message"]
-
-
-def test_step_and_replan_budgets_stop_a_run_with_their_reasons(api: httpx.Client) -> None:
-    def fails(step_id: str) -> dict[str, Any]:
-        return {"id": step_id, "run": {"code": "raise SystemExit(2)"}}
-
-    def revise(run: dict[str, Any], step_id: str) -> httpx.Response:
-        return api.post(
-            f"/v1/runs/{run['id']}/revisions", json={"base_revision": run["revision"], "add": [fails(step_id)]}
-        )
-
-    # A step that expires in the queue every time (its deadline passes before any worker can take
-    # it) is retried as a platform failure, until the run's max_steps stops it.
-    expiring = {"id": "late", "run": {"code": "print(1)"}, "policy": {"queue_timeout_s": 0.001},
-                "retry": {"max_attempts": 5, "interval_s": 0}}  # fmt: skip
-    plan = {"format": "plan/v1", "budgets": {"max_steps": 2}, "steps": [expiring]}
-    stopped = wait_run(api, api.post("/v1/runs", json={"plan": plan}).json()["id"])
-    assert (stopped["status"], stopped["stop_reason"]) == ("failed", "budget_exceeded:steps"), stopped
-    assert len(stopped["steps"]["late"]["attempts"]) == 2 and stopped["usage"]["steps_dispatched"] == 2
-    full = wait_run(api, api.post("/v1/runs", json={"plan": {"format": "plan/v1", "budgets": {"max_steps": 1},
-                                                             "steps": [fails("a")]}}).json()["id"])  # fmt: skip
-    no_room = revise(full, "b")
-    assert no_room.status_code == 422 and no_room.json()["errors"][0]["field"] == "revision.budgets.max_steps"
-
-    replans = wait_run(api, api.post("/v1/runs", json={"plan": {"format": "plan/v1", "budgets": {"max_replans": 1},
-                                                                "steps": [fails("a")]}}).json()["id"])  # fmt: skip
-    assert revise(replans, "b").status_code == 200
-    second = revise(wait_run(api, replans["id"]), "c")
-    assert second.status_code == 409 and "re-plan" in second.json()["detail"]
-    final = api.get(f"/v1/runs/{replans['id']}").json()
-    assert (final["status"], final["stop_reason"], final["usage"]["replans"]) == ("failed", "replans_exhausted", 1)
-
-
-def test_a_bad_plan_is_refused_whole_and_leaves_nothing(api: httpx.Client) -> None:
-    before = api.get("/v1/runs").json()
-    bad = {"format": "plan/v1", "steps": [
-        {"id": "a", "run": {"code": "print(1)"}, "depends_on": ["b"]},
-        {"id": "b", "run": {"code": "print(1)"}, "args": {"x": {"$ref": "/steps/a/outputs/y"}}},
-        {"id": "w", "run": {"code": "print(1)"}, "effect": "write", "args": {"v": {"$ref": "/steps/zz/outputs/v"}}},
-    ]}  # fmt: skip
-
-    refused = api.post("/v1/runs", json={"plan": bad})
-
-    assert refused.status_code == 422 and refused.json()["code"] == "plan.invalid"
-    fields = sorted(e["field"] for e in refused.json()["errors"])
-    assert fields == ["plan.steps", "plan.steps.2.args.v", "plan.steps.2.idempotency"], refused.json()
-    assert api.get("/v1/runs").json() == before
