@@ -1,20 +1,19 @@
-"""Side effects of single executions on the real stack: the ledger behind the egress allowlist, real
-workers SIGKILLed mid-write, approvals decided through the API, unknown outcomes said from inside."""
+"""Side effects of single executions on the real stack, end to end: a real program writing to the ledger
+behind the egress allowlist with its key, its real worker SIGKILLed mid-write; and the key read by
+each language's own helper, in a fresh sandbox and in a session's contexts. The orchestration of
+effects (approvals, a lost worker's unkeyed write and reconcile, unknown outcomes said from inside,
+status reads, refused declarations) runs in process: tests/unit/test_effects_in_process.py."""
 
 from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import signal
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from tests.conftest import Side, wait_until
 from tests.integration.conftest import Targets
@@ -24,33 +23,13 @@ pytestmark = [pytest.mark.docker, pytest.mark.redis]
 NET = {"name": "net", "timeout_s": 30, "network": {"mode": "allowlist", "allow": ["target-ledger:8080"]}}
 WRITE = """
 import execbox, json, time, urllib.request
-key = execbox.inputs.get("key") or execbox.idempotency_key()
+key = execbox.idempotency_key()
 request = urllib.request.Request("http://target-ledger:8080/apply", data=b"{}", method="POST",
                                  headers={"Idempotency-Key": key})
 answer = json.loads(urllib.request.urlopen(request, timeout=10).read())
 if answer["applied"] and execbox.inputs.get("hold"):
     time.sleep(120)  # the first write holds here: the test kills this worker
 execbox.emit("applied", answer["applied"])
-"""
-SEEN = """
-import execbox, json, urllib.request
-key = execbox.idempotency_key()
-answer = json.loads(urllib.request.urlopen(f"http://target-ledger:8080/seen?key={key}", timeout=10).read())
-execbox.emit("applied", answer["seen"])
-"""
-UNSURE = """
-import execbox, json, urllib.request
-def post(key):
-    request = urllib.request.Request("http://target-ledger:8080/apply", data=b"{}", method="POST",
-                                     headers={"Idempotency-Key": key})
-    return json.loads(urllib.request.urlopen(request, timeout=10).read())["applied"]
-key = execbox.idempotency_key()
-if execbox.inputs["write_first"]:
-    post(key)  # the write left, and then the answer was lost
-    execbox.outcome_unknown("the ledger timed out after the request left")
-if post("tried-" + key):  # the first run gives up before writing; the second writes
-    raise execbox.OutcomeUnknown("the ledger timed out before the request left")
-execbox.emit("applied", post(key))
 """
 
 
@@ -105,95 +84,6 @@ def test_a_keyed_write_whose_worker_dies_runs_again_with_its_key_and_is_applied_
     assert entries(targets, refund) == [True, False], "the same key twice: applied once"
 
 
-def test_an_unkeyed_write_whose_worker_dies_ends_unknown_and_reconcile_settles_it(
-    ledger_side: Side, targets: Targets
-) -> None:
-    token = key()
-    with ledger_side.client() as client:
-        create = lambda: write(client, "none", {"hold": True, "key": token})  # noqa: E731
-        execution_id = kill_mid_write(ledger_side, targets, token, create)
-        done = finished(client, execution_id)
-        assert done["status"] == "unknown_outcome" and done["side_effects"] == "unknown", done
-        assert done["code_runs"] == 1 and done["error"]["details"]["reason"] == "worker_lost"
-        early = client.post(f"/v1/executions/{execution_id}/reconcile", json={"outcome": "applied"})
-        assert early.status_code == 422 and "reason" in early.text
-        settled = client.post(
-            f"/v1/executions/{execution_id}/reconcile",
-            json={"outcome": "applied", "outputs": {"applied": True}, "reason": "the ledger shows the key"},
-        )
-        assert settled.status_code == 200, settled.text
-        assert settled.json()["status"] == "succeeded" and settled.json()["outputs"] == {"applied": True}
-        assert settled.json()["reconciled"] == "applied: the ledger shows the key"
-        again = client.post(f"/v1/executions/{execution_id}/reconcile", json={"outcome": "applied", "reason": "x"})
-        assert again.status_code == 409
-    assert entries(targets, token) == [True], "never sent twice"
-
-
-def test_an_execution_needing_approval_runs_only_once_approved_and_a_rejected_one_never(
-    netside: Side, targets: Targets
-) -> None:
-    approved_key, rejected_key = key(), key()
-    with netside.client() as client:
-        gated = {"approval": {"summary": "refund 20 EUR"}}
-        waiting = write(client, "key", {}, idempotency={"key": approved_key}, **gated)
-        refused = write(client, "key", {}, idempotency={"key": rejected_key}, **gated)
-        for execution in (waiting, refused):
-            assert execution["status"] == "awaiting_approval" and execution["approval_id"], execution
-        listed = {a["id"]: a for a in client.get("/v1/approvals", params={"status": "pending"}).json()}
-        approval = listed[waiting["approval_id"]]
-        assert approval["execution_id"] == waiting["id"] and approval["run_id"] is None
-        assert approval["code"] == WRITE and approval["summary"] == "refund 20 EUR"
-        # Nothing runs it while it waits: with two idle workers, it is still waiting a full wait later.
-        still = client.get(f"/v1/executions/{waiting['id']}", params={"wait": 2}).json()
-        assert still["status"] == "awaiting_approval" and still["started_at"] is None
-        decided = client.post(f"/v1/approvals/{refused['approval_id']}/decision",
-                              json={"decision": "reject", "reason": "not this one"})  # fmt: skip
-        assert decided.status_code == 200 and decided.json()["status"] == "rejected"
-        decided = client.post(f"/v1/approvals/{waiting['approval_id']}/decision", json={"decision": "approve"})
-        assert decided.status_code == 200 and decided.json()["status"] == "approved"
-        done, rejected = finished(client, waiting["id"]), finished(client, refused["id"])
-        twice = client.post(f"/v1/approvals/{refused['approval_id']}/decision", json={"decision": "approve"})
-    assert done["status"] == "succeeded" and done["outputs"] == {"applied": True}
-    assert rejected["status"] == "failed" and rejected["error"]["category"] == "approval.rejected"
-    assert rejected["error"]["message"] == "not this one" and rejected["started_at"] is None
-    assert rejected["side_effects"] == "none" and rejected["code_runs"] == 0
-    assert twice.status_code == 409, "a rejected execution cannot be approved after"
-    assert entries(targets, approved_key) == [True] and entries(targets, rejected_key) == []
-
-
-@pytest.mark.parametrize("write_first", [True, False], ids=["applied", "not-applied"])
-def test_code_that_says_its_outcome_is_unknown_gets_its_status_read(
-    netside: Side, targets: Targets, write_first: bool
-) -> None:
-    refund = key()
-    check = {"name": "ledger", "code": SEEN, "expect": {"properties": {"applied": {"const": True}}}}
-    idempotency = {"strategy": "status_read", "key": refund, "status_check": check}
-    body = {"language": "python", "code": UNSURE, "policy": NET, "inputs": {"write_first": write_first},
-            "effect": "write", "idempotency": idempotency}  # fmt: skip
-    with netside.client() as client:
-        done = finished(client, client.post("/v1/executions", json=body).json()["id"])
-    assert done["status"] == "succeeded", done["error"]["message"]
-    assert done["outputs"] == {"applied": True}
-    if write_first:  # the check saw the write: no second run
-        assert done["code_runs"] == 1 and done["reconciled"].startswith("ledger: the effect happened")
-        assert entries(targets, refund) == [True]
-    else:  # the check saw none: run again, with the same key
-        assert done["code_runs"] == 2 and entries(targets, refund) == [True]
-        assert entries(targets, f"tried-{refund}") == [True, False]
-
-
-def test_an_unkeyed_write_that_says_its_outcome_is_unknown_is_not_run_again(netside: Side, targets: Targets) -> None:
-    refund = key()
-    code = UNSURE.replace('execbox.inputs["write_first"]', "True")
-    body = {"language": "python", "code": code, "policy": NET, "effect": "write",
-            "idempotency": {"strategy": "none", "key": refund}}  # fmt: skip
-    with netside.client() as client:
-        done = finished(client, client.post("/v1/executions", json=body).json()["id"])
-    assert done["status"] == "unknown_outcome" and done["error"]["category"] == "outcome.unknown", done
-    assert done["error"]["details"]["reason"] == "the ledger timed out after the request left"
-    assert done["code_runs"] == 1 and entries(targets, refund) == [True]
-
-
 KEY_READERS = {
     "python": ("python", None, "import execbox\nprint(execbox.idempotency_key())"),
     "javascript": ("javascript", None, "console.log(require('execbox').idempotencyKey())"),
@@ -228,54 +118,3 @@ def test_the_idempotency_key_reaches_the_code_in_every_language_and_session_cont
     finally:
         if session:
             api.delete(f"/v1/sessions/{session}")
-
-
-@pytest.mark.parametrize(
-    ("fields", "field"),
-    [
-        ({"effect": "write"}, "idempotency"),
-        ({"effect": "read", "idempotency": {"strategy": "none"}}, "idempotency"),
-        ({"effect": "write", "idempotency": {"strategy": "key"}}, "idempotency.key"),
-        ({"effect": "write", "idempotency": {"strategy": "key", "key": "has space"}}, "key"),
-        ({"effect": "write", "idempotency": {"strategy": "status_read"}}, "status_check"),
-        ({"effect": "write", "idempotency": {"strategy": "compensation"}}, "strategy"),
-        ({"effect": "delete"}, "effect"),
-        ({"approval": {"expires_in_s": 0}}, "expires_in_s"),
-        (
-            {
-                "effect": "write",
-                "idempotency": {
-                    "strategy": "status_read",
-                    "status_check": {"code": "1", "language": "cobol", "expect": {}},
-                },
-            },
-            "idempotency.status_check.language",
-        ),
-    ],
-)
-def test_a_bad_effect_declaration_is_refused_naming_its_field_and_stores_nothing(
-    api: httpx.Client, fields: dict[str, Any], field: str
-) -> None:
-    before = api.get("/v1/approvals").json()
-    response = api.post("/v1/executions", json={"language": "python", "code": "print(1)", **fields})
-    assert response.status_code == 422, response.text
-    assert field in response.text
-    assert api.get("/v1/approvals").json() == before
-
-
-def test_a_tenant_that_requires_declarations_refuses_an_undeclared_execution_with_network(
-    netside: Side, side_stack: Callable[..., Side], tmp_path: Path
-) -> None:
-    policies = tmp_path / "policies"
-    shutil.copytree(netside.env["EXECBOX_POLICIES_DIR"], policies)
-    tenants = yaml.safe_load((policies / "tenants.yaml").read_text())
-    tenants["default"]["declare_effects"] = True
-    (policies / "tenants.yaml").write_text(yaml.safe_dump(tenants))
-    side = side_stack(EXECBOX_POLICIES_DIR=str(policies))
-    with side.client() as client:
-        undeclared = client.post("/v1/executions", json={"language": "python", "code": "1", "policy": NET})
-        declared = client.post("/v1/executions", json={"language": "python", "code": "1", "policy": NET,
-                                                       "effect": "read"})  # fmt: skip
-        offline = client.post("/v1/executions", json={"language": "python", "code": "1"})
-    assert undeclared.status_code == 422 and '"effect"' in undeclared.text, undeclared.text
-    assert declared.status_code == 202 and offline.status_code == 202
