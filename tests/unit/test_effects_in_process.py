@@ -129,6 +129,25 @@ def test_an_unkeyed_write_whose_worker_dies_ends_unknown_and_reconcile_settles_i
     assert runs_of(netstack, execution_id) == [(WRITE, token)], "never sent twice"
 
 
+def test_a_keyed_write_whose_worker_is_lost_runs_again_in_place_with_its_key(
+    netstack: InStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The orchestration of tests/integration/test_effects.py's end-to-end kill test (a real worker
+    SIGKILLed, the real ledger applying the key once)."""
+    refund = key()
+    with netstack.client() as client:
+        execution_id = write(client, "key", idempotency={"key": refund})["id"]
+        assert lose_the_worker_mid_write(netstack, monkeypatch, execution_id) == 1
+        queued = client.get(f"/v1/executions/{execution_id}").json()
+        assert queued["status"] == "queued" and queued["code_runs"] == 1, queued
+        netstack.fake.scripts[WRITE] = Script(outputs={"applied": False})  # the ledger knew the key
+        assert netstack.run_all() == [execution_id]
+        done = client.get(f"/v1/executions/{execution_id}").json()
+    assert done["status"] == "succeeded" and done["code_runs"] == 2, done
+    assert done["outputs"] == {"applied": False}, "the second run's, not the lost worker's late one"
+    assert runs_of(netstack, execution_id) == [(WRITE, refund), (WRITE, refund)], "the same key twice"
+
+
 def test_an_execution_needing_approval_runs_only_once_approved_and_a_rejected_one_never(netstack: InStack) -> None:
     approved_key, rejected_key = key(), key()
     netstack.fake.scripts[WRITE] = Script(outputs={"applied": True})
