@@ -6,7 +6,9 @@ No process is spawned and nothing listens on a port. Tests speak to the API thro
 running API moves here by changing its fixture. Executions run only when the test says so
 (`run_one`, `run_all`: deterministic), or, for the tests that wait on an answer, in a worker thread
 woken by each dispatch ticket (`working()`). The API's own background tasks (the plan consumer,
-the waiters' subscription) run on its loop all the time, as under uvicorn.
+the scheduler, the surprises loop, the waiters' subscription) run on its loop all the time, as
+under uvicorn; the worker's other loops (reaper, session host, webhook delivery) are the test's to
+start or step.
 """
 
 from __future__ import annotations
@@ -164,7 +166,8 @@ class InStack:
 
 def with_updates(model: M, updates: dict[str, Any]) -> M:
     """`model` with `updates` applied, nested settings by their own fields:
-    `with_updates(settings, {"queue": {"max_depth": 1}})` as EXECBOX_QUEUE__MAX_DEPTH=1 would."""
+    `with_updates(settings, {"queue": {"max_depth": 1}})` as EXECBOX_QUEUE__MAX_DEPTH=1 would.
+    Values are taken as given, not validated: pass each as its field's type (a secret as SecretStr)."""
     changes = {}
     for name, value in updates.items():
         current = getattr(model, name)

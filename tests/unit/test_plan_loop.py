@@ -1,7 +1,7 @@
 """Plans that hold the whole loop, in-process against a real Redis: what input steps and fallbacks
 may declare (refused up front, each with its path), the fallback's rules beside retries and
-unknown outcomes, and model calls kept whole (pure logic of execbox.plans.usage). The same
-behaviours run against real sandboxes in tests/integration/test_plan_loop.py."""
+unknown outcomes, and model calls kept whole (pure logic of execbox.plans.usage). The loop run
+through the API and the worker's real code is in test_plan_loop_in_process.py."""
 
 from __future__ import annotations
 

@@ -2,7 +2,9 @@
 propagation, retries, unknown outcomes, approvals, revisions and budgets. A step's execution that
 succeeds or fails in its program runs through the worker's code with the in-memory sandbox
 (execbox.sandbox.fake); infrastructure failures and executions that never started are settled by
-hand. The same behaviours run against real sandboxes in tests/integration/test_plans.py."""
+hand. Whole plans through the API on the in-process stack are in test_plans_in_process.py; one
+end-to-end plan and the tests that kill a worker run against real sandboxes in
+tests/integration/test_plans.py."""
 
 from __future__ import annotations
 
