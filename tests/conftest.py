@@ -84,6 +84,15 @@ def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, ste
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+def problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    """The problem+json body of a refusal, checked to be one with this status and code."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    body: dict[str, Any] = response.json()
+    assert body["code"] == code and body["status"] == status and body["detail"]
+    return body
+
+
 def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 

@@ -5,13 +5,12 @@ through the real API process. The rest of the request checks run on the in-proce
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import httpx
 import pytest
 import redis
 
-from tests.conftest import Side
+from tests.conftest import Side, problem
 
 pytestmark = [pytest.mark.redis]
 
@@ -21,14 +20,6 @@ def idle(side_stack: Callable[..., Side]) -> Iterator[tuple[httpx.Client, Side]]
     side = side_stack()
     with side.client() as client:
         yield client, side
-
-
-def problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"] == "application/problem+json"
-    body: dict[str, Any] = response.json()
-    assert body["code"] == code and body["status"] == status and body["detail"]
-    return body
 
 
 def queued_jobs(side: Side) -> int:

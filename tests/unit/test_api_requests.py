@@ -9,21 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.conftest import ROOT, Redis
+from tests.conftest import ROOT, Redis, problem
 from tests.unit.stack import InStack, in_stack
 
 pytestmark = pytest.mark.redis
-
-
-def problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"] == "application/problem+json"
-    body: dict[str, Any] = response.json()
-    assert body["code"] == code and body["status"] == status and body["detail"]
-    return body
 
 
 def fields(body: dict[str, Any]) -> set[str]:
