@@ -363,9 +363,7 @@ def main():
             os.close(exec_failed[0])
             os.set_inheritable(exec_failed[1], False)  # closed by a successful exec
             os.setsid()  # its own session and process group: killpg(0) never reaches PID 1
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, release)
-            os.chdir(WORKDIR)
-            os.execvpe(argv[0], argv, env)
+            _exec(argv, env, release)
         except BaseException:
             os.write(exec_failed[1], b"x")
         os._exit(127)
@@ -380,15 +378,20 @@ def _become(argv, env, nonce, marker, release):
     """Replace this process with the program, which is then PID 1 itself (the frame said "exec":
     a session's supervisor, which the code it runs must not be able to signal)."""
     try:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, release)
-        os.chdir(WORKDIR)
-        os.execvpe(argv[0], argv, env)
+        _exec(argv, env, release)
     except OSError:
         pass
     signal.pthread_sigmask(signal.SIG_BLOCK, release)
     if nonce:
         _finish(nonce, marker, b"L%d" % FAULTS["exec"])
     return LAUNCH_FAILED
+
+
+def _exec(argv, env, release):
+    """Become the program: the release signal unblocked, in the work directory."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, release)
+    os.chdir(WORKDIR)
+    os.execvpe(argv[0], argv, env)
 
 
 def _after(child, started, nonce, marker):

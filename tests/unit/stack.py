@@ -28,10 +28,12 @@ from pydantic import BaseModel
 from execbox.api import create_app
 from execbox.core.redis import connect
 from execbox.sandbox.fake import FakeRuntime
+from execbox.sessions.host import SessionHost
 from execbox.settings import Settings
 from execbox.tenancy.apikeys import ApiKeys
 from execbox.worker import context
 from execbox.worker.context import WorkerContext
+from execbox.worker.reaper import report_health
 from execbox.worker.tasks import run_next
 from tests.conftest import Redis
 
@@ -157,6 +159,22 @@ class InStack:
         finally:
             stop.set()
             thread.join(10)
+
+    @contextmanager
+    def hosting_sessions(self) -> Iterator[None]:
+        """The worker's session host in a thread, as `execbox worker` runs it (its heartbeat first:
+        the fleet's session slots come from it); at the end each held session ends, as at a stop."""
+        report_health(self.worker)
+        stop = threading.Event()
+        host = SessionHost(self.worker)
+        thread = threading.Thread(target=host.run, args=(stop,), name="session-host", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(5)
+            host.join(5)
 
     def close(self) -> None:
         self.app.close()

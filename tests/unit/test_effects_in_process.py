@@ -17,8 +17,7 @@ import yaml
 
 from execbox.sandbox.fake import Script
 from execbox.sandbox.runtime import SandboxSpec
-from execbox.sessions.host import SessionHost
-from execbox.worker.reaper import report_health, sweep
+from execbox.worker.reaper import sweep
 from tests.conftest import Redis, policies_with_tenants, wait_until
 from tests.unit.stack import NOTHING, InStack, in_stack
 
@@ -231,30 +230,20 @@ def test_each_call_is_handed_its_own_key_in_a_fresh_sandbox_and_in_a_session(inp
     (the declared one, else the request's Idempotency-Key). The languages' own readings of it
     (execbox.idempotency_key(), idempotencyKey(), $EXECBOX_IDEMPOTENCY_KEY, in a session's contexts
     too) are the sandbox's: tests/integration/test_effects.py runs them."""
-    report_health(inproc.worker)  # the fleet's session slots come from the workers' heartbeats
-    stop = threading.Event()
-    host = SessionHost(inproc.worker)
-    thread = threading.Thread(target=host.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
-        with inproc.client() as api, inproc.working():
-            opened = api.post("/v1/sessions", json={"language": "python"})
-            assert opened.status_code == 201, opened.text
-            session = opened.json()["id"]
-            for where in ({}, {"session": session}):
-                for declared, header in ((key(), None), (None, key())):
-                    body: dict[str, Any] = {"language": "python", "code": "print(1)", "effect": "read", **where}
-                    if declared:
-                        body = {**body, "effect": "write", "idempotency": {"strategy": "key", "key": declared}}
-                    headers = {"Idempotency-Key": header} if header else {}
-                    done = api.post("/v1/executions", json=body, headers=headers, params={"wait": 10}).json()
-                    assert done["status"] == "succeeded", done
-                    (spec,) = [s for s in inproc.fake.runs if s.execution_id == done["id"]]
-                    assert sent_key(spec) == (declared or header), (where, spec.env)
-    finally:
-        stop.set()
-        thread.join(5)
-        host.join(5)
+    with inproc.hosting_sessions(), inproc.client() as api, inproc.working():
+        opened = api.post("/v1/sessions", json={"language": "python"})
+        assert opened.status_code == 201, opened.text
+        session = opened.json()["id"]
+        for where in ({}, {"session": session}):
+            for declared, header in ((key(), None), (None, key())):
+                body: dict[str, Any] = {"language": "python", "code": "print(1)", "effect": "read", **where}
+                if declared:
+                    body = {**body, "effect": "write", "idempotency": {"strategy": "key", "key": declared}}
+                headers = {"Idempotency-Key": header} if header else {}
+                done = api.post("/v1/executions", json=body, headers=headers, params={"wait": 10}).json()
+                assert done["status"] == "succeeded", done
+                (spec,) = [s for s in inproc.fake.runs if s.execution_id == done["id"]]
+                assert sent_key(spec) == (declared or header), (where, spec.env)
     assert len(inproc.fake.sessions[session].calls) == 2
 
 
