@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -30,7 +30,9 @@ from execbox.executions.submit import new_execution_id
 from execbox.settings import Settings
 from execbox.tenancy.apikeys import ApiKeys
 from tests.conftest import Redis
-from tests.unit.stack import InStack, in_stack
+from tests.unit.stack import AppLoop, InStack, in_stack
+
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -72,46 +74,41 @@ def make_record(settings: Settings, tenant: str = "alpha", queue_timeout_s: floa
 
 
 class InProcess:
-    """Requests straight into the ASGI app (httpx's ASGI transport) on a loop of the test's own,
-    with the app's lifespan (the waiters' Redis subscription) around them."""
+    """Requests straight into the ASGI app (httpx's ASGI transport), with the app's lifespan (the
+    waiters' Redis subscription) around them, on the app's loop of its own (tests/unit/stack.py)."""
 
-    def __init__(self, app: FastAPI) -> None:
+    def __init__(self, app: FastAPI, address: tuple[str, int] = ("127.0.0.1", 123)) -> None:
         self.app = app
-        self._loop = asyncio.new_event_loop()
-        ready, self._stop = asyncio.Event(), asyncio.Event()
+        self._served = AppLoop(app)
+        transport = httpx.ASGITransport(app=app, client=address)  # `address`: the client's, as the app sees it
+        self.http = httpx.AsyncClient(transport=transport, base_url="http://execbox.test")
+        """The async client, for requests a test awaits together (`run` them)."""
 
-        async def lifespan() -> None:  # entered and left in one task, as a server does (anyio requires it)
-            async with app.router.lifespan_context(app):
-                ready.set()
-                await self._stop.wait()
-
-        self._lifespan = self._loop.create_task(lifespan())
-        self._loop.run_until_complete(ready.wait())
-        self._http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://execbox.test")
+    def run(self, awaitable: Awaitable[T], timeout_s: float = 120.0) -> T:
+        """`awaitable` run on the app's loop (from any thread), its result."""
+        return self._served.call(awaitable, timeout_s)
 
     def get(self, url: str, **kwargs: Any) -> httpx.Response:
-        return self._loop.run_until_complete(self._http.get(url, **kwargs))
+        return self.run(self.http.get(url, **kwargs))
 
     def post(self, url: str, **kwargs: Any) -> httpx.Response:
-        return self._loop.run_until_complete(self._http.post(url, **kwargs))
+        return self.run(self.http.post(url, **kwargs))
 
     def delete(self, url: str, **kwargs: Any) -> httpx.Response:
-        return self._loop.run_until_complete(self._http.delete(url, **kwargs))
+        return self.run(self.http.delete(url, **kwargs))
 
     def wait_while(self, url: str, headers: dict[str, str], action: Any) -> httpx.Response:
         """GET url while `action` runs in a thread beside it (the request is in flight meanwhile)."""
 
         async def both() -> httpx.Response:
-            answer, _ = await asyncio.gather(self._http.get(url, headers=headers), asyncio.to_thread(action))
+            answer, _ = await asyncio.gather(self.http.get(url, headers=headers), asyncio.to_thread(action))
             return answer
 
-        return self._loop.run_until_complete(both())
+        return self.run(both())
 
     def close(self) -> None:
-        self._loop.run_until_complete(self._http.aclose())
-        self._stop.set()
-        self._loop.run_until_complete(self._lifespan)
-        self._loop.close()
+        self.run(self.http.aclose())
+        self._served.close()
 
 
 @pytest.fixture

@@ -42,8 +42,8 @@ def test_a_tenant_key_on_every_admin_route_is_403_and_no_valid_key_is_401(
     try:
         routes = admin_routes(http)
         answers = {
-            (method, path, who): http._loop.run_until_complete(
-                http._http.request(method, path, headers=headers)  # no body: refused before one is needed
+            (method, path, who): http.run(
+                http.http.request(method, path, headers=headers)  # no body: refused before one is needed
             )
             for method, path in routes
             for who, headers in {

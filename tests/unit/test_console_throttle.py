@@ -24,10 +24,7 @@ ADMIN = "weak-admin"
 
 def console(settings: Settings, address: str) -> InProcess:
     admin = settings.model_copy(update={"auth": settings.auth.model_copy(update={"admin_token": SecretStr(ADMIN)})})
-    http = InProcess(create_app(admin))
-    transport = httpx.ASGITransport(app=http.app, client=(address, 40000))
-    http._http = httpx.AsyncClient(transport=transport, base_url="http://execbox.test")
-    return http
+    return InProcess(create_app(admin), (address, 40000))
 
 
 def sign_in(http: InProcess, key: str) -> httpx.Response:

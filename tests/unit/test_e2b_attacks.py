@@ -44,7 +44,7 @@ def api_key(api: Api, tenant: str) -> dict[str, str]:
 def send(http: InProcess, method: str, url: str, **kwargs: Any) -> httpx.Response:
     """One request; an exception the app let out counts as the 500 a server would have answered."""
     try:
-        return http._loop.run_until_complete(http._http.request(method, url, **kwargs))
+        return http.run(http.http.request(method, url, **kwargs))
     except (httpx.InvalidURL, httpx.LocalProtocolError, UnicodeEncodeError):
         raise  # the client could not send it: the test's own mistake, not the app's
     except Exception as exc:  # the app's unhandled error is what the test reports

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
+from execbox.api import create_app
 from execbox.sandbox.fake import Script
+from execbox.settings import Settings
 from tests.conftest import Redis
-from tests.unit.stack import NOTHING, InStack, in_stack
+from tests.unit.stack import NOTHING, AppLoop, InStack, in_stack
 
 pytestmark = pytest.mark.redis
 
@@ -45,3 +48,26 @@ def test_settings_of_the_tests_own_apply_to_the_api(redis_server: Redis, tmp_pat
         assert api.post("/v1/executions", json={"language": "python", "code": "print(1)"}).status_code == 202
         full = api.post("/v1/executions", json={"language": "python", "code": "print(1)"})
     assert full.status_code == 503 and full.json()["code"] == "queue_full", full.text
+
+
+def test_a_task_left_on_the_apps_loop_is_ended_before_the_loop_closes(settings: Settings) -> None:
+    """The API leaves the wait channel's listener behind when its clean-up outlasts LISTENER_CLOSE_S.
+    A task left pending on a closed loop is collected later, in whatever test then runs, as an
+    unraisable error (the CI failure of stop 51): the stack cancels each until it ends."""
+    served = AppLoop(create_app(settings))
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            await asyncio.sleep(3600)  # a clean-up that hangs until cancelled again
+
+    async def leave() -> asyncio.Task[None]:
+        task = asyncio.create_task(stubborn())
+        await asyncio.sleep(0)  # it runs up to its first wait
+        return task
+
+    left = served.call(leave())
+    served.close()
+
+    assert left.cancelled() and not asyncio.all_tasks(served.loop), asyncio.all_tasks(served.loop)

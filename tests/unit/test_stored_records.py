@@ -282,8 +282,8 @@ def test_resuming_at_or_after_the_end_gets_the_end_at_once(tenant: Tenant, setti
 
     headers = {**tenant.headers, "Last-Event-ID": last}
     started = time.monotonic()
-    read = tenant.http._http.get(f"/v1/executions/{execution_id}/events", headers=headers)
-    answer = tenant.http._loop.run_until_complete(asyncio.wait_for(read, 5))  # keep-alives for ever: a timeout
+    read = tenant.http.http.get(f"/v1/executions/{execution_id}/events", headers=headers)
+    answer = tenant.http.run(asyncio.wait_for(read, 5))  # keep-alives for ever: a timeout
     elapsed = time.monotonic() - started
 
     assert answer.status_code == 200 and f"id: {end_id}\nevent: end\n" in answer.text, answer.text
@@ -323,24 +323,23 @@ def test_large_bodies_do_not_hold_healthz(tenant: Tenant, settings: Settings) ->
     def probe() -> None:  # another client: its /healthz waits while the loop is held
         while not done.is_set():
             started = time.perf_counter()
-            health = asyncio.run_coroutine_threadsafe(http._http.get("/healthz"), http._loop).result(30)
+            health = http.run(http.http.get("/healthz"), 30)
             assert health.status_code == 200
             latencies.append(time.perf_counter() - started)
             time.sleep(0.005)
 
     async def post_all() -> list[int]:
-        return [(await http._http.post("/v1/plans/validate", content=b, headers=headers)).status_code for b in bodies]
+        return [(await http.http.post("/v1/plans/validate", content=b, headers=headers)).status_code for b in bodies]
 
     prober = threading.Thread(target=probe)
     prober.start()
     began = time.perf_counter()
     try:
-        statuses = http._loop.run_until_complete(post_all())
+        statuses = http.run(post_all())
         took = time.perf_counter() - began
     finally:
         done.set()
-        while prober.is_alive():  # its last /healthz needs the loop running
-            http._loop.run_until_complete(asyncio.sleep(0.01))
+        prober.join()
     worst = max(latencies)
 
     sizes = " and ".join(f"{len(b) / 2**20:.1f} MiB" for b in bodies)
