@@ -53,7 +53,7 @@ def test_settings_of_the_tests_own_apply_to_the_api(redis_server: Redis, tmp_pat
 def test_a_task_left_on_the_apps_loop_is_ended_before_the_loop_closes(settings: Settings) -> None:
     """The API leaves the wait channel's listener behind when its clean-up outlasts LISTENER_CLOSE_S.
     A task left pending on a closed loop is collected later, in whatever test then runs, as an
-    unraisable error (the CI failure of stop 51): the stack cancels each until it ends."""
+    unraisable error (what failed CI on 2026-12-07): the stack cancels each until it ends."""
     served = AppLoop(create_app(settings))
 
     async def stubborn() -> None:
