@@ -7,7 +7,8 @@
 # 127.0.0.1:$EXECBOX_WHEELS_PORT (default 38517) rather than sent as context.
 # BASE_IMAGE (or SANDBOX_BASE_IMAGE, for the sandboxes alone) picks the base (e.g. debian:trixie-slim
 # with a registry); without it the debootstrap-made local/debian:trixie, which the service images
-# share, is built when missing. Idempotent (docker's cache). Says how long each image took.
+# share, is built when missing. Idempotent: docker's cache, and an image already checked (same id, same
+# hardening, same commands: <folder>/.checked) is not checked again. Says how long each image took.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 base="${SANDBOX_BASE_IMAGE:-${BASE_IMAGE:-local/debian:trixie}}"
@@ -32,6 +33,23 @@ value = yaml.safe_load(open(sys.argv[1])).get(sys.argv[2])
 print(shlex.join(value) if isinstance(value, list) else shlex.quote(value or ""))' "$2" "$1"
 }
 
+# The smoke test, then the probe into <folder>/versions.json; says what failed.
+check() {
+  local image=$1 dir=$2 meta=$3 name=$4 out
+  eval "local smoke=($(field smoke "$meta"))"
+  out=$(sandboxed "$image" "${smoke[@]}" 2>&1) || true
+  if [ "$out" = "OK" ]; then echo "image $name: smoke test OK"; else echo "image $name: SMOKE TEST FAILED: $out" >&2; return 1; fi
+  eval "local probe=($(field probe "$meta"))"
+  [ ${#probe[@]} -gt 0 ] || return 0
+  if sandboxed "$image" "${probe[@]}" > "$dir/versions.json.new" 2>/dev/null \
+      && python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["runtime"]["version"]' "$dir/versions.json.new"; then
+    mv "$dir/versions.json.new" "$dir/versions.json"
+    echo "image $name: $(python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(d["runtime"]["name"], d["runtime"]["version"], "and", len(d["packages"]), "packages")' "$dir/versions.json")"
+  else
+    rm -f "$dir/versions.json.new"; echo "image $name: PROBE FAILED" >&2; return 1
+  fi
+}
+
 status=0
 for meta in "$here"/*/metadata.yaml; do
   dir=$(dirname "$meta"); name=$(basename "$dir"); started=$(date +%s.%N)
@@ -54,18 +72,14 @@ for meta in "$here"/*/metadata.yaml; do
   else
     echo "image $name -> $image: built by another folder"
   fi
-  eval "smoke=($(field smoke "$meta"))"
-  out=$(sandboxed "$image" "${smoke[@]}" 2>&1) || true
-  if [ "$out" = "OK" ]; then echo "image $name: smoke test OK"; else echo "image $name: SMOKE TEST FAILED: $out" >&2; status=1; continue; fi
-  eval "probe=($(field probe "$meta"))"
-  if [ ${#probe[@]} -gt 0 ]; then
-    if sandboxed "$image" "${probe[@]}" > "$dir/versions.json.new" 2>/dev/null \
-        && python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["runtime"]["version"]' "$dir/versions.json.new"; then
-      mv "$dir/versions.json.new" "$dir/versions.json"
-      echo "image $name: $(python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(d["runtime"]["name"], d["runtime"]["version"], "and", len(d["packages"]), "packages")' "$dir/versions.json")"
-    else
-      rm -f "$dir/versions.json.new"; echo "image $name: PROBE FAILED" >&2; status=1; continue
-    fi
+  # An image checked before, under the same hardening and with the same commands, is not checked again.
+  checked="$(docker image inspect -f '{{.Id}}' "$image") $(cat "$here/../policies/seccomp.json" "$meta" | sha256sum | cut -c1-16)"
+  if [ -f "$dir/versions.json" ] && [ "$(cat "$dir/.checked" 2>/dev/null)" = "$checked" ]; then
+    echo "image $name: unchanged since its smoke test and probe"
+  elif rm -f "$dir/.checked" && check "$image" "$dir" "$meta" "$name"; then
+    echo "$checked" > "$dir/.checked"
+  else
+    status=1; continue
   fi
   took=$(awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   echo "image $name: ready in $took s"
