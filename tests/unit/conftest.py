@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from execbox.api import create_app
 from execbox.catalog.policies import PolicySet
 from execbox.catalog.schemas import PolicyRequest
+from execbox.core import poison
 from execbox.core.redis import connect
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import Transition
@@ -33,6 +34,15 @@ from tests.conftest import Redis
 from tests.unit.stack import AppLoop, InStack, in_stack
 
 T = TypeVar("T")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def quick_to_stop() -> Iterator[None]:
+    """Consumer loops read with a short block: an app's close waits for its loops, and a loop sees
+    its stop only when its read returns (0.5 s by default, for each of hundreds of apps here)."""
+    kept, poison.BLOCK_S = poison.BLOCK_S, 0.05
+    yield
+    poison.BLOCK_S = kept
 
 
 @pytest.fixture

@@ -268,9 +268,14 @@ def _parse_replay(raw: str) -> DeadLetter | None:
         return None
 
 
+BLOCK_S = 0.5
+"""How long a consumer's read waits for new entries when none is given; also how long its loop may
+take to see that it was stopped (a blocking read is not interrupted)."""
+
+
 def consume(
     stream: EventStream, group: str, consumer: str, handle: Callable[[dict[str, str]], None],
-    stop: threading.Event, guard: Guard, idle_s: float, block_s: float = 0.5,
+    stop: threading.Event, guard: Guard, idle_s: float, block_s: float | None = None,
     before: Callable[[], None] | None = None,
 ) -> None:  # fmt: skip
     """A consumer group's loop: each entry handled under `guard`, until `stop`.
@@ -286,7 +291,8 @@ def consume(
                 guard.replay()
                 if before is not None:
                     before()
-                for entry_id, fields in stream.read(group, consumer, block_s=block_s, idle_s=idle_s):
+                waited = BLOCK_S if block_s is None else block_s
+                for entry_id, fields in stream.read(group, consumer, block_s=waited, idle_s=idle_s):
                     guard.entry(stream, group, consumer, entry_id, fields, handle, idle_s)
         except ServiceError as exc:
             log.warning("consumer group %s: %s", group, exc.message)
@@ -365,4 +371,4 @@ class Loops:
             thread.join(max(deadline - time.monotonic(), 0.0))
 
 
-__all__ = ["LOOPS", "DeadLetter", "Guard", "LoopState", "Loops", "consume"]
+__all__ = ["BLOCK_S", "LOOPS", "DeadLetter", "Guard", "LoopState", "Loops", "consume"]
