@@ -164,12 +164,20 @@ def main(argv: list[str] | None = None) -> int:
         import signal
         import threading
 
-        from execbox.api import create_app
+        from prometheus_client import CollectorRegistry
 
+        from execbox.assembly import assemble
+        from execbox.core import logs
+
+        logs.configure(settings.log_level, "scheduler")
         stop = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
-        create_app(settings).state.services.schedules.run(stop)
+        plane = assemble(settings, CollectorRegistry(), component="scheduler")  # no app: one loop, no HTTP
+        try:
+            plane.schedules.run(stop)
+        finally:
+            plane.close()
     elif args.command == "migrate":
         from execbox.core.keymigration import migrate
         from execbox.core.redis import connect

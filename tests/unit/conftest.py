@@ -31,7 +31,7 @@ from execbox.executions.submit import new_execution_id
 from execbox.settings import Settings
 from execbox.tenancy.apikeys import ApiKeys
 from tests.conftest import Redis
-from tests.unit.stack import AppLoop, InStack, in_stack
+from tests.unit.stack import AppLoop, FakeWorker, InStack, in_stack
 
 T = TypeVar("T")
 
@@ -128,6 +128,14 @@ def api(settings: Settings, client: redis.Redis) -> Iterator[tuple[InProcess, di
     http = InProcess(create_app(settings))
     yield http, headers
     http.close()
+
+
+@pytest.fixture
+def worker(settings: Settings, client: redis.Redis) -> Iterator[FakeWorker]:
+    """The deployment's worker on the fake sandbox (beside the `api` fixture's app, on its settings)."""
+    made = FakeWorker(settings)
+    yield made
+    made.close()
 
 
 @pytest.fixture

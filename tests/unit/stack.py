@@ -17,7 +17,7 @@ import asyncio
 import secrets
 import threading
 from collections.abc import Awaitable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -117,6 +117,47 @@ class LoopTransport(httpx.BaseTransport):
         return httpx.Response(status, headers=headers, stream=httpx.ByteStream(raw), request=request)
 
 
+class FakeWorker:
+    """A worker of the deployment on the fake sandbox, installed as this process's worker (the job
+    function RQ would call finds it through `context.current()`)."""
+
+    def __init__(self, settings: Settings, name: str = "w-fake") -> None:
+        self.fake = FakeRuntime()
+        self.ctx = WorkerContext.build(settings, name, self.fake)
+        context.install(self.ctx)
+
+    def run_one(self) -> str:
+        """One dispatch ticket, as RQ would call the job function: the id it ran, or NOTHING."""
+        return run_next({})
+
+    def run_all(self) -> list[str]:
+        """Run executions until none can start; their ids, in order."""
+        ran = []
+        while (done := self.run_one()) != NOTHING:
+            ran.append(done)
+        return ran
+
+    @contextmanager
+    def hosting_sessions(self) -> Iterator[None]:
+        """The worker's session host in a thread, as `execbox worker` runs it (its heartbeat first:
+        the fleet's session slots come from it); at the end each held session ends, as at a stop."""
+        report_health(self.ctx)
+        stop = threading.Event()
+        host = SessionHost(self.ctx)
+        thread = threading.Thread(target=host.run, args=(stop,), name="session-host", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(5)
+            host.join(5)
+
+    def close(self) -> None:
+        context._current = None  # the next test builds its own
+        self.ctx.store.redis.close()
+
+
 class InStack:
     """One deployment in this process: the API, a worker on the fake sandbox, tenants' keys."""
 
@@ -124,9 +165,9 @@ class InStack:
         self.settings = settings
         self.redis = redis_client
         self.keys = ApiKeys(redis_client, settings.redis.key_prefix)
-        self.fake = FakeRuntime()
-        self.worker = WorkerContext.build(settings, "w-fake", self.fake)
-        context.install(self.worker)
+        self.fake_worker = FakeWorker(settings)
+        self.fake = self.fake_worker.fake
+        self.worker = self.fake_worker.ctx
         self.app = AppLoop(create_app(settings))
         self._keys: dict[str, str] = {}
 
@@ -150,14 +191,11 @@ class InStack:
     # the worker
     def run_one(self) -> str:
         """One dispatch ticket, as RQ would call the job function: the id it ran, or NOTHING."""
-        return run_next({})
+        return self.fake_worker.run_one()
 
     def run_all(self) -> list[str]:
         """Run executions until none can start; their ids, in order."""
-        ran = []
-        while (done := self.run_one()) != NOTHING:
-            ran.append(done)
-        return ran
+        return self.fake_worker.run_all()
 
     @contextmanager
     def working(self) -> Iterator[None]:
@@ -179,26 +217,13 @@ class InStack:
             stop.set()
             thread.join(10)
 
-    @contextmanager
-    def hosting_sessions(self) -> Iterator[None]:
-        """The worker's session host in a thread, as `execbox worker` runs it (its heartbeat first:
-        the fleet's session slots come from it); at the end each held session ends, as at a stop."""
-        report_health(self.worker)
-        stop = threading.Event()
-        host = SessionHost(self.worker)
-        thread = threading.Thread(target=host.run, args=(stop,), name="session-host", daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            thread.join(5)
-            host.join(5)
+    def hosting_sessions(self) -> AbstractContextManager[None]:
+        """The worker's session host in a thread (FakeWorker.hosting_sessions)."""
+        return self.fake_worker.hosting_sessions()
 
     def close(self) -> None:
         self.app.close()
-        context._current = None  # the next test builds its own
-        self.worker.store.redis.close()
+        self.fake_worker.close()
 
 
 def with_updates(model: M, updates: dict[str, Any]) -> M:

@@ -7,9 +7,7 @@ never sees or reaches another's sandbox; a token opens only its own sandbox, and
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 from unittest.mock import ANY
 
@@ -17,14 +15,11 @@ import httpx
 import pytest
 import redis
 
-from execbox.sandbox.fake import FakeRuntime
-from execbox.sessions.host import SessionHost
 from execbox.settings import Settings
-from execbox.worker import context
-from execbox.worker.context import WorkerContext
 from execbox.worker.reaper import report_health
 from tests.conftest import wait_until
 from tests.unit.conftest import InProcess
+from tests.unit.stack import FakeWorker as Worker
 
 pytestmark = pytest.mark.redis
 Api = tuple[InProcess, dict[str, dict[str, str]]]
@@ -61,36 +56,11 @@ def e2b_error(answer: httpx.Response, status: int, field: str | None = None) -> 
     return body
 
 
-@dataclass
-class Worker:
-    ctx: WorkerContext
-    fake: FakeRuntime
-
-
-@pytest.fixture
-def worker(settings: Settings, client: redis.Redis) -> Iterator[Worker]:
-    fake = FakeRuntime()
-    ctx = WorkerContext.build(settings, "w-fake", fake)
-    context.install(ctx)
-    yield Worker(ctx, fake)
-    context._current = None
-    ctx.store.redis.close()
-
-
 @pytest.fixture
 def host(api: Api, worker: Worker) -> Iterator[Worker]:
     """The fleet's session slots (a worker's heartbeat) and a session host holding the sandboxes."""
-    report_health(worker.ctx)
-    stop = threading.Event()
-    session_host = SessionHost(worker.ctx)
-    thread = threading.Thread(target=session_host.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
+    with worker.hosting_sessions():
         yield worker
-    finally:
-        stop.set()
-        thread.join(5)
-        session_host.join(5)
 
 
 def make(api: Api, tenant: str = "alpha", **fields: Any) -> dict[str, Any]:

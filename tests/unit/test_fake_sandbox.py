@@ -10,28 +10,24 @@ import hmac
 import json
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-import redis
 from prometheus_client import CollectorRegistry
 
 from execbox.core.metrics import loop_metrics
 from execbox.core.poison import Loops
 from execbox.executions.outputs import INLINE_OUTPUT_BYTES
 from execbox.executions.status import ExecutionStatus
-from execbox.sandbox.fake import FakeRuntime, Script, interpret
+from execbox.sandbox.fake import Script, interpret
 from execbox.sessions.host import SessionHost
 from execbox.settings import Settings
 from execbox.webhooks.delivery import WebhookConsumer
-from execbox.worker import context
-from execbox.worker.context import WorkerContext
 from execbox.worker.reaper import report_health
-from execbox.worker.tasks import run_next
 from tests.conftest import free_port, wait_until
 from tests.unit.conftest import InProcess
+from tests.unit.stack import FakeWorker as Worker
 
 pytestmark = pytest.mark.redis
 Api = tuple[InProcess, dict[str, dict[str, str]]]
@@ -42,26 +38,6 @@ def settings(settings: Settings) -> Settings:
     """The unit settings, with webhooks to loopback allowed (the receiver below listens there)."""
     hooks = settings.webhooks.model_copy(update={"allow_hosts": ["127.0.0.1"], "backoff_s": 0.2})
     return settings.model_copy(update={"webhooks": hooks})
-
-
-@dataclass
-class Worker:
-    ctx: WorkerContext
-    fake: FakeRuntime
-
-    def run_one(self) -> str:
-        """One dispatch ticket, as RQ would call the job function; the id it ran."""
-        return run_next({})
-
-
-@pytest.fixture
-def worker(settings: Settings, client: redis.Redis) -> Iterator[Worker]:
-    fake = FakeRuntime()
-    ctx = WorkerContext.build(settings, "w-fake", fake)
-    context.install(ctx)
-    yield Worker(ctx, fake)
-    context._current = None  # the next test builds its own
-    ctx.store.redis.close()
 
 
 def submit(api: Api, body: dict[str, Any], tenant: str = "alpha") -> dict[str, Any]:
@@ -197,19 +173,10 @@ def test_a_plan_advances_through_three_steps_run_by_the_worker(api: Api, worker:
 def session(api: Api, worker: Worker) -> Iterator[str]:
     """A session held by the worker's session host (in a thread, as `execbox worker` runs it)."""
     http, headers = api
-    report_health(worker.ctx)  # the fleet's session slots come from the workers' heartbeats
-    stop = threading.Event()
-    host = SessionHost(worker.ctx)
-    thread = threading.Thread(target=host.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
+    with worker.hosting_sessions():
         opened = http.post("/v1/sessions", json={"language": "python"}, headers=headers["alpha"])
         assert opened.status_code == 201, opened.text
         yield str(opened.json()["id"])
-    finally:
-        stop.set()
-        thread.join(5)
-        host.join(5)  # as the worker does when it stops: each held session ends and its sandbox closes
 
 
 def test_a_sessions_second_call_sees_the_first_calls_variables(api: Api, worker: Worker, session: str) -> None:

@@ -13,10 +13,11 @@ from prometheus_client.registry import Collector
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from execbox.core.metrics import LATENCY_BUCKETS, LoopMetrics, loop_metrics
-from execbox.executions.metrics import OutcomeMetrics, outcome_metrics
-from execbox.plans.metrics import PlanMetrics, plan_metrics
-from execbox.schedules.metrics import ScheduleMetrics, schedule_metrics
+from execbox.assembly import RoomMetrics
+from execbox.core.metrics import LATENCY_BUCKETS, LoopMetrics
+from execbox.executions.metrics import OutcomeMetrics
+from execbox.plans.metrics import PlanMetrics
+from execbox.schedules.metrics import ScheduleMetrics
 
 
 @dataclass(frozen=True)
@@ -30,18 +31,18 @@ class ApiMetrics:
     loops: LoopMetrics
 
 
-def api_metrics(registry: CollectorRegistry) -> ApiMetrics:
+def api_metrics(registry: CollectorRegistry, rooms: RoomMetrics) -> ApiMetrics:
+    """The rooms' metrics (built with the control plane) and the API's own HTTP metrics."""
     return ApiMetrics(
-        outcomes=outcome_metrics(registry),
-        plans=plan_metrics(registry),
-        schedules=schedule_metrics(registry),
-        loops=loop_metrics(registry),
+        outcomes=rooms.outcomes,
+        plans=rooms.plans,
+        schedules=rooms.schedules,
+        loops=rooms.loops,
+        accepted=rooms.accepted,
         requests=Counter("execbox_api_requests_total", "HTTP requests by route template, method and status code",
                          ["route", "method", "code"], registry=registry),
         request_seconds=Histogram("execbox_api_request_duration_seconds", "HTTP request latency by route template",
                                   ["route", "method"], buckets=LATENCY_BUCKETS, registry=registry),
-        accepted=Counter("execbox_executions_accepted_total", "Executions accepted into the queue, by language",
-                         ["language"], registry=registry),
     )  # fmt: skip
 
 

@@ -2,8 +2,8 @@
 
 Other modules import rq, none of them to queue anything: the RQ worker that takes tickets
 (`worker/main.py`) and its job gate (`worker/gate.py`), and three that name rq's `Queue` only as
-the type of the queue this module makes and hands them (`api/__init__.py`, `api/deps.py`,
-`executions/submit.py`). A new use of rq belongs here (tests/unit/test_docs.py keeps this list
+the type of the queue this module makes and hands them (`assembly.py`, `api/__init__.py`,
+`api/deps.py`, `executions/submit.py`). A new use of rq belongs here (tests/unit/test_docs.py keeps this list
 true).
 
 Scheduling is fair across tenants. An accepted execution goes to the end of its tenant's own
