@@ -33,7 +33,7 @@ from execbox.files.backend import input_blobs, open_store
 from execbox.files.blobs import ArtifactStore
 from execbox.files.store import FileStore
 from execbox.fleet.registry import WorkerRegistry
-from execbox.keyschema import Keys
+from execbox.keyschema import LOOPS, Keys
 from execbox.library.service import Library
 from execbox.library.store import ScriptStore
 from execbox.plans.approvals import ExecutionGate
@@ -146,7 +146,7 @@ def assemble(settings: Settings, registry: CollectorRegistry, component: str = "
         store=store,
         queue=queue,
         fleet=fleet,
-        dead_letters=DeadLetters(client, keys),
+        dead_letters=DeadLetters(client, keys, LOOPS),
         artifacts=artifacts,
         files=files,
         policies=policies,

@@ -262,9 +262,9 @@ def main(argv: list[str] | None = None) -> int:
 
         from execbox.core.deadletters import DeadLetters
         from execbox.core.redis import connect
-        from execbox.keyschema import Keys
+        from execbox.keyschema import LOOPS, Keys
 
-        letters = DeadLetters(connect(settings), Keys(settings.redis.key_prefix))
+        letters = DeadLetters(connect(settings), Keys(settings.redis.key_prefix), LOOPS)
         if args.dead_command == "list":
             for letter in letters.list(args.loop):
                 print(f"{letter.loop}  {letter.id}  {letter.item}  {letter.attempts} attempts  {letter.error[:120]}")

@@ -43,6 +43,19 @@ ROOM_SCHEMAS: dict[str, tuple[KeySpec, ...]] = {
 
 SCHEMA: tuple[KeySpec, ...] = tuple(spec for table in ROOM_SCHEMAS.values() for spec in table)
 
+ROOM_LOOPS: dict[str, tuple[str, ...]] = {
+    "plans": plans.LOOPS,
+    "schedules": schedules.LOOPS,
+    "webhooks": webhooks.LOOPS,
+    "executions": executions.LOOPS,
+    "sessions": sessions.LOOPS,
+}
+"""Each room's background loops, by the room that runs them."""
+
+LOOPS: tuple[str, ...] = tuple(name for names in ROOM_LOOPS.values() for name in names)
+"""Every background loop by name: the `loop` label's values and the dead-letter streams (each a
+process's `Loops` may start, each listed and counted by `execbox dead-letters`)."""
+
 redis_roles.use_schema(SCHEMA)  # the Redis ACL is derived from the rows; core imports no room to find them
 
 
@@ -50,4 +63,4 @@ class Keys(webhooks.WebhookKeys, plans.PlanKeys, schedules.ScheduleKeys, e2b.E2b
     """Key names for one deployment (prefix): every room's."""
 
 
-__all__ = ["ROOM_SCHEMAS", "SCHEMA", "Keys"]
+__all__ = ["LOOPS", "ROOM_LOOPS", "ROOM_SCHEMAS", "SCHEMA", "Keys"]

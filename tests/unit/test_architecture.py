@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 from execbox.core.redis_roles import roles
-from execbox.keyschema import SCHEMA, Keys
+from execbox.keyschema import LOOPS, SCHEMA, Keys
 from execbox.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,3 +135,36 @@ def test_every_rooms_settings_section_is_in_the_root() -> None:
             if owned and value.__name__ != "SettingsRoot" and value not in reachable:
                 missing.append(f"{module.__name__}.{value.__name__}")
     assert missing == [], f"sections no field of execbox.settings.Settings holds: {missing}"
+
+
+def loop_names_used() -> dict[str, str]:
+    """Each loop name the service's code gives a guard (`Guard(client, keys, "<loop>", ...)`), starts
+    under a supervisor (`loops.start("<loop>", ...)`) or counts poison under, with where."""
+    used = {}
+    for module, path in _modules(SERVICE, "execbox"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            receiver = ast.unparse(func.value) if isinstance(func, ast.Attribute) else ""
+            literal: ast.expr | None = None
+            if name == "Guard" and len(node.args) >= 3:
+                literal = node.args[2]
+            elif name == "start" and "loops" in receiver and node.args:
+                literal = node.args[0]
+            elif name == "labels" and "poison" in receiver and node.args:
+                literal = node.args[0]
+            if isinstance(literal, ast.Constant) and isinstance(literal.value, str):
+                used[literal.value] = f"{module}:{node.lineno}"
+    return used
+
+
+def test_every_loop_the_code_runs_is_one_a_room_declares() -> None:
+    """A loop's name is its `loop` label, its dead-letter stream and what `execbox dead-letters`
+    lists: a room declares it in its keys.py (`LOOPS`), and `execbox.keyschema.LOOPS` gathers them."""
+    used = loop_names_used()
+
+    assert {"plans", "scheduler", "surprises", "webhooks", "reaper", "sessions"} <= used.keys(), used
+    assert {name: where for name, where in used.items() if name not in LOOPS} == {}
+    assert len(set(LOOPS)) == len(LOOPS), LOOPS

@@ -20,6 +20,7 @@ from execbox.core.metrics import loop_metrics
 from execbox.core.poison import Loops
 from execbox.executions.outputs import INLINE_OUTPUT_BYTES
 from execbox.executions.status import ExecutionStatus
+from execbox.keyschema import LOOPS
 from execbox.sandbox.fake import Script, interpret
 from execbox.sessions.host import SessionHost
 from execbox.settings import Settings
@@ -302,7 +303,7 @@ def test_a_finished_execution_is_delivered_signed_to_its_webhook(api: Api, worke
     webhook = {"url": f"http://127.0.0.1:{receiver.port}/hook", "secret": secret}
     created = submit(api, {"code": "print(7)", "webhook": webhook})
     stop = threading.Event()
-    loops = Loops(stop, loop_metrics(CollectorRegistry()))
+    loops = Loops(stop, LOOPS, loop_metrics(CollectorRegistry()))
     loops.start(
         "webhooks",
         WebhookConsumer(worker.ctx.store, settings.webhooks, "w-fake", loop_metrics(CollectorRegistry())).run,

@@ -22,7 +22,7 @@ from execbox.core.metrics import loop_metrics
 from execbox.core.poison import Guard, Loops, consume
 from execbox.core.redis_roles import role_url
 from execbox.core.streams import EventStream
-from execbox.keyschema import Keys
+from execbox.keyschema import LOOPS, Keys
 from execbox.settings import Settings
 from tests.conftest import PASSWORDS, PREFIX, Redis, wait_until
 from tests.unit.conftest import InProcess
@@ -63,8 +63,8 @@ def test_a_failing_entry_is_retried_with_backoff_then_set_aside_while_the_next_o
         client.xadd(keys.events, {"type": "x", "id": f"ok{n}"})
         time.sleep(0.1)  # spaced out, as real traffic is
 
-    wait_until(lambda: DeadLetters(client, keys).list("webhooks"), 10, "the poison to be set aside")
-    (letter,) = DeadLetters(client, keys).list("webhooks")
+    wait_until(lambda: DeadLetters(client, keys, LOOPS).list("webhooks"), 10, "the poison to be set aside")
+    (letter,) = DeadLetters(client, keys, LOOPS).list("webhooks")
     delays = [handled[i] - sent[i] for i in sent]
     print(f"other entries handled within {max(delays) * 1000:.0f} ms while the poison was retried")  # noqa: T201
     assert max(delays) < 1.0, delays
@@ -98,7 +98,7 @@ def test_a_failing_due_record_is_put_back_later_then_set_aside_never_first_in_li
     client.zadd(due, {"broken": 0})  # its backoff passed
     assert not guard.record(due, "broken", lambda: handle("broken"))
     assert client.zscore(due, "broken") is None, "taken out of the set on its last attempt"
-    (letter,) = DeadLetters(client, keys).list("scheduler")
+    (letter,) = DeadLetters(client, keys, LOOPS).list("scheduler")
     assert (letter.kind, letter.item, letter.source, letter.attempts) == ("record", "broken", due, 2)
 
 
@@ -161,9 +161,9 @@ def test_dead_letters_are_listed_shown_replayed_and_dropped_with_the_cli_as_the_
         assert cli("show", "scheduler", letter_id)[0] == 1, "no longer a dead letter"
         assert guard.replay() == 1 and api.zscore(due, member) is not None, "the loop put it back, due now"
         assert not guard.record(due, member, lambda: json.loads("{broken"))  # still broken: set aside again
-        (again,) = [d for d in DeadLetters(api, keys).list("scheduler") if d.item == member]
+        (again,) = [d for d in DeadLetters(api, keys, LOOPS).list("scheduler") if d.item == member]
         code, _ = cli("drop", "scheduler", again.id)
-        assert code == 0 and [d for d in DeadLetters(api, keys).list("scheduler") if d.item == member] == []
+        assert code == 0 and [d for d in DeadLetters(api, keys, LOOPS).list("scheduler") if d.item == member] == []
         assert cli("drop", "scheduler", again.id)[0] == 1
     finally:
         harness = redis.Redis.from_url(redis_server.url)
@@ -193,10 +193,10 @@ def test_a_replayed_entry_goes_back_to_its_own_consumer_group_only(client: redis
     client.xadd(keys.events, {"type": "x", "id": "e1"})
     round_of_each()
     assert seen == {"a": [], "b": ["e1"]}
-    (letter,) = DeadLetters(client, keys).list("plans")
+    (letter,) = DeadLetters(client, keys, LOOPS).list("plans")
     fixed.set()  # the operator fixed the cause, then replays
-    assert DeadLetters(client, keys).replay("plans", letter.id)
+    assert DeadLetters(client, keys, LOOPS).replay("plans", letter.id)
     assert guards["a"].replay() == 1
     round_of_each()
     assert seen == {"a": ["e1"], "b": ["e1"]}, "group b does not handle the replay a second time"
-    assert DeadLetters(client, keys).list("plans") == []
+    assert DeadLetters(client, keys, LOOPS).list("plans") == []

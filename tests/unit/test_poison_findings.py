@@ -27,7 +27,7 @@ from execbox.executions.record import ExecutionRecord
 from execbox.executions.schemas import ExecutionError, Webhook
 from execbox.executions.status import ErrorCategory, ExecutionStatus
 from execbox.executions.store import ExecutionStore
-from execbox.keyschema import Keys
+from execbox.keyschema import LOOPS, Keys
 from execbox.plans.consumer import PlanConsumer
 from execbox.schedules.schemas import ScheduleCreate
 from execbox.settings import Settings
@@ -182,7 +182,7 @@ def test_finding_2_other_tenants_webhooks_keep_their_timing_while_a_delivery_can
     consumer = WebhookConsumer(store, hooks, "w1", loop_metrics(registry))
     consumer.guard.backoff_s = 0.2  # attempts 0.2, 0.4, 0.8, 1.6 s apart: set aside within the test
     stop = threading.Event()
-    loops = Loops(stop, loop_metrics(CollectorRegistry()))
+    loops = Loops(stop, LOOPS, loop_metrics(CollectorRegistry()))
     loops.start("webhooks", consumer.run)
     delays = []
     try:
@@ -194,13 +194,13 @@ def test_finding_2_other_tenants_webhooks_keep_their_timing_while_a_delivery_can
             wait_until(lambda record=record: record.id in receiver.arrivals, 10, "beta's webhook")  # type: ignore[misc]
             delays.append(receiver.arrivals[record.id] - ended)
             time.sleep(0.4)  # spread over the poison's retries, as real traffic is
-        wait_until(lambda: DeadLetters(client, keys).list("webhooks"), 15, "the poison to be set aside")
+        wait_until(lambda: DeadLetters(client, keys, LOOPS).list("webhooks"), 15, "the poison to be set aside")
     finally:
         stop.set()
         loops.join(5)
     print(f"beta's webhooks delivered {max(delays):.2f} s after the end at worst")  # noqa: T201
     assert max(delays) < 1.5, delays
-    (letter,) = DeadLetters(client, keys).list("webhooks")
+    (letter,) = DeadLetters(client, keys, LOOPS).list("webhooks")
     assert letter.fields == {"type": TERMINAL, "id": poison.id, "status": "failed"} and letter.attempts == 5
     assert loops.status()["webhooks"].restarts == 0
     assert registry.get_sample_value("execbox_poison_total", {"loop": "webhooks"}) == 5
@@ -311,5 +311,5 @@ def test_a_run_set_aside_after_its_last_attempt_ends_failed_rather_than_running_
     body = http.get(f"/v1/runs/{run['id']}", headers=as_["alpha"]).json()
     assert body["stop_reason"] == "internal_error", body
     assert "set aside after its last attempt" in body["events"][-1]["detail"], body["events"][-1]
-    assert [letter.item for letter in DeadLetters(client, keys).list("plans")] == [run["id"]]
+    assert [letter.item for letter in DeadLetters(client, keys, LOOPS).list("plans")] == [run["id"]]
     assert client.zscore(keys.active_runs, run["id"]) is None, "no longer due"

@@ -25,7 +25,7 @@ from execbox.assembly import assemble
 from execbox.core import logs
 from execbox.core.keymigration import migrate_at_start as migrate_keys
 from execbox.core.metrics import DeadLetterCollector
-from execbox.core.poison import LOOPS, Loops
+from execbox.core.poison import Loops
 from execbox.e2b.contexts import ContextBook
 from execbox.e2b.envd import Envd
 from execbox.e2b.interpreter import Interpreter
@@ -37,6 +37,7 @@ from execbox.executions.store import ExecutionStore
 from execbox.executions.waits import Waiters
 from execbox.files.backend import prepare
 from execbox.fleet.registry import WorkerRegistry
+from execbox.keyschema import LOOPS
 from execbox.plans.consumer import PlanConsumer
 from execbox.settings import Settings
 from execbox.tenancy.signins import SignIns
@@ -85,8 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     metrics = api_metrics(registry, plane.metrics)
     registry.register(SharedStateCollector(lambda: shared_state(plane.store, plane.fleet, plane.queue)))
     registry.register(DeadLetterCollector(plane.dead_letters.counts))
-    metrics.loops.initialise(LOOPS)
-    app.state.loops = Loops(stop, metrics.loops)
+    app.state.loops = Loops(stop, LOOPS, metrics.loops)
     sessions = plane.sessions
     app.state.services = Services(
         settings=settings,

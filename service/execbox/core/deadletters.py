@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -10,19 +11,20 @@ import redis
 from redis.exceptions import WatchError
 
 from execbox.core.keys import LoopKeys
-from execbox.core.poison import LOOPS, DeadLetter
+from execbox.core.poison import DeadLetter
 from execbox.core.redis import redis_errors, text
 
 
 class DeadLetters:
     """What the operator's CLI does with dead letters: list, show, replay, drop (admin role)."""
 
-    def __init__(self, client: redis.Redis, keys: LoopKeys) -> None:
-        self.redis, self.keys = client, keys
+    def __init__(self, client: redis.Redis, keys: LoopKeys, loops: Sequence[str]) -> None:
+        """`loops`: every loop whose dead letters are listed and counted (`execbox.keyschema.LOOPS`)."""
+        self.redis, self.keys, self.loops = client, keys, tuple(loops)
 
     def list(self, loop: str | None = None, limit: int = 100) -> list[DeadLetter]:
         found: list[DeadLetter] = []
-        for name in (loop,) if loop else LOOPS:
+        for name in (loop,) if loop else self.loops:
             with redis_errors():
                 entries: Any = self.redis.xrange(self.keys.dead_letters(name), count=limit)
             found += [DeadLetter.decode(text(i), fields) for i, fields in entries]
@@ -35,9 +37,9 @@ class DeadLetters:
 
     def counts(self) -> dict[str, int]:
         with redis_errors(), self.redis.pipeline(transaction=False) as pipe:
-            for name in LOOPS:
+            for name in self.loops:
                 pipe.xlen(self.keys.dead_letters(name))
-            return dict(zip(LOOPS, (int(n) for n in pipe.execute()), strict=True))
+            return dict(zip(self.loops, (int(n) for n in pipe.execute()), strict=True))
 
     def replay(self, loop: str, letter_id: str) -> bool:
         """Queue the letter for its loop to put back (handled afresh, with a new attempt count);

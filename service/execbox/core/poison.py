@@ -19,7 +19,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
@@ -35,8 +35,6 @@ from execbox.core.streams import EVENTS_MAXLEN, EventStream
 
 log = logging.getLogger(__name__)
 
-LOOPS = ("plans", "scheduler", "surprises", "webhooks", "reaper", "sessions")
-"""Every background loop by name: the `loop` label's values and the dead-letter streams."""
 MAX_ATTEMPTS = 5
 BACKOFF_S = 1.0
 MAX_BACKOFF_S = 60.0
@@ -93,8 +91,6 @@ class Guard:
     def __init__(self, client: redis.Redis, keys: LoopKeys, loop: str, sources: tuple[str, ...] = (),
                  metrics: LoopMetrics | None = None, max_attempts: int = MAX_ATTEMPTS, backoff_s: float = BACKOFF_S,
                  clock: Callable[[], float] = time.time) -> None:  # fmt: skip
-        if loop not in LOOPS:
-            raise ValueError(f"unknown loop {loop!r}: add it to execbox.core.poison.LOOPS")
         self.redis, self.keys, self.loop = client, keys, loop
         self.sources = sources
         self.metrics = metrics
@@ -313,10 +309,15 @@ class LoopState:
 class Loops:
     """This process's background loops, each in a thread of its own that restarts it if it dies."""
 
-    def __init__(self, stop: threading.Event, metrics: LoopMetrics | None = None, restart_s: float = 1.0,
-                 max_restart_s: float = 30.0) -> None:  # fmt: skip
+    def __init__(self, stop: threading.Event, names: Collection[str], metrics: LoopMetrics | None = None,
+                 restart_s: float = 1.0, max_restart_s: float = 30.0) -> None:  # fmt: skip
+        """`names`: the loops this process may start (`execbox.keyschema.LOOPS`: every room's), each
+        one's metrics at zero from the start."""
         self.stop = stop
+        self.names = frozenset(names)
         self.metrics = metrics
+        if metrics is not None:
+            metrics.initialise(sorted(self.names))
         self._restart_s, self._max_restart_s = restart_s, max_restart_s
         self._states: dict[str, LoopState] = {}
         self._threads: dict[str, threading.Thread] = {}
@@ -325,8 +326,8 @@ class Loops:
     def start(self, name: str, run: Callable[[threading.Event], None]) -> threading.Thread:
         """Run `run(stop)` in a thread; if it raises, or returns before `stop`, run it again after a
         pause (1 s, doubling up to 30 s; back to 1 s once it ran for a minute)."""
-        if name not in LOOPS:
-            raise ValueError(f"unknown loop {name!r}: add it to execbox.core.poison.LOOPS")
+        if name not in self.names:
+            raise ValueError(f"unknown loop {name!r}: a room names its loops in its keys.py (LOOPS)")
         with self._lock:
             self._states[name] = LoopState()
             thread = threading.Thread(target=self._supervise, args=(name, run), name=name, daemon=True)
@@ -371,4 +372,4 @@ class Loops:
             thread.join(max(deadline - time.monotonic(), 0.0))
 
 
-__all__ = ["BLOCK_S", "LOOPS", "DeadLetter", "Guard", "LoopState", "Loops", "consume"]
+__all__ = ["BLOCK_S", "DeadLetter", "Guard", "LoopState", "Loops", "consume"]

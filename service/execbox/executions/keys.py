@@ -14,6 +14,10 @@ from execbox.fleet.keys import FleetKeys
 from execbox.sandbox.keys import SandboxKeys
 from execbox.tenancy.keys import TenancyKeys
 
+LOOPS: tuple[str, ...] = ("reaper",)
+"""The background loop that settles this room's records when a worker or a deadline is lost (the
+reaper, run by every worker): its `loop` label, its dead letters (`execbox.keyschema.LOOPS`)."""
+
 SCHEMA: tuple[KeySpec, ...] = (
     KeySpec(
         "exe:{id}",
@@ -130,4 +134,4 @@ class ExecutionKeys(TenancyKeys, FileKeys, FleetKeys, EgressKeys, SandboxKeys, L
         return self._t("idem", tenant, route, key)
 
 
-__all__ = ["SCHEMA", "ExecutionKeys"]
+__all__ = ["LOOPS", "SCHEMA", "ExecutionKeys"]

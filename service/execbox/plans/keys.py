@@ -6,6 +6,10 @@ from execbox.core.keys import KeySpec
 from execbox.library.keys import ScriptKeys
 from execbox.sessions.keys import SessionKeys
 
+LOOPS: tuple[str, ...] = ("plans",)
+"""The background loop this room runs (the plan consumer, in every API process): its `loop`
+label, its dead letters (`execbox.keyschema.LOOPS` gathers every room's)."""
+
 SCHEMA: tuple[KeySpec, ...] = (
     KeySpec(
         "run:{id}",
@@ -44,4 +48,4 @@ class PlanKeys(ScriptKeys, SessionKeys):
         return self._t("approvals", tenant)
 
 
-__all__ = ["SCHEMA", "PlanKeys"]
+__all__ = ["LOOPS", "SCHEMA", "PlanKeys"]

@@ -5,6 +5,10 @@ from __future__ import annotations
 from execbox.core.keys import KeySpec
 from execbox.library.keys import ScriptKeys
 
+LOOPS: tuple[str, ...] = ("scheduler", "surprises")
+"""The background loops this room runs (the scheduler, the surprises of failed script runs):
+their `loop` label, their dead letters (`execbox.keyschema.LOOPS` gathers every room's)."""
+
 SCHEMA: tuple[KeySpec, ...] = (
     KeySpec("schedule:{id}", "string (JSON Schedule)", "none", ("api",), (), "a schedule"),
     KeySpec("t:schedules:{tenant}", "zset id -> created_at", "none", ("api",), (), "a tenant's schedules"),
@@ -54,4 +58,4 @@ class ScheduleKeys(ScriptKeys):
         return self._k("surprise", execution_id)
 
 
-__all__ = ["SCHEMA", "ScheduleKeys"]
+__all__ = ["LOOPS", "SCHEMA", "ScheduleKeys"]

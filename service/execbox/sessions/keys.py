@@ -5,6 +5,10 @@ from __future__ import annotations
 from execbox.core.keys import KeySpec
 from execbox.executions.keys import ExecutionKeys
 
+LOOPS: tuple[str, ...] = ("sessions",)
+"""The background loop this room runs (the session host's intake, in every worker): its `loop`
+label, its dead letters (`execbox.keyschema.LOOPS` gathers every room's)."""
+
 SCHEMA: tuple[KeySpec, ...] = (
     KeySpec(
         "ses:{id}",
@@ -82,4 +86,4 @@ class SessionKeys(ExecutionKeys):
         return self._k("ses", "starts", queue)
 
 
-__all__ = ["SCHEMA", "SessionKeys"]
+__all__ = ["LOOPS", "SCHEMA", "SessionKeys"]

@@ -9,6 +9,10 @@ from execbox.core.keys import KeySpec
 from execbox.plans.keys import PlanKeys
 from execbox.schedules.keys import ScheduleKeys
 
+LOOPS: tuple[str, ...] = ("webhooks",)
+"""The background loop this room runs (delivery, in every worker): its `loop` label, its dead
+letters (`execbox.keyschema.LOOPS` gathers every room's)."""
+
 SCHEMA: tuple[KeySpec, ...] = (
     KeySpec("due:{name}", "zset member -> due time", "none", ("worker",), (), "delayed work (webhook retries)"),
 )
@@ -19,4 +23,4 @@ class WebhookKeys(PlanKeys, ScheduleKeys):
         return self._k("due", name)
 
 
-__all__ = ["SCHEMA", "WebhookKeys"]
+__all__ = ["LOOPS", "SCHEMA", "WebhookKeys"]

@@ -36,9 +36,10 @@ from rq.worker import WorkerStatus
 
 from execbox.core import logs
 from execbox.core.errors import ServiceError
-from execbox.core.poison import LOOPS, Loops
+from execbox.core.poison import Loops
 from execbox.core.stopping import left, run_until
 from execbox.executions.queue import make_queue
+from execbox.keyschema import LOOPS
 from execbox.sandbox.runtime import Runtime
 from execbox.sessions.host import SessionHost
 from execbox.settings import Settings
@@ -206,8 +207,7 @@ def run_worker(
     if settings.telemetry.worker_metrics_port is not None:  # /metrics and /readyz
         health.serve(ctx, settings.telemetry.worker_metrics_port, settings.telemetry.worker_metrics_host)
     stop = threading.Event()
-    loops = Loops(stop, ctx.metrics.loops)  # each supervised: restarted if it ever dies
-    ctx.metrics.loops.initialise(LOOPS)
+    loops = Loops(stop, LOOPS, ctx.metrics.loops)  # each supervised: restarted if it ever dies
     loops.start("reaper", lambda stop: reaper.run(ctx, stop))
     loops.start("webhooks", WebhookConsumer(ctx.store, settings.webhooks, ctx.name, ctx.metrics.loops).run)
     if ctx.pool is not None and not _stopping.is_set():  # a stop during start-up makes nothing new
