@@ -21,10 +21,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Protocol
 
 from pydantic import ValidationError
 
-from execbox.core.errors import ServiceError
+from execbox.catalog.webhook_hosts import host_allowed
+from execbox.core.errors import FieldProblem, InvalidRequest, ServiceError
 from execbox.core.metrics import LoopMetrics
 from execbox.core.poison import Guard
 from execbox.executions.schemas import Origin
@@ -38,6 +40,16 @@ from execbox.schedules.store import ScheduleStore
 
 log = logging.getLogger(__name__)
 TICK_S = 0.5
+
+
+class ScheduleQuota(Protocol):
+    """What the scheduler reads of a tenant's quota (execbox.tenancy.quotas)."""
+
+    @property
+    def schedules(self) -> int: ...
+
+    @property
+    def schedule_min_interval_s(self) -> float: ...
 
 
 @dataclass
@@ -55,7 +67,28 @@ class Scheduler:
         """A schedule whose handling raises is looked at again after a backoff, and set aside
         (taken off `schedules:due`, a dead letter) after its last attempt: never first in line for ever."""
 
+    def admit(self, tenant: str, body: ScheduleCreate, quota: ScheduleQuota, allow_hosts: list[str]) -> Schedule:
+        """A client's new schedule, created once it passes every check (each refusal a 422 naming
+        its field, nothing stored): the calendar at most as often as the tenant's quota allows, the
+        tenant under its count of schedules, a webhook host the deployment allows, a script the
+        tenant may run with inputs its schema accepts (404 for an unknown script)."""
+        try:
+            calendar.check(body.cron, body.timezone, quota.schedule_min_interval_s)
+        except calendar.CalendarError as exc:
+            field = "timezone" if "zone" in str(exc) else "cron"
+            raise InvalidRequest(str(exc), (FieldProblem(field, str(exc)),)) from exc
+        if self.store.count(tenant) >= quota.schedules:
+            problem = FieldProblem("body", f"this tenant holds {quota.schedules} schedules, its policy's limit; "
+                                   "delete one first")  # fmt: skip
+            raise InvalidRequest(problem.message, (problem,))
+        if body.webhook is not None and not host_allowed(body.webhook.url, allow_hosts):
+            problem = FieldProblem("webhook.url", "host not allowed for callbacks (EXECBOX_WEBHOOKS__ALLOW_HOSTS)")
+            raise InvalidRequest(problem.message, (problem,))
+        self.library.checked(tenant, body.script, body.inputs)
+        return self.create(tenant, body)
+
     def create(self, tenant: str, body: ScheduleCreate) -> Schedule:
+        """A schedule as given, unchecked (`admit` is a client's way in)."""
         now = self.clock()
         schedule = Schedule(**body.model_dump(), id="sch_" + secrets.token_hex(13)[:26], tenant=tenant,
                             created_at=now, last_slot=now, queue=self.queue)  # fmt: skip

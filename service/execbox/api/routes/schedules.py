@@ -10,9 +10,6 @@ from fastapi import APIRouter, Path, Query, Response
 from execbox.api.bodies import OffLoopRoute
 from execbox.api.deps import ServicesDep, TenantDep
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
-from execbox.catalog.webhook_hosts import host_allowed
-from execbox.core.errors import FieldProblem, InvalidRequest
-from execbox.schedules import calendar
 from execbox.schedules.errors import ScheduleNotFound
 from execbox.schedules.schemas import SCHEDULE_ID_PATTERN, Firing, Schedule, ScheduleCreate, ScheduleUpdate
 from execbox.schedules.surprises import Surprise
@@ -38,21 +35,9 @@ def _owned(services: ServicesDep, tenant: str, schedule_id: str) -> Schedule:
 
 @router.post("", status_code=201, response_model=Schedule, responses=_RESPONSES, summary="Fire a script on a calendar")
 def create(body: ScheduleCreate, response: Response, services: ServicesDep, tenant: TenantDep) -> Schedule:
-    quota = services.quotas.quota(tenant)
-    try:
-        calendar.check(body.cron, body.timezone, quota.schedule_min_interval_s)
-    except calendar.CalendarError as exc:
-        field = "timezone" if "zone" in str(exc) else "cron"
-        raise InvalidRequest(str(exc), (FieldProblem(field, str(exc)),)) from exc
-    if services.schedules.store.count(tenant) >= quota.schedules:
-        problem = FieldProblem("body", f"this tenant holds {quota.schedules} schedules, its policy's limit; "
-                               "delete one first")  # fmt: skip
-        raise InvalidRequest(problem.message, (problem,))
-    if body.webhook is not None and not host_allowed(body.webhook.url, services.settings.webhooks.allow_hosts):
-        problem = FieldProblem("webhook.url", "host not allowed for callbacks (EXECBOX_WEBHOOKS__ALLOW_HOSTS)")
-        raise InvalidRequest(problem.message, (problem,))
-    services.scripts.checked(tenant, body.script, body.inputs)  # 404 for an unknown script, 422 for bad inputs
-    schedule = services.schedules.create(tenant, body)
+    schedule = services.schedules.admit(
+        tenant, body, services.quotas.quota(tenant), services.settings.webhooks.allow_hosts
+    )
     response.headers["Location"] = f"/v1/schedules/{schedule.id}"
     return schedule
 
