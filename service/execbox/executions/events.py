@@ -20,25 +20,15 @@ from execbox.executions.metrics import OutcomeMetrics
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.store import ExecutionStore
 
-DURABLE_GROUPS = ("webhooks", "plans", "surprises")
-"""The durable consumers of the outbox stream."""
-_PER_QUEUE = frozenset({"plans"})
-"""Consumers that each deployment sharing a Redis runs for its own queue (a run is advanced by the
-API processes of its queue); the others are one group for every deployment, so each event is
-handled once."""
-
 
 def consumer_group(consumer: str, queue: str | None = None) -> str:
-    """The consumer group `consumer` reads the outbox stream as: `webhooks`, `surprises`,
-    `plans.<queue>`. Redis keeps each group's place in the stream under this name, so a name that
-    changed would make a running stack's consumer start over (or skip) unless the group were moved
-    too (execbox.core.keymigration)."""
-    if consumer not in DURABLE_GROUPS:
-        raise ValueError(f"unknown consumer {consumer!r}: add it to execbox.executions.events.DURABLE_GROUPS")
-    if (queue is not None) != (consumer in _PER_QUEUE):
-        raise ValueError(
-            f"{consumer!r} is read per queue" if queue is None else f"{consumer!r} is one group for all queues"
-        )
+    """The consumer group a room's durable consumer reads the outbox stream as: its loop's name
+    (declared in the room's keys.py, `LOOPS`), one group for every deployment on the Redis so that
+    each event is handled once (`webhooks`, `surprises`); or, for a consumer each deployment runs for
+    its own queue, with the queue (`plans.<queue>`: a run is advanced by its queue's API processes).
+    Redis keeps each group's place in the stream under this name, so a name that changed would make
+    a running stack's consumer start over (or skip) unless the group were moved too
+    (execbox.core.keymigration)."""
     return consumer if queue is None else f"{consumer}.{queue}"
 
 
