@@ -43,7 +43,7 @@ check() {
   [ ${#probe[@]} -gt 0 ] || return 0
   if sandboxed "$image" "${probe[@]}" > "$dir/versions.json.new" 2>/dev/null \
       && python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["runtime"]["version"]' "$dir/versions.json.new"; then
-    mv "$dir/versions.json.new" "$dir/versions.json"
+    mv "$dir/versions.json.new" "$dir/versions.json" || return 1
     echo "image $name: $(python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(d["runtime"]["name"], d["runtime"]["version"], "and", len(d["packages"]), "packages")' "$dir/versions.json")"
   else
     rm -f "$dir/versions.json.new"; echo "image $name: PROBE FAILED" >&2; return 1
@@ -72,14 +72,20 @@ for meta in "$here"/*/metadata.yaml; do
   else
     echo "image $name -> $image: built by another folder"
   fi
-  # An image checked before, under the same hardening and with the same commands, is not checked again.
-  checked="$(docker image inspect -f '{{.Id}}' "$image") $(cat "$here/../policies/seccomp.json" "$meta" | sha256sum | cut -c1-16)"
+  # An image checked before, under the same hardening (the seccomp profile, and the flags and steps
+  # of `sandboxed` and `check` themselves) and with the same commands, is not checked again.
+  rm -f "$dir/.checked.new"
+  if ! id=$(docker image inspect -f '{{.Id}}' "$image") \
+      || ! hardening=$( { declare -f sandboxed check; cat "$here/../policies/seccomp.json" "$meta"; } | sha256sum); then
+    echo "image $name: cannot read the image or its hardening" >&2; status=1; continue
+  fi
+  checked="$id ${hardening:0:16}"
   if [ -f "$dir/versions.json" ] && [ "$(cat "$dir/.checked" 2>/dev/null)" = "$checked" ]; then
     echo "image $name: unchanged since its smoke test and probe"
-  elif rm -f "$dir/.checked" && check "$image" "$dir" "$meta" "$name"; then
-    echo "$checked" > "$dir/.checked"
   else
-    status=1; continue
+    rm -f "$dir/.checked"
+    check "$image" "$dir" "$meta" "$name" && echo "$checked" > "$dir/.checked.new" && mv "$dir/.checked.new" "$dir/.checked" \
+      || { status=1; continue; }
   fi
   took=$(awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   echo "image $name: ready in $took s"

@@ -36,10 +36,11 @@ from tests.unit.stack import AppLoop, FakeWorker, InStack, in_stack
 T = TypeVar("T")
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="package", autouse=True)
 def quick_to_stop() -> Iterator[None]:
-    """Consumer loops read with a short block: an app's close waits for its loops, and a loop sees
-    its stop only when its read returns (0.5 s by default, for each of hundreds of apps here)."""
+    """Consumer loops that take the default block read with a short one: an app's close waits for
+    its loops, and a loop sees its stop only when its read returns (0.5 s by default, for each of
+    hundreds of apps here). Package scope: a run of both tiers gets the default back for the other."""
     kept, poison.BLOCK_S = poison.BLOCK_S, 0.05
     yield
     poison.BLOCK_S = kept
@@ -117,8 +118,10 @@ class InProcess:
         return self.run(both())
 
     def close(self) -> None:
-        self.run(self.http.aclose())
-        self._served.close()
+        try:
+            self.run(self.http.aclose())
+        finally:
+            self._served.close()
 
 
 @pytest.fixture

@@ -73,12 +73,16 @@ class AppLoop:
         return asyncio.run_coroutine_threadsafe(wrapped(), self.loop).result(timeout_s)
 
     def close(self) -> None:
-        self.loop.call_soon_threadsafe(self._stop.set)
-        self._lifespan.result(30)
-        asyncio.run_coroutine_threadsafe(self._settle(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-        self.loop.close()
+        try:
+            self.loop.call_soon_threadsafe(self._stop.set)
+            self._lifespan.result(30)
+        finally:  # the loop ends, settled, whatever the lifespan's exit did
+            try:
+                asyncio.run_coroutine_threadsafe(self._settle(), self.loop).result(SETTLE_ROUNDS * SETTLE_ROUND_S + 10)
+            finally:
+                self.loop.call_soon_threadsafe(self.loop.stop)
+                self._thread.join(10)
+                self.loop.close()
 
     async def _settle(self) -> None:
         """Every task the app left on its loop cancelled and ended, as asyncio.run does before it
@@ -92,9 +96,9 @@ class AppLoop:
             for task in left:
                 task.cancel()
             await asyncio.wait(left, timeout=SETTLE_ROUND_S)
-        else:
-            raise RuntimeError(f"tasks the app left did not end when cancelled: {left}")
         await self.loop.shutdown_asyncgens()
+        if left := {task for task in asyncio.all_tasks() if task is not asyncio.current_task()}:
+            raise RuntimeError(f"tasks the app left did not end when cancelled {SETTLE_ROUNDS} times: {left}")
 
 
 class LoopTransport(httpx.BaseTransport):
@@ -222,8 +226,10 @@ class InStack:
         return self.fake_worker.hosting_sessions()
 
     def close(self) -> None:
-        self.app.close()
-        self.fake_worker.close()
+        try:
+            self.app.close()
+        finally:
+            self.fake_worker.close()
 
 
 def with_updates(model: M, updates: dict[str, Any]) -> M:

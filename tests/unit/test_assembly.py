@@ -35,17 +35,19 @@ def test_a_plane_assembled_for_the_scheduler_fires_a_due_schedule_into_the_queue
 ) -> None:
     plane = assemble(settings, CollectorRegistry(), component="scheduler")
     stop = threading.Event()
+    loop = threading.Thread(target=plane.schedules.run, args=(stop,), daemon=True)  # as `execbox scheduler` runs it
     try:
         script = ScriptCreate(name="tick", version="1.0.0", code="print(1)", input_schema={"type": "object"})
         plane.scripts.register("alpha", script, plane.policies.names)
         schedule = plane.schedules.create("alpha", ScheduleCreate(script="tick@1.0.0", cron="* * * * * *"))
-        loop = threading.Thread(target=plane.schedules.run, args=(stop,), daemon=True)  # as `execbox scheduler` runs it
         loop.start()
         wait_until(lambda: plane.schedules.store.firings(schedule.id), 10, "a firing of the every-second schedule")
         fired = plane.schedules.store.firings(schedule.id)[0]
         record = plane.store.get(str(fired.execution_id))
     finally:
         stop.set()
+        if loop.is_alive():
+            loop.join(5)  # no slot fires after the test's keys are gone
         plane.close()
     assert record is not None and record.tenant == "alpha" and record.status == "queued", record
 

@@ -17,14 +17,17 @@ def consumer_groups_named() -> dict[str, int]:
     named = {}
     for path in sorted(SERVICE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Name)
-                and node.func.id == "consumer_group"
-                and node.args
-                and isinstance(node.args[0], ast.Constant)
-            ):
-                named[str(node.args[0].value)] = len(node.args)
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            if called != "consumer_group":
+                continue
+            given = [*node.args, *(k.value for k in node.keywords)]
+            first = given[0] if given else None
+            # A name that is not a literal could be anything: the test names each call it cannot read.
+            name = first.value if isinstance(first, ast.Constant) else f"<not a literal: {path.name}:{node.lineno}>"
+            named[str(name)] = len(given)
     return named
 
 
