@@ -31,8 +31,9 @@ def test_openapi_fuzzing_finds_no_server_error_or_spec_violation(side_stack: Cal
     try:
         done = subprocess.run(
             [st, "--config-file", str(CONFIG), "run", f"{side.base_url}/openapi.json", "--checks", "all",
-             "--exclude-checks", "positive_data_acceptance", "--exclude-path", "/readyz", "--phases", "examples,fuzzing", "--max-examples",
-             "25", "--seed", "1", "--workers", "1", "--header", f"Authorization: Bearer {side.key}"],
+             "--exclude-checks", "positive_data_acceptance", "--exclude-path", "/readyz", "--phases",
+             "examples,fuzzing", "--max-examples", "25", "--seed", "1", "--workers", "1", "--header",
+             f"Authorization: Bearer {side.key}"],
             capture_output=True, text=True, timeout=300, check=False,
         )  # fmt: skip
     finally:
