@@ -28,7 +28,7 @@ from execbox.settings import Settings
 from execbox.tenancy.apikeys import ApiKeys
 from tests.conftest import wait_until
 from tests.unit.conftest import InProcess
-from tests.unit.test_e2b_attacks import host, make, plane, send, worker  # noqa: F401 (host and worker: fixtures)
+from tests.unit.test_e2b_attacks import host, make, plane, send  # noqa: F401 (host: a fixture)
 
 pytestmark = pytest.mark.redis
 Api = tuple[InProcess, dict[str, dict[str, str]]]
