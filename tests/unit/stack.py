@@ -170,10 +170,17 @@ class InStack:
         self.redis = redis_client
         self.keys = ApiKeys(redis_client, settings.redis.key_prefix)
         self.fake_worker = FakeWorker(settings)
-        self.fake = self.fake_worker.fake
-        self.worker = self.fake_worker.ctx
         self.app = AppLoop(create_app(settings))
         self._keys: dict[str, str] = {}
+
+    @property
+    def fake(self) -> FakeRuntime:
+        """The worker's fake sandbox runtime (its scripts, runs and sessions)."""
+        return self.fake_worker.fake
+
+    @property
+    def worker(self) -> WorkerContext:
+        return self.fake_worker.ctx
 
     # tenants
     def key(self, tenant: str = "alpha") -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 from execbox.core.redis_roles import roles
@@ -137,27 +138,46 @@ def test_every_rooms_settings_section_is_in_the_root() -> None:
     assert missing == [], f"sections no field of execbox.settings.Settings holds: {missing}"
 
 
+def service_calls() -> Iterator[tuple[str, ast.Call, str, str]]:
+    """Every call in the service's code: its module, the node, the name called and what it is called on."""
+    for module, path in _modules(SERVICE, "execbox"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+                receiver = ast.unparse(func.value) if isinstance(func, ast.Attribute) else ""
+                yield module, node, name, receiver
+
+
 def loop_names_used() -> dict[str, str]:
     """Each loop name the service's code gives a guard (`Guard(client, keys, "<loop>", ...)`), starts
     under a supervisor (`loops.start("<loop>", ...)`) or counts poison under, with where."""
     used = {}
-    for module, path in _modules(SERVICE, "execbox"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, ast.Call):
-                continue
-            func = node.func
-            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
-            receiver = ast.unparse(func.value) if isinstance(func, ast.Attribute) else ""
-            literal: ast.expr | None = None
-            if name == "Guard" and len(node.args) >= 3:
-                literal = node.args[2]
-            elif name == "start" and "loops" in receiver and node.args:
-                literal = node.args[0]
-            elif name == "labels" and "poison" in receiver and node.args:
-                literal = node.args[0]
-            if isinstance(literal, ast.Constant) and isinstance(literal.value, str):
-                used[literal.value] = f"{module}:{node.lineno}"
+    for module, node, name, receiver in service_calls():
+        literal: ast.expr | None = None
+        if name == "Guard" and len(node.args) >= 3:
+            literal = node.args[2]
+        elif name == "start" and "loops" in receiver and node.args:
+            literal = node.args[0]
+        elif name == "labels" and "poison" in receiver and node.args:
+            literal = node.args[0]
+        if isinstance(literal, ast.Constant) and isinstance(literal.value, str):
+            used[literal.value] = f"{module}:{node.lineno}"
     return used
+
+
+def consumer_groups_named() -> dict[str, int]:
+    """Each consumer the service's code names an outbox group for, with how many arguments it gives
+    (2: per queue); a name that is not a literal could be anything, and is named by where it is."""
+    named = {}
+    for module, node, name, _ in service_calls():
+        if name == "consumer_group":
+            given = [*node.args, *(k.value for k in node.keywords)]
+            first = given[0] if given else None
+            named[
+                str(first.value if isinstance(first, ast.Constant) else f"<not a literal: {module}:{node.lineno}>")
+            ] = len(given)
+    return named
 
 
 def test_every_loop_the_code_runs_is_one_a_room_declares() -> None:
@@ -168,3 +188,11 @@ def test_every_loop_the_code_runs_is_one_a_room_declares() -> None:
     assert {"plans", "scheduler", "surprises", "webhooks", "reaper", "sessions"} <= used.keys(), used
     assert {name: where for name, where in used.items() if name not in LOOPS} == {}
     assert len(set(LOOPS)) == len(LOOPS), LOOPS
+
+
+def test_every_consumer_group_is_a_declared_loop_and_only_plans_is_read_per_queue() -> None:
+    """A durable consumer of the outbox is one of its room's loops; its group is the loop's name."""
+    named = consumer_groups_named()
+
+    assert named == {"webhooks": 1, "plans": 2, "surprises": 1}, named
+    assert named.keys() <= set(LOOPS), LOOPS

@@ -62,11 +62,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await prepare(plane.artifacts)
         await waiters.start()
         loops: Loops = app.state.loops  # each supervised: restarted if it dies, reported by /readyz
-        consumer = PlanConsumer(plane.runs.executor, _process_name(), settings.plans.claim_idle_s, metrics.loops)
+        consumer = PlanConsumer(plane.runs.executor, _process_name(), settings.plans.claim_idle_s, plane.metrics.loops)
         loops.start("plans", consumer.run)
         loops.start("scheduler", plane.schedules.run)
         surprises_name = _process_name()
-        loops.start("surprises", lambda stop: plane.surprises.run(stop, surprises_name, metrics.loops))
+        loops.start("surprises", lambda stop: plane.surprises.run(stop, surprises_name, plane.metrics.loops))
         try:
             async with app.state.mcp_sessions:
                 yield
@@ -86,7 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     metrics = api_metrics(registry, plane.metrics)
     registry.register(SharedStateCollector(lambda: shared_state(plane.store, plane.fleet, plane.queue)))
     registry.register(DeadLetterCollector(plane.dead_letters.counts))
-    app.state.loops = Loops(stop, LOOPS, metrics.loops)
+    app.state.loops = Loops(stop, LOOPS, plane.metrics.loops)
     sessions = plane.sessions
     app.state.services = Services(
         settings=settings,

@@ -14,35 +14,25 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from execbox.assembly import RoomMetrics
-from execbox.core.metrics import LATENCY_BUCKETS, LoopMetrics
-from execbox.executions.metrics import OutcomeMetrics
-from execbox.plans.metrics import PlanMetrics
-from execbox.schedules.metrics import ScheduleMetrics
+from execbox.core.metrics import LATENCY_BUCKETS
 
 
 @dataclass(frozen=True)
 class ApiMetrics:
     requests: Counter
     request_seconds: Histogram
-    accepted: Counter
-    outcomes: OutcomeMetrics
-    plans: PlanMetrics
-    schedules: ScheduleMetrics
-    loops: LoopMetrics
+    rooms: RoomMetrics
+    """The rooms' metrics, built with the control plane (execbox.assembly)."""
 
 
 def api_metrics(registry: CollectorRegistry, rooms: RoomMetrics) -> ApiMetrics:
-    """The rooms' metrics (built with the control plane) and the API's own HTTP metrics."""
+    """The rooms' metrics and the API's own HTTP metrics."""
     return ApiMetrics(
-        outcomes=rooms.outcomes,
-        plans=rooms.plans,
-        schedules=rooms.schedules,
-        loops=rooms.loops,
-        accepted=rooms.accepted,
         requests=Counter("execbox_api_requests_total", "HTTP requests by route template, method and status code",
                          ["route", "method", "code"], registry=registry),
         request_seconds=Histogram("execbox_api_request_duration_seconds", "HTTP request latency by route template",
                                   ["route", "method"], buckets=LATENCY_BUCKETS, registry=registry),
+        rooms=rooms,
     )  # fmt: skip
 
 
