@@ -79,7 +79,16 @@ class ApiSettings(BaseModel):
         1000,
         ge=1,
         description="Open connections (and requests in progress) one API process serves; a request beyond them is "
-        "answered 503 with Retry-After at once. Each slow head is closed after head_timeout_s.",
+        "answered 503 with Retry-After at once, after the connections idle the longest have been closed to make "
+        "room. Each slow head is closed after head_timeout_s.",
+    )
+    keep_alive_s: int = Field(
+        120,
+        ge=1,
+        le=3600,
+        description="A keep-alive connection idle this long after an answer is closed. Longer than the idle pools of "
+        "common clients (90 s in reqwest, Go and the E2B SDK), so the client closes first: a request sent on a "
+        "connection the server is closing is lost, and clients do not resend a POST.",
     )
 
 

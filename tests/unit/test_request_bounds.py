@@ -1,11 +1,13 @@
 """Issue 44, finding 3, from a client's side against the API served by uvicorn in process on a free
 port, with raw sockets: a body is bounded by what its route can take before it is read, slow heads
 and bodies are closed within their deadlines, connections beyond the bound get a 503 with
-Retry-After, and meanwhile another client's /healthz keeps answering. Also the E2B RPC parser:
-nesting past the recursion limit is a 400 in Connect's shape, never a plain-text 500."""
+Retry-After once idle ones have made room, an idle keep-alive connection outlasts client pools,
+and meanwhile another client's /healthz keeps answering. Also the E2B RPC parser: nesting past the
+recursion limit is a 400 in Connect's shape, never a plain-text 500."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import threading
@@ -290,6 +292,57 @@ def test_connections_beyond_the_bound_get_503_with_retry_after(settings: Setting
         wait_until(lambda: httpx.get(f"http://127.0.0.1:{served.port}/healthz").status_code == 200, 10, "/healthz")
 
     assert status == 503 and headers["retry-after"] == "1" and body["code"] == "service.busy", (status, body)
+
+
+def test_the_server_keeps_an_idle_connection_longer_than_common_clients_pools(settings: Settings) -> None:
+    # reqwest (the E2B SDK's transport) and Go keep an idle connection 90 s; a server closing first
+    # loses whatever the client sends on it at that moment (a POST is not resent).
+    served = config(create_app(settings), settings.api, "127.0.0.1", 0)
+
+    assert settings.api.keep_alive_s > 90 and served.timeout_keep_alive == settings.api.keep_alive_s
+
+
+def test_an_idle_connection_outlives_the_head_deadline_and_closes_at_its_keep_alive(
+    settings: Settings, client: redis.Redis
+) -> None:
+    with serving(settings, client, head_timeout_s=0.2, keep_alive_s=2) as served:
+        connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
+        first = healthz_on(connection)
+        time.sleep(0.8)  # idle for four head deadlines
+        second = healthz_on(connection)
+        idle_from = time.monotonic()
+        assert connection.sock is not None
+        closed = connection.sock.recv(1)  # blocks until the server closes the idle connection
+        idle_for = time.monotonic() - idle_from
+        connection.close()
+
+    assert (first, second, closed) == (200, 200, b"")
+    # uvicorn's own idle timeout (5 s before) would close it later than the slack this allows
+    assert 2 - 0.1 <= idle_for <= 2 + SLACK_S / 2, idle_for
+
+
+def test_idle_connections_make_room_when_the_bound_is_reached(settings: Settings, client: redis.Redis) -> None:
+    # An attacker who answers one request per connection and then idles must not hold the bound
+    # against others for as long as keep-alive lasts: the longest idle connections are closed first.
+    with serving(settings, client, max_connections=4, head_timeout_s=30) as served:
+        idle = [http.client.HTTPConnection("127.0.0.1", served.port, timeout=30) for _ in range(4)]
+        for connection in idle:
+            assert healthz_on(connection) == 200
+        newcomer = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
+        status = healthz_on(newcomer)
+        assert idle[0].sock is not None
+        oldest_closed = idle[0].sock.recv(1)
+        for connection in [*idle, newcomer]:
+            connection.close()
+
+    assert (status, oldest_closed) == (200, b"")
+
+
+def healthz_on(connection: http.client.HTTPConnection) -> int:
+    connection.request("GET", "/healthz")
+    answer = connection.getresponse()
+    answer.read()
+    return answer.status
 
 
 # -- E2B RPC bodies

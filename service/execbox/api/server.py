@@ -10,6 +10,12 @@ a head above api.max_head_bytes is a 431, and a request arriving while api.max_c
 instead of queueing behind them, and the rest of a body answered before it was read must arrive
 within the head's deadline too (it otherwise had none). The body's own bounds and deadlines are
 api.limits'.
+
+A keep-alive connection idle after an answer is another matter: the client may send on it at any
+moment, and if the server closes it just then, the request is lost (clients resend no POST). So it
+stays open api.keep_alive_s (longer than common clients' pools keep an idle connection), and when
+the bound is reached the connections idle the longest are closed to make room before anyone is
+refused: idle connections never hold the bound against requests.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ class BoundedHttp(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0
         self._served = False  # no answer yet on this connection
+        self._idle_since: float | None = None  # when the last answer ended, while no next head has begun
         super().connection_made(transport)
         self._arm()
 
@@ -66,6 +73,7 @@ class BoundedHttp(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._idle_since = None
         self._head_bytes = 0
         if self._head_timer is None:  # a next request on the connection: its head gets its own deadline
             self._arm()
@@ -81,7 +89,7 @@ class BoundedHttp(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         self._head_bytes = 0  # no head in progress
-        if len(self.connections) > self.max_connections or len(self.tasks) >= self.max_connections:
+        if self._over_bound() or len(self.tasks) >= self.max_connections:
             app, self.app = self.app, _busy
             try:
                 super().on_headers_complete()
@@ -99,7 +107,23 @@ class BoundedHttp(HttpToolsProtocol):
         if not self.pipeline and self.cycle is not None and self.cycle.more_body:
             self._disarm()
             self._arm()
+        elif not self.pipeline:
+            self._idle_since = self.loop.time()
         super().on_response_complete()
+
+    def _over_bound(self) -> bool:
+        """Whether this request is beyond the connection bound once idle connections made room for it."""
+        if len(self.connections) <= self.max_connections:
+            return False
+        live = [c for c in self.connections if not c.transport.is_closing()]
+        excess = len(live) - self.max_connections
+        if excess <= 0:
+            return False
+        idle = sorted((c for c in live if isinstance(c, BoundedHttp) and c._idle_since is not None),
+                      key=lambda c: c._idle_since or 0.0)  # fmt: skip
+        for connection in idle[:excess]:
+            connection.transport.close()
+        return excess > len(idle)
 
     def send_400_response(self, msg: str) -> None:
         if self._head_bytes <= self.max_head_bytes:
@@ -149,7 +173,8 @@ def protocol(settings: ApiSettings) -> type[BoundedHttp]:
 def config(app: ASGIApp, settings: ApiSettings, host: str, port: int) -> uvicorn.Config:
     """uvicorn's configuration of the API: the bounded protocol, no access log (the API logs its own)."""
     return uvicorn.Config(app, host=host, port=port, http=protocol(settings), log_config=None, access_log=False,
-                          timeout_keep_alive=5, timeout_graceful_shutdown=settings.shutdown_grace_s)  # fmt: skip
+                          timeout_keep_alive=settings.keep_alive_s,
+                          timeout_graceful_shutdown=settings.shutdown_grace_s)  # fmt: skip
 
 
 def serve(app: ASGIApp, settings: ApiSettings, host: str, port: int) -> None:
