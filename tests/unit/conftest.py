@@ -18,6 +18,7 @@ import httpx
 import pytest
 import redis
 from fastapi import FastAPI
+from fastapi._compat import v2
 
 from execbox.api import create_app
 from execbox.catalog.policies import PolicySet
@@ -41,9 +42,40 @@ def quick_to_stop() -> Iterator[None]:
     """Consumer loops that take the default block read with a short one: an app's close waits for
     its loops, and a loop sees its stop only when its read returns (0.5 s by default, for each of
     hundreds of apps here). Package scope: a run of both tiers gets the default back for the other."""
-    kept, poison.BLOCK_S = poison.BLOCK_S, 0.05
+    kept, poison.BLOCK_S = poison.BLOCK_S, 0.01
     yield
     poison.BLOCK_S = kept
+
+
+@pytest.fixture(scope="package", autouse=True)
+def routes_typed_once() -> Iterator[None]:
+    """FastAPI builds a validator (a pydantic TypeAdapter) for every parameter and answer of every
+    route at an app's first request: ~0.2 s of CPU, once per process in a deployment, but once per
+    test here, where hundreds of apps are made. Equal field definitions get the validator built for
+    the first of them: the key is the field's type, metadata, attributes and config themselves
+    (a field whose parts cannot be hashed is built as before), so only identical definitions share."""
+    model_field = v2.ModelField
+    original = model_field.__post_init__
+    built: dict[Any, Any] = {}
+
+    def post_init(field: v2.ModelField) -> None:
+        parts = v2.asdict(field.field_info)
+        config = None if field.config is None else tuple(sorted(field.config.items()))
+        key = (parts["annotation"], tuple(parts["metadata"]), tuple(sorted(parts["attributes"].items())), config)
+        try:
+            adapter = built.get(key)
+        except TypeError:  # unhashable parts (a dict of examples, say)
+            original(field)
+            return
+        if adapter is None:
+            original(field)
+            built[key] = field._type_adapter
+        else:
+            field._type_adapter = adapter
+
+    model_field.__post_init__ = post_init  # type: ignore[method-assign,assignment]
+    yield
+    model_field.__post_init__ = original  # type: ignore[method-assign]
 
 
 @pytest.fixture

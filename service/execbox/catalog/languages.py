@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from execbox.catalog.errors import UnknownLanguage
 from execbox.catalog.schemas import LanguagePublic, RuntimePublic
+from execbox.core.yamltext import YAMLError, safe_load
 
 VARIANT_MARK = "@"
 
@@ -186,8 +186,8 @@ def _versions(path: Path) -> Versions | None:
 
 def _language(path: Path) -> Language:
     try:
-        meta = _Metadata.model_validate(yaml.safe_load(path.read_text()))
-    except (OSError, yaml.YAMLError, ValidationError) as exc:
+        meta = _Metadata.model_validate(safe_load(path.read_text()))
+    except (OSError, YAMLError, ValidationError) as exc:
         raise LanguageConfigError(f"{path}: {exc}") from exc
     errors = meta.errors
     return Language(

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from execbox.catalog.errors import PolicyExceeded, UnknownPolicy, VariantNotAllowed
 from execbox.catalog.schemas import AppliedPolicy, NetworkAllowlist, PolicyRequest
 from execbox.core.errors import FieldProblem
+from execbox.core.yamltext import YAMLError, safe_load
 from execbox.egress.rules import HostPattern, uncovered
 
 DEFAULT_POLICY = "default"
@@ -101,9 +101,9 @@ class Policy:
 
 def _read(path: Path) -> _PolicyFile:
     try:
-        raw: Any = yaml.safe_load(path.read_text()) or {}
+        raw: Any = safe_load(path.read_text()) or {}
         return _PolicyFile.model_validate(raw)
-    except (OSError, yaml.YAMLError, ValidationError) as exc:
+    except (OSError, YAMLError, ValidationError) as exc:
         raise PolicyConfigError(f"{path}: {exc}") from exc
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from secrets import token_hex
 from typing import Protocol
 
-from execbox.core import logs
+from execbox.core import logs, poison
 from execbox.core.errors import ServiceError
 from execbox.core.tracing import TraceContext
 from execbox.executions.lifecycle import Worker, run_and_finish, run_limits, take
@@ -80,7 +80,7 @@ class SessionHost:
                 self._stop.wait(0.5)
                 continue
             try:
-                session_id = self.store.next_start(self.ctx.settings.queue.name, 1.0)
+                session_id = self.store.next_start(self.ctx.settings.queue.name, poison.BLOCK_S)
             except ServiceError as exc:
                 log.warning("session intake: %s", exc.message)
                 self._stop.wait(1.0)
@@ -97,11 +97,17 @@ class SessionHost:
             thread.start()
 
     def join(self, timeout_s: float) -> None:
-        """Wait for the held sessions to close (the worker is stopping)."""
+        """Wait for the held sessions to close (the worker is stopping, its `stop` set): each is woken
+        from its wait for a next call, so that it ends now rather than when that wait runs out."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            threads = list(self._held.values())
-        for thread in threads:
+            held = dict(self._held)
+        for session_id in held:
+            try:
+                self.store.wake(session_id)
+            except ServiceError as exc:  # it ends at its wait's end instead
+                log.warning("session %s: could not wake its holder: %s", session_id, exc.message)
+        for thread in held.values():
             thread.join(max(deadline - time.monotonic(), 0.0))
 
     def _hold(self, session_id: str) -> None:

@@ -195,6 +195,11 @@ class SessionStore:
             got = self.redis.blpop([self.keys.session_cells(session_id)], timeout=max(timeout_s, 0.01))
         return None if got is None else text(got[1])
 
+    def wake(self, session_id: str) -> None:
+        """End the holder's wait for a next call now (its worker is stopping)."""
+        with redis_errors():
+            self.redis.rpush(self.keys.session_cells(session_id), WAKE)
+
     def drain(self, session_id: str) -> list[str]:
         """Every execution id still waiting (the session ended; they will not run)."""
         with redis_errors(), self.redis.pipeline() as pipe:

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from execbox.catalog.policies import PolicyConfigError
 from execbox.core.redis import redis_errors, text
+from execbox.core.yamltext import YAMLError, safe_load
 from execbox.tenancy.budget import Charge, StorageBudget
 from execbox.tenancy.errors import PolicyNotAllowed, QueueFull, RateLimited
 from execbox.tenancy.keys import TenancyKeys
@@ -146,8 +146,8 @@ class Quotas:
     @classmethod
     def load(cls, path: Path, slots: Slots, max_queue_depth: int) -> Quotas:
         try:
-            quotas = _QuotaFile.model_validate(yaml.safe_load(path.read_text()))
-        except (OSError, yaml.YAMLError, ValidationError) as exc:
+            quotas = _QuotaFile.model_validate(safe_load(path.read_text()))
+        except (OSError, YAMLError, ValidationError) as exc:
             raise PolicyConfigError(f"{path}: {exc}") from exc
         return cls(quotas, slots, max_queue_depth)
 

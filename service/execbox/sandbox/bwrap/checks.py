@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from execbox.core.yamltext import YAMLError, safe_load
 from execbox.sandbox.protocol import LAUNCHER
 
 # Matched whole (fullmatch): `$` alone would let a trailing newline through.
@@ -68,8 +67,8 @@ def policy_bounds(policies: Path) -> dict[str, tuple[float, float]]:
         if path.name in _NOT_POLICIES:
             continue
         try:
-            found = (yaml.safe_load(path.read_text()) or {}).get("ceilings") or {}
-        except (OSError, yaml.YAMLError, AttributeError) as exc:
+            found = (safe_load(path.read_text()) or {}).get("ceilings") or {}
+        except (OSError, YAMLError, AttributeError) as exc:
             raise BoundsError(f"{path}: {exc}") from exc
         for name in LOWS:
             value = found.get(name)
