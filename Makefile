@@ -18,10 +18,10 @@ venv:
 engine: install
 	@scripts/phase engine scripts/engine
 
-# The one base image (debootstrap, Debian 13) is built by sandbox-images/build.sh when missing.
+# The sandbox images and the service image, side by side, on the one base image (debootstrap, Debian
+# 13), which scripts/images builds first when missing.
 images: engine
-	@scripts/phase "sandbox images" sandbox-images/build.sh
-	@scripts/phase "service image" scripts/service-image
+	@scripts/images
 
 # The compose stack (API, workers, Redis with AOF). `make up-host` runs the same as host processes.
 up: images

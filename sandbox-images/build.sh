@@ -4,7 +4,8 @@
 # Every folder with a metadata.yaml is one language or variant: its Dockerfile is built (a folder
 # without one runs on another folder's image), an executable `prepare` runs first (e.g. to
 # download the files the build installs) and a `wheels/` folder is served to the build on
-# 127.0.0.1:$EXECBOX_WHEELS_PORT (default 38517) rather than sent as context.
+# 127.0.0.1 from $EXECBOX_WHEELS_PORT (default 38517) up, rather than sent as context (build arg WHEELS).
+# The images are built at once, each with its own log (/tmp/execbox-build-<folder>.log).
 # BASE_IMAGE (or SANDBOX_BASE_IMAGE, for the sandboxes alone) picks the base (e.g. debian:trixie-slim
 # with a registry); without it the debootstrap-made local/debian:trixie, which the service images
 # share, is built when missing. Idempotent: docker's cache, and an image already checked (same id, same
@@ -13,9 +14,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 base="${SANDBOX_BASE_IMAGE:-${BASE_IMAGE:-local/debian:trixie}}"
 if [ -z "${SANDBOX_BASE_IMAGE:-}${BASE_IMAGE:-}" ]; then "$here/../scripts/phase" "base image $base" "$here/base/build.sh" local/debian:trixie; fi
-wheels_port="${EXECBOX_WHEELS_PORT:-38517}"
-server=""
-trap '[ -z "$server" ] || kill "$server" 2>/dev/null || true' EXIT
+wheels_port="${EXECBOX_WHEELS_PORT:-38517}"  # the first folder's; the next ones count up from it
 
 # Through the launcher, as the worker runs programs (an empty file frame: ten zeros).
 sandboxed() {
@@ -50,24 +49,27 @@ check() {
   fi
 }
 
-status=0
-for meta in "$here"/*/metadata.yaml; do
+# One folder: prepare, build (when it has a Dockerfile), check. Its wheel server, if any, on a port of its own.
+one() {
+  local meta=$1 port=$2 dir name started image network server=""
   dir=$(dirname "$meta"); name=$(basename "$dir"); started=$(date +%s.%N)
+  trap '[ -z "${server:-}" ] || kill "$server" 2>/dev/null || true' RETURN
   eval "image=$(field image "$meta")"
-  if [ -x "$dir/prepare" ]; then "$dir/prepare" || { echo "image $name: PREPARE FAILED" >&2; status=1; continue; }; fi
+  if [ -x "$dir/prepare" ]; then "$dir/prepare" || { echo "image $name: PREPARE FAILED" >&2; return 1; }; fi
   if [ -f "$dir/Dockerfile" ]; then
     echo "image $name -> $image: building"
     network=()
+    local args=(--build-arg "BASE=$base")
     if [ -d "$dir/wheels" ]; then
-      [ -z "$server" ] || kill "$server"
-      python3 -m http.server --bind 127.0.0.1 --directory "$dir/wheels" "$wheels_port" >/dev/null 2>&1 &
+      python3 -m http.server --bind 127.0.0.1 --directory "$dir/wheels" "$port" >/dev/null 2>&1 &
       server=$!
-      for _ in $(seq 1 50); do curl -fs "http://127.0.0.1:$wheels_port/" >/dev/null && break; sleep 0.1; done
+      for _ in $(seq 1 50); do curl -fs "http://127.0.0.1:$port/" >/dev/null && break; sleep 0.1; done
       network=(--network host)  # the build reaches the wheel server on the host's loopback
+      args+=(--build-arg "WHEELS=http://127.0.0.1:$port/")
     fi
-    if ! docker build -q "${network[@]}" --build-arg "BASE=$base" -f "$dir/Dockerfile" -t "$image" "$here" \
+    if ! docker build -q "${network[@]}" "${args[@]}" -f "$dir/Dockerfile" -t "$image" "$here" \
         >/tmp/execbox-build-$name.log 2>&1; then
-      tail -30 /tmp/execbox-build-$name.log >&2; echo "image $name: BUILD FAILED" >&2; status=1; continue
+      tail -30 /tmp/execbox-build-$name.log >&2; echo "image $name: BUILD FAILED" >&2; return 1
     fi
   else
     echo "image $name -> $image: built by another folder"
@@ -75,9 +77,10 @@ for meta in "$here"/*/metadata.yaml; do
   # An image checked before, under the same hardening (the seccomp profile, and the flags and steps
   # of `sandboxed` and `check` themselves) and with the same commands, is not checked again.
   rm -f "$dir/.checked.new"
+  local id hardening checked took
   if ! id=$(docker image inspect -f '{{.Id}}' "$image") \
       || ! hardening=$( { declare -f sandboxed check; cat "$here/../policies/seccomp.json" "$meta"; } | sha256sum); then
-    echo "image $name: cannot read the image or its hardening" >&2; status=1; continue
+    echo "image $name: cannot read the image or its hardening" >&2; return 1
   fi
   checked="$id ${hardening:0:16}"
   if [ -f "$dir/versions.json" ] && [ "$(cat "$dir/.checked" 2>/dev/null)" = "$checked" ]; then
@@ -85,11 +88,27 @@ for meta in "$here"/*/metadata.yaml; do
   else
     rm -f "$dir/.checked"
     check "$image" "$dir" "$meta" "$name" && echo "$checked" > "$dir/.checked.new" && mv "$dir/.checked.new" "$dir/.checked" \
-      || { status=1; continue; }
+      || return 1
   fi
   took=$(awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   echo "image $name: ready in $took s"
   [ -z "${EXECBOX_PHASES:-}" ] || printf '%*s%-*s %8s s\n' $((2 * ${EXECBOX_PHASE_DEPTH:-0})) '' $((40 - 2 * ${EXECBOX_PHASE_DEPTH:-0})) "sandbox image $name" "$took" >> "$EXECBOX_PHASES"
+}
+
+# The folders that build an image, all at once (their downloads, package installs and layer writes
+# overlap: 2 cores are not the limit of one build), then those that run on another folder's image.
+status=0
+pids=()
+port=$wheels_port
+for meta in "$here"/*/metadata.yaml; do
+  [ -f "$(dirname "$meta")/Dockerfile" ] || continue
+  one "$meta" "$port" & pids+=($!)
+  [ ! -x "$(dirname "$meta")/prepare" ] || port=$((port + 1))  # a port per folder that may serve wheels
+done
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+for meta in "$here"/*/metadata.yaml; do
+  [ -f "$(dirname "$meta")/Dockerfile" ] && continue
+  one "$meta" "$port" || status=1
 done
 "$here/../scripts/prune-images"  # the images these replaced
 exit $status
