@@ -2,8 +2,10 @@
 ARG BASE=local/debian:trixie
 FROM ${BASE}
 # Every image execbox builds carries this label: rebuilds prune their dangling predecessors,
-# `make clean` removes them all.
-LABEL org.execbox.built="1"
+# `make clean` removes them all. Its own name makes its first step its own: images build side by
+# side (scripts/images), and two builds making one same step at once leave two cached copies of
+# it, after which a later build may follow the other copy and rebuild everything after it.
+LABEL org.execbox.built="1" org.execbox.image="prometheus"
 ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends prometheus \
