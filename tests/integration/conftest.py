@@ -10,8 +10,10 @@ import secrets
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -156,15 +158,18 @@ def no_sandbox_outlives_the_session(docker_client: docker.DockerClient, session_
 
     # A stopped worker's own removal may still be under way: a container already gone (404) or
     # being removed (409) is not an error here, and its volume goes once the engine is done with it.
-    for container in docker_client.containers.list(all=True, filters=managed):
-        if ours(container.labels):
-            _removed(lambda c=container: c.remove(force=True, v=True))
-    for network in docker_client.networks.list(filters=managed):
-        if ours(network.attrs.get("Labels")):
-            _removed(network.remove)
-    for volume in docker_client.volumes.list(filters=managed):
-        if ours(volume.attrs.get("Labels")):
-            _removed(lambda v=volume: v.remove(force=True), in_use_wait_s=30)
+    # Several at once: a session leaves dozens behind, and the engine takes ~0.5 s for each.
+    def all_removed(removals: list[Callable[[], None]]) -> None:
+        with ThreadPoolExecutor(8) as pool:
+            for done in [pool.submit(removal) for removal in removals]:
+                done.result()
+
+    all_removed([partial(_removed, lambda c=c: c.remove(force=True, v=True))
+                 for c in docker_client.containers.list(all=True, filters=managed) if ours(c.labels)])  # fmt: skip
+    all_removed([partial(_removed, n.remove)
+                 for n in docker_client.networks.list(filters=managed) if ours(n.attrs.get("Labels"))])  # fmt: skip
+    all_removed([partial(_removed, lambda v=v: v.remove(force=True), in_use_wait_s=30)
+                 for v in docker_client.volumes.list(filters=managed) if ours(v.attrs.get("Labels"))])  # fmt: skip
 
 
 def _removed(remove: Any, in_use_wait_s: float = 0.0) -> None:
