@@ -95,8 +95,6 @@ cluster-up: images
 cluster-down:
 	@scripts/phase "cluster down" scripts/cluster down
 
-# The cluster tests run Python only: the nodes get no other sandbox image (EXECBOX_CLUSTER_SANDBOXES).
-cluster-test: export EXECBOX_CLUSTER_SANDBOXES = python
 cluster-test: images
 	@scripts/phase "cluster down (leftovers)" scripts/cluster down
 	@scripts/phase "cluster up" scripts/cluster up && scripts/phase "cluster deploy" scripts/cluster deploy \
