@@ -34,6 +34,12 @@ def _run(client: httpx.Client, code: str) -> dict[str, Any]:
     return body
 
 
+def _counted(client: httpx.Client, finished: dict[str, int]) -> dict[str, Any] | None:
+    """The nodes' view once each node named has counted `finished` executions, else None."""
+    view = _nodes(client)
+    return view if all(view.get(node, {}).get("finished") == n for node, n in finished.items()) else None
+
+
 def _drain(client: httpx.Client, node: str, on: bool) -> dict[str, Any]:
     path = f"/v1/admin/nodes/{node}/drain"
     answer = client.post(path, headers=OPERATOR) if on else client.delete(path, headers=OPERATOR)
@@ -70,9 +76,11 @@ def test_a_drained_node_finishes_its_run_takes_nothing_new_and_takes_work_again_
         done = client.get(f"/v1/executions/{long_id}?wait=60").json()
         assert (done["status"], done["stdout"], done["node"]) == ("succeeded", "finished\n", node_a)
 
-        view = _nodes(client)
-        assert (view[node_a]["drained"], view[node_a]["running"], view[node_a]["finished"]) == (True, 0, 1)
-        assert (view[node_b]["drained"], view[node_b]["finished"]) == (False, 4)
+        # A node's count grows after the execution's terminal transaction (a client may read the
+        # result first), so the view is read until the counts arrive.
+        view: Any = wait_until(lambda: _counted(client, {node_a: 1, node_b: 4}), 10, "the nodes' finished counts")
+        assert (view[node_a]["drained"], view[node_a]["running"]) == (True, 0)
+        assert view[node_b]["drained"] is False
 
         # Undrain A and drain B: the next one must run on A.
         _drain(client, node_a, False)
@@ -81,7 +89,7 @@ def test_a_drained_node_finishes_its_run_takes_nothing_new_and_takes_work_again_
             assert _run(client, "print('again')")["node"] == node_a, "undrained, A takes work again"
         finally:
             _drain(client, node_b, False)
-        assert _nodes(client)[node_a]["finished"] == 2
+        wait_until(lambda: _counted(client, {node_a: 2}), 10, "node A's finished count")
 
         # The same view from the shell, with the admin Redis role.
         listed = subprocess.run([EXECBOX, "nodes", "list"], env=as_role(side.env, "admin"), capture_output=True,
