@@ -244,12 +244,7 @@ def test_a_stopping_worker_ends_the_sessions_it_holds_at_once(redis_server: Redi
     """Its session host's intake sees the stop within one short read, and the host wakes each held
     session from its wait for a next call; before, each took up to 1 s to notice."""
     with in_stack(redis_server, tmp_path, sessions={"per_worker": 8}) as inproc:
-        report_health(inproc.worker)
-        host = SessionHost(inproc.worker)
-        stop = threading.Event()
-        thread = threading.Thread(target=host.run, args=(stop,), daemon=True)
-        thread.start()
-        try:
+        with inproc.hosting_sessions():  # its exit is a worker's stop: the intake ends, then the held sessions
             held = []
             for tenant in ("alpha", "beta", "gamma") * 2:  # a tenant may hold half of the slots others leave
                 with inproc.client(tenant) as http:
@@ -266,10 +261,6 @@ def test_a_stopping_worker_ends_the_sessions_it_holds_at_once(redis_server: Redi
 
             wait_until(lambda: all(s["status"] == "ready" for s in sessions()), 10, "six sessions held")
             began = time.monotonic()
-        finally:
-            stop.set()  # as a stopping worker does: its intake ends, then it waits for the held sessions
-            thread.join(5)
-            host.join(5)
         took = time.monotonic() - began
         ended = sessions()
 
