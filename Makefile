@@ -98,7 +98,7 @@ cluster-down:
 cluster-test: images
 	@scripts/phase "cluster down (leftovers)" scripts/cluster down
 	@scripts/phase "cluster up" scripts/cluster up && scripts/phase "cluster deploy" scripts/cluster deploy \
-	  && scripts/phase "cluster tests" .venv/bin/pytest tests/cluster -p no:cacheprovider -p no:randomly -s --timeout 600; \
+	  && scripts/phase "cluster tests" .venv/bin/pytest tests/cluster -p no:cacheprovider -p no:randomly -s --timeout 600 --durations=0; \
 	  status=$$?; scripts/phase "cluster down" scripts/cluster down; exit $$status
 
 # The short default (< 10 min on 2 cores); BENCH=full for the long series (about 60 min). Both
