@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -287,14 +288,28 @@ def docker_proxy(
     return f"unix://{path}"
 
 
+BWRAP_IMAGES = ROOT / ".run" / "bwrap-images"
+"""Sandbox images unpacked for bubblewrap, shared by the tests' helpers (execbox bwrap-helper --images)."""
+
+
 @pytest.fixture(scope="session")
-def bwrap_helper(session_processes: Processes, tmp_path_factory: pytest.TempPathFactory) -> str:
+def bwrap_helper(
+    session_processes: Processes, docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory
+) -> str:
     """The host's bubblewrap helper (policy.runtime bwrap), on the engine itself: it reads sandbox
-    images, never the session's containers. Its unpacked images live in the session's temp dir."""
+    images, never the session's containers. Its state is the session's; the unpacked images are
+    shared by every test process and session of this checkout (the Python image takes ~20 s to
+    unpack, and each process did it at once), less those of images no longer on the engine."""
     path = tmp_path_factory.mktemp("bwrap") / "bwrap.sock"
     state = tmp_path_factory.mktemp("bwrap-state")
+    images = BWRAP_IMAGES
+    current = {image.id.removeprefix("sha256:") for image in docker_client.images.list(name="execbox/sandbox-*")}
+    for tree in images.glob("*"):
+        if re.fullmatch(r"[0-9a-f]{64}", tree.name) and tree.name not in current:
+            shutil.rmtree(tree, ignore_errors=True)
     args = [EXECBOX, "bwrap-helper", "--socket", str(path), "--engine", ENGINE, "--state", str(state),
-            "--seccomp", str(ROOT / "policies" / "seccomp.json"), "--uids", UID_RANGE]  # fmt: skip
+            "--images", str(images), "--seccomp", str(ROOT / "policies" / "seccomp.json"),
+            "--uids", UID_RANGE]  # fmt: skip
     session_processes.spawn("bwrap-helper", args, dict(os.environ))
     wait_until(path.exists, 10, "the bubblewrap helper's socket")
     return str(path)

@@ -78,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     bwrap.add_argument("--group", default="0", help="the group (name or id) whose members may connect: the workers'")
     bwrap.add_argument("--uids", default="200000-299999", help="the sandbox uid range (EXECBOX_DOCKER__UID_RANGE)")
     bwrap.add_argument("--engine", default=_engine_socket(), help="the engine whose sandbox images it runs")
-    bwrap.add_argument("--state", type=Path, default=Path("/var/lib/execbox-bwrap"), help="unpacked images go here")
+    bwrap.add_argument("--state", type=Path, default=Path("/var/lib/execbox-bwrap"), help="this helper's own state")
+    bwrap.add_argument(
+        "--images", type=Path, default=None, help="unpacked images (default STATE/rootfs); helpers may share one"
+    )
     bwrap.add_argument("--seccomp", type=Path, default=Path("policies/seccomp.json"), help="execbox's seccomp profile")
     bwrap.add_argument(
         "--policies",
@@ -137,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.seccomp,
                 oom_score_adj=args.oom_score_adj,
                 policies=args.policies,
+                images=args.images,
             )
         )
         return 0

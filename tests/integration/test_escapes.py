@@ -24,6 +24,7 @@ from execbox.sandbox.bwrap.running import uid_holders
 from execbox.sandbox.protocol import LAUNCHER, frame_files
 from execbox.sandbox.runtime import EXECUTION_LABEL
 from tests.conftest import (
+    BWRAP_IMAGES,
     ENGINE,
     EXECBOX,
     ROOT,
@@ -453,7 +454,8 @@ def test_stopping_the_bwrap_helper_kills_its_runs_and_tells_their_workers(
     run is killed and its worker told (a retryable fault, not the program's)."""
     path = tmp_path / "stopping.sock"
     helper = subprocess.Popen([EXECBOX, "bwrap-helper", "--socket", str(path), "--engine", ENGINE, "--state",
-                               str(tmp_path / "state"), "--seccomp", str(ROOT / "policies" / "seccomp.json")],
+                               str(tmp_path / "state"), "--images", str(BWRAP_IMAGES), "--seccomp",
+                               str(ROOT / "policies" / "seccomp.json")],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     uid = LAST_UID - 58
     try:

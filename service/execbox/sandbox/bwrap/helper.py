@@ -82,6 +82,8 @@ class HelperSettings:
     """Runs at once; one more is refused (FAILED), not queued: a worker's own slots bound its runs."""
     policies: Path = field(default_factory=_policies_dir)
     """The deployment's policy files: no run may ask for more than their highest ceilings."""
+    images: Path | None = None
+    """Where unpacked images live (default `<state>/rootfs`); helpers on one host may share one."""
 
 
 class Helper:
@@ -90,7 +92,7 @@ class Helper:
         self.oom_score_adj = settings.oom_score_adj
         self.uids = parse_range(settings.uid_range)
         self.bounds = policy_bounds(settings.policies)
-        self.rootfs = Rootfs(settings.state, settings.engine_url, settings.image_prefix)
+        self.rootfs = Rootfs(settings.images or settings.state / "rootfs", settings.engine_url, settings.image_prefix)
         self.profiles = SeccompProfiles(settings.seccomp_profile)
         self._programs: dict[tuple[str, ...], bytes] = {}
         self._lock = threading.Lock()
