@@ -69,3 +69,26 @@ role_url() {  # role host:port
   password=$(sed -n "s/^REDIS_${upper}_PASSWORD=//p" .run/stack.env)
   echo "redis://$1:$password@$2/0"
 }
+
+# A test's throwaway processes (scripts/seaweedfs --kill, scripts/redis-ha --kill): SIGKILL every
+# part named by ROOT/<part>.pid at once, wait (10 s at most each) until it is gone, remove ROOT.
+# A graceful stop waits out each part's own shutdown (SeaweedFS's filer alone takes ~17 s), which
+# only data worth keeping needs. Refuses a ROOT without ports.env: a directory not made by us.
+kill_parts() {  # root parts...
+  local root=$1 part pid pids=(); shift
+  [ -d "$root" ] || return 0
+  [ -f "$root/ports.env" ] || { echo "kill_parts: $root was not made by execbox's scripts; left as it is" >&2; return 1; }
+  for part in "$@"; do
+    [ -f "$root/$part.pid" ] || continue
+    pid=$(cat "$root/$part.pid")
+    kill -KILL "$pid" 2>/dev/null && pids+=("$pid")
+  done
+  for pid in "${pids[@]}"; do
+    local deadline=$((SECONDS + 10))
+    while kill -0 "$pid" 2>/dev/null; do
+      [ "$SECONDS" -lt "$deadline" ] || { echo "kill_parts: pid $pid outlived SIGKILL for 10 s" >&2; return 1; }
+      sleep 0.05
+    done
+  done
+  rm -rf -- "$root"
+}

@@ -76,9 +76,9 @@ def start_cluster(root: Path) -> Cluster:
 
 
 def stop_cluster(cluster: Cluster) -> None:
-    done = subprocess.run([SCRIPT, "--stop"], env={**os.environ, "SEAWEEDFS_ROOT": str(cluster.root)},
+    done = subprocess.run([SCRIPT, "--kill"], env={**os.environ, "SEAWEEDFS_ROOT": str(cluster.root)},
                           capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0, f"scripts/seaweedfs --stop failed:\n{done.stdout}\n{done.stderr}"
+    assert done.returncode == 0, f"scripts/seaweedfs --kill failed:\n{done.stdout}\n{done.stderr}"
     assert not cluster.root.exists()
 
 

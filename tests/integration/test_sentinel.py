@@ -127,8 +127,8 @@ def running_ha(base: Path) -> Iterator[HA]:
     try:
         yield HA(root, start(root))
     finally:
-        done = subprocess.run([SCRIPT, "--stop"], env=_script_env(root), capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, f"scripts/redis-ha --stop failed:\n{done.stdout}\n{done.stderr}"
+        done = subprocess.run([SCRIPT, "--kill"], env=_script_env(root), capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"scripts/redis-ha --kill failed:\n{done.stdout}\n{done.stderr}"
         assert not root.exists()
 
 
