@@ -61,14 +61,14 @@ class _Hole:
 
 @pytest.mark.serial
 def test_a_receiver_that_never_answers_delays_no_execution(stack: Stack, processes: Processes, tmp_path: Path) -> None:
-    """A deployment of its own with one worker, whose deliveries wait 20 s for an answer: while that
+    """A deployment of its own with one worker, whose deliveries wait 10 s for an answer: while that
     worker's delivery hangs on a receiver that never answers, the same worker runs the executions
     behind it (if a delivery held the thread that runs executions, none could finish before the
     hanging request is given up)."""
     port, prefix = free_port(), f"{stack.prefix}wh"
     start_redis(processes, port, tmp_path, prefix)
     env = {**deployment_env(stack, port, prefix, "wh"),
-           "EXECBOX_WEBHOOKS__TIMEOUT_S": "20", "EXECBOX_WEBHOOKS__MAX_ATTEMPTS": "1"}  # fmt: skip
+           "EXECBOX_WEBHOOKS__TIMEOUT_S": "10", "EXECBOX_WEBHOOKS__MAX_ATTEMPTS": "1"}  # fmt: skip
     key = create_key(env, "alpha")
     api_port = free_port()
     processes.spawn(f"wh-api-{api_port}", [EXECBOX, "api", "--port", str(api_port)], env)
