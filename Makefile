@@ -76,7 +76,7 @@ stack-test: export EXECBOX_DATA = execbox-test
 stack-test: images
 	scripts/stack down --data
 	scripts/stack up --scale worker=3
-	.venv/bin/pytest tests/stack -p no:cacheprovider; status=$$?; \
+	.venv/bin/pytest tests/stack -p no:cacheprovider --durations=0; status=$$?; \
 	  scripts/conformance -q || status=1; scripts/stack down --data; exit $$status
 	@test -z "$$(docker ps -aq --filter label=com.docker.compose.project=execbox)" || { echo "stack-test: containers left" >&2; exit 1; }
 	@test -z "$$(docker network ls -q --filter label=com.docker.compose.project=execbox)" || { echo "stack-test: network left" >&2; exit 1; }
