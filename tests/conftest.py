@@ -303,7 +303,7 @@ def bwrap_helper(
     path = tmp_path_factory.mktemp("bwrap") / "bwrap.sock"
     state = tmp_path_factory.mktemp("bwrap-state")
     images = BWRAP_IMAGES
-    current = {image.id.removeprefix("sha256:") for image in docker_client.images.list(name="execbox/sandbox-*")}
+    current = {str(image.id).removeprefix("sha256:") for image in docker_client.images.list(name="execbox/sandbox-*")}
     for tree in images.glob("*"):
         if re.fullmatch(r"[0-9a-f]{64}", tree.name) and tree.name not in current:
             shutil.rmtree(tree, ignore_errors=True)

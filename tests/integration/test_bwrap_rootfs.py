@@ -21,7 +21,7 @@ PREFIX = "execbox/sandbox-"
 def test_two_helpers_asking_for_one_image_at_once_unpack_it_once(
     docker_client: docker.DockerClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    image = docker_client.images.get("execbox/sandbox-bash").id
+    image = str(docker_client.images.get("execbox/sandbox-bash").id)
     unpacked: list[str] = []
     real = Rootfs._unpack
 
@@ -50,7 +50,7 @@ def test_two_helpers_asking_for_one_image_at_once_unpack_it_once(
 
 
 def test_an_image_that_is_no_sandbox_image_leaves_no_file(docker_client: docker.DockerClient, tmp_path: Path) -> None:
-    base = docker_client.images.get("local/debian:trixie").id
+    base = str(docker_client.images.get("local/debian:trixie").id)
     rootfs = Rootfs(tmp_path / "images", ENGINE, PREFIX)
     with pytest.raises(RootfsError, match="not a sandbox image"):
         rootfs.path(base)
