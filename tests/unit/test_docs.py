@@ -9,6 +9,7 @@ import importlib
 import inspect
 import pkgutil
 import re
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -315,9 +316,17 @@ def documented_headers() -> dict[str, dict[str, set[str]]]:
 def _sent_statically(function: Callable[..., Any]) -> set[str]:
     """The table's headers a route function sets: `response.headers["H"] = ...`, `headers={"H": ...}`,
     `response.headers.update(submitted.headers)` (an admission's RateLimit-*), and the same in the
-    functions of its module it calls."""
-    tree = ast.parse(Path(inspect.getsourcefile(function) or "").read_text())
-    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    functions it calls of its module, or of a module it imports whole (`answers.submitted`)."""
+
+    def functions_of(module: Any, prefix: str = "") -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+        tree = ast.parse(Path(inspect.getsourcefile(module) or "").read_text())
+        return {prefix + n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+
+    home = sys.modules[function.__module__]
+    functions = functions_of(home)
+    for name, value in vars(home).items():
+        if inspect.ismodule(value) and value.__name__.startswith("execbox.api."):
+            functions.update(functions_of(value, f"{name}."))
     sent: set[str | None] = set()
     todo, seen = [function.__name__], set()
     while todo:
@@ -334,8 +343,11 @@ def _sent_statically(function: Callable[..., Any]) -> set[str]:
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "update":
                 if getattr(node.func.value, "attr", None) == "headers":
                     sent.add("RateLimit-*")
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):  # a helper such as `_answer`
-                todo.append(node.func.id)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):  # a helper such as `_stream`
+                todo.append(name[: name.rfind(".") + 1] + node.func.id)  # of the module `name` is in
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):  # such as `answers.execution`
+                if isinstance(node.func.value, ast.Name):
+                    todo.append(f"{node.func.value.id}.{node.func.attr}")
     return {header for header in sent if header is not None}
 
 

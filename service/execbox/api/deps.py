@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Header, Request
 from prometheus_client import CollectorRegistry
@@ -75,12 +76,46 @@ def _services(request: Request) -> Services:
     return services
 
 
-async def _services_dep(request: Request) -> Services:
-    """Async, so that FastAPI resolves it on the event loop rather than in a worker thread."""
-    return _services(request)
+def _part(field: str) -> Callable[[Request], Awaitable[Any]]:
+    """A dependency on one of the deployment's services: each route names the ones it uses, never
+    the whole bag. Async, so that FastAPI resolves it on the event loop, not in a worker thread."""
+    if field not in Services.__dataclass_fields__:
+        raise AttributeError(f"Services has no {field!r}")  # at import, not at a request
+
+    async def part(request: Request) -> Any:
+        return getattr(_services(request), field)
+
+    part.__name__ = part.__qualname__ = f"services_{field}"
+    return part
 
 
-ServicesDep = Annotated[Services, Depends(_services_dep)]
+SettingsDep = Annotated[Settings, Depends(_part("settings"))]
+StoreDep = Annotated[ExecutionStore, Depends(_part("store"))]
+SubmissionsDep = Annotated[Submissions, Depends(_part("executions"))]
+FilesDep = Annotated[FileStore, Depends(_part("files"))]
+FleetDep = Annotated[WorkerRegistry, Depends(_part("fleet"))]
+QueueDep = Annotated[Queue, Depends(_part("queue"))]
+PoliciesDep = Annotated[PolicySet, Depends(_part("policies"))]
+LanguagesDep = Annotated[Languages, Depends(_part("languages"))]
+ArtifactsDep = Annotated[ArtifactStore, Depends(_part("artifacts"))]
+MetricsDep = Annotated[ApiMetrics, Depends(_part("metrics"))]
+RegistryDep = Annotated[CollectorRegistry, Depends(_part("registry"))]
+SpansDep = Annotated[Spans, Depends(_part("spans"))]
+IdempotencyDep = Annotated[IdempotencyKeys, Depends(_part("idempotency"))]
+KeysDep = Annotated[ApiKeys, Depends(_part("keys"))]
+QuotasDep = Annotated[Quotas, Depends(_part("quotas"))]
+WaitersDep = Annotated[Waiters, Depends(_part("waiters"))]
+RunsDep = Annotated[Runs, Depends(_part("runs"))]
+LibraryDep = Annotated[Library, Depends(_part("scripts"))]
+SchedulerDep = Annotated[Scheduler, Depends(_part("schedules"))]
+SurprisesDep = Annotated[Surprises, Depends(_part("surprises"))]
+SessionsDep = Annotated[Sessions, Depends(_part("sessions"))]
+SandboxesDep = Annotated[Sandboxes, Depends(_part("sandboxes"))]
+InterpreterDep = Annotated[Interpreter, Depends(_part("interpreter"))]
+EnvdDep = Annotated[Envd, Depends(_part("envd"))]
+WatchersDep = Annotated[WatcherBook, Depends(_part("watchers"))]
+SignInsDep = Annotated[SignIns, Depends(_part("console"))]
+DeadLettersDep = Annotated[DeadLetters, Depends(_part("dead_letters"))]
 
 
 async def _tenant(

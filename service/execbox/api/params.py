@@ -9,8 +9,8 @@ from typing import Annotated
 
 from fastapi import Header, Query, Request
 
-from execbox.api.deps import Services
 from execbox.core.errors import FieldProblem, InvalidRequest
+from execbox.settings import Settings
 
 _PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*([0-9]+(?:\.[0-9]+)?)", re.IGNORECASE)
 
@@ -37,14 +37,14 @@ IdempotencyHeader = Annotated[
 script invocations)."""
 
 
-def wait_seconds(services: Services, query: float | None, prefer: str | None) -> float:
+def wait_seconds(settings: Settings, query: float | None, prefer: str | None) -> float:
     field, value = "query.wait", query
     if value is None and prefer:
         match = _PREFER_WAIT.search(prefer)
         field, value = "header.Prefer", float(match.group(1)) if match else None
     if value is None:
         return 0.0
-    limit = services.settings.api.max_wait_s
+    limit = settings.api.max_wait_s
     if value > limit:
         raise InvalidRequest(
             f"{field}: {value:g} s is above the server's limit of {limit:g} s",

@@ -10,7 +10,10 @@ announced (accepted is `executions.submit`).
   a WATCH/MULTI retry may run again), frees the tenant's quota slot and drops the lease;
 - announced: the same transaction appends the outbox event (webhooks, plans) and publishes the
   done channel (waiting requests); the process's listeners (outcome metrics) hear of it after
-  the commit (`executions.events`).
+  the commit (`executions.events`);
+- lost (`settle_lost`): a running execution whose worker stopped renewing its lease is settled as
+  its declared effect calls for (failed, `unknown_outcome`, or queued again and its entry queued);
+  the reaper (`execbox.worker.reaper`) finds them, this decides.
 
 A session's call goes the same way: only where it runs differs (`session.run_cell` in a kept
 kernel instead of `Sandbox.run` in a fresh container); `execbox.sessions.host` holds the session.
@@ -24,6 +27,7 @@ import base64
 import dataclasses
 import json
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -251,6 +255,19 @@ def _store(
     else:
         category = done.error.category.value if done.error else None
         log.info("execution finished", extra={"status": done.status.value, "category": category})
+
+
+def settle_lost(
+    store: ExecutionStore, settings: ExecutionsConfig, backstop_s: int, execution_id: str, by: str
+) -> ExecutionRecord | None:
+    """A running execution whose lease lapsed, settled (None if it is not lost); queued again, it is
+    put on its queue here, with a new span of its trace."""
+    record = store.fail_if_lost(execution_id, by)
+    if record is not None and record.status is ExecutionStatus.QUEUED:  # a declared effect that runs again
+        log.info("a lost worker's execution %s runs again in place", execution_id)
+        parent = TraceContext(record.trace_id, secrets.token_hex(8)).traceparent
+        requeue(store.redis, record, parent, settings, backstop_s)
+    return record
 
 
 # -- what the sandbox is given ---------------------------------------------------------------------

@@ -12,7 +12,6 @@ owns.
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -20,9 +19,8 @@ from functools import partial
 
 from execbox.core.errors import ServiceError
 from execbox.core.poison import Guard
-from execbox.core.tracing import TraceContext
-from execbox.executions.queue import make_queue, requeue, restore_tickets, return_lost_takes
-from execbox.executions.status import ExecutionStatus
+from execbox.executions.lifecycle import settle_lost
+from execbox.executions.queue import make_queue, restore_tickets, return_lost_takes
 from execbox.fleet.registry import Heartbeat
 from execbox.sandbox.runtime import ContainerInfo
 from execbox.sessions.service import ended_error, settle_waiting
@@ -96,13 +94,8 @@ def sweep(ctx: WorkerContext, unowned_before: set[str] | None = None) -> dict[st
     counts["tickets"] = restore_tickets(make_queue(ctx.store.redis, ctx.settings), ctx.settings, ctx.backstop_s)
 
     def lost(execution_id: str) -> None:
-        record = ctx.store.fail_if_lost(execution_id, BY)
-        if record is None:
-            return
-        counts["lost"] += 1
-        if record.status is ExecutionStatus.QUEUED:  # a declared effect that runs again in place
-            parent = TraceContext(record.trace_id, secrets.token_hex(8)).traceparent
-            requeue(ctx.store.redis, record, parent, ctx.settings, ctx.backstop_s)
+        if settle_lost(ctx.store, ctx.settings, ctx.backstop_s, execution_id, BY) is not None:
+            counts["lost"] += 1
 
     for execution_id in ctx.store.running():
         guard.item(f"execution {execution_id}", partial(lost, execution_id))

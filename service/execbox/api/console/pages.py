@@ -36,12 +36,26 @@ from execbox.api.console.web import (
     set_cookie,
     tenant_of,
 )
-from execbox.api.deps import ServicesDep
+from execbox.api.deps import (
+    ArtifactsDep,
+    KeysDep,
+    LibraryDep,
+    RunsDep,
+    SchedulerDep,
+    SettingsDep,
+    SignInsDep,
+    StoreDep,
+    SubmissionsDep,
+    SurprisesDep,
+)
 from execbox.core.errors import ServiceError
 from execbox.executions import live
 from execbox.executions.record import ExecutionRecord, RunRecord
 from execbox.executions.schemas import EXECUTION_ID_PATTERN
+from execbox.executions.submit import Submissions
+from execbox.files.blobs import ArtifactStore
 from execbox.files.collect import RICH_DIR
+from execbox.plans.runs import Runs
 from execbox.plans.schemas import ApprovalStatus, Decision, RunStatus
 from execbox.plans.validation import dependencies
 from execbox.schedules import calendar
@@ -56,8 +70,8 @@ EXECUTION_ID = re.compile(EXECUTION_ID_PATTERN)
 
 
 @router.get("", response_class=HTMLResponse)
-def home(request: Request, services: ServicesDep) -> Response:
-    signin = current(request, services)
+def home(request: Request, signins: SignInsDep, settings: SettingsDep) -> Response:
+    signin = current(request, signins, settings)
     if signin is not None and signin.operator:
         return redirect(f"{PATH}/operators")
     return redirect(f"{PATH}/approvals")
@@ -69,11 +83,13 @@ def signin_form(request: Request) -> HTMLResponse:
 
 
 @router.post("/signin", response_class=HTMLResponse)
-def signin(request: Request, services: ServicesDep, key: Annotated[str, Form(max_length=200)] = "") -> Response:
+def signin(
+    request: Request, settings: SettingsDep, signins: SignInsDep, key: Annotated[str, Form(max_length=200)] = ""
+) -> Response:
     same_origin(request)
     source = request.client.host if request.client is not None else ""
     try:
-        cookie, started = services.console.start(key.strip(), admin_token(services), source)
+        cookie, started = signins.start(key.strip(), admin_token(settings), source)
     except InvalidKey:
         return page(request, "signin.html", 401, problem="That key is not a valid API key or admin token.")
     except SignInThrottled as exc:
@@ -86,10 +102,10 @@ def signin(request: Request, services: ServicesDep, key: Annotated[str, Form(max
 
 
 @router.post("/signout")
-def signout(request: Request, signin: SignInDep, services: ServicesDep,
+def signout(request: Request, signin: SignInDep, signins: SignInsDep,
             form_token: Annotated[str, Form(max_length=100)] = "") -> Response:  # fmt: skip
     checked_form(request, signin, form_token)
-    services.console.end(request.cookies.get(COOKIE))
+    signins.end(request.cookies.get(COOKIE))
     response = redirect(f"{PATH}/signin")
     response.delete_cookie(COOKIE, path=PATH)
     return response
@@ -99,25 +115,25 @@ def signout(request: Request, signin: SignInDep, services: ServicesDep,
 
 
 @router.get("/approvals", response_class=HTMLResponse)
-def approvals(request: Request, signin: SignInDep, services: ServicesDep) -> HTMLResponse:
+def approvals(request: Request, signin: SignInDep, runs: RunsDep) -> HTMLResponse:
     tenant = tenant_of(signin)
-    found = services.runs.approvals(tenant)  # as they stand now: withdrawn once their subject ended
+    found = runs.approvals(tenant)  # as they stand now: withdrawn once their subject ended
     pending = [a for a in found if a.status is ApprovalStatus.PENDING]
     decided = sorted((a for a in found if a.status is not ApprovalStatus.PENDING),
                      key=lambda a: a.decided_at or a.expires_at, reverse=True)[:50]  # fmt: skip
     plans: dict[str, tuple[str, list[tuple[str, str]]]] = {}
     for approval in pending:
         if approval.run_id and approval.run_id not in plans:
-            plans[approval.run_id] = _around(services, tenant, approval.run_id)
+            plans[approval.run_id] = _around(runs, tenant, approval.run_id)
     return page(request, "approvals.html", pending=pending, decided=decided, plans=plans,
                 pretty=lambda v: json.dumps(v, indent=2, sort_keys=True))  # fmt: skip
 
 
-def _around(services: ServicesDep, tenant: str, run_id: str) -> tuple[str, list[tuple[str, str]]]:
+def _around(runs: Runs, tenant: str, run_id: str) -> tuple[str, list[tuple[str, str]]]:
     """(the run's status, each step's id and status); ("gone", []) for a run past its retention
     (its approval may outlive it), so that one such approval never stops the page."""
     try:
-        run = services.runs.get(tenant, run_id)
+        run = runs.get(tenant, run_id)
     except ServiceError:
         return "gone", []
     steps = [(s.id, run.steps[s.id].status.value if s.id in run.steps else "pending") for s in run.plan.steps]
@@ -129,7 +145,8 @@ def decide(
     request: Request,
     approval_id: str,
     signin: SignInDep,
-    services: ServicesDep,
+    keys: KeysDep,
+    runs: RunsDep,
     decision: Annotated[str, Form()],
     form_token: Annotated[str, Form(max_length=100)] = "",
     reason: Annotated[str, Form(max_length=4000)] = "",
@@ -140,8 +157,8 @@ def decide(
     if decision not in ("approve", "reject"):
         raise PageError(422, "console.decision", "decision must be approve or reject")
     body = Decision(decision=decision, reason=reason, decided_by=decided_by)
-    gated = services.keys.requires_approval(signin.key_id)  # a key whose writes need approval decides none
-    answer_errors(services.runs.decide, tenant, approval_id, body, signin.key_id, gated)
+    gated = keys.requires_approval(signin.key_id)  # a key whose writes need approval decides none
+    answer_errors(runs.decide, tenant, approval_id, body, signin.key_id, gated)
     return redirect(f"{PATH}/approvals")
 
 
@@ -149,23 +166,23 @@ def decide(
 
 
 @router.get("/runs", response_class=HTMLResponse)
-def runs(request: Request, signin: SignInDep, services: ServicesDep,
+def runs(request: Request, signin: SignInDep, runs: RunsDep,
          status: Annotated[str, Query(max_length=40)] = "") -> HTMLResponse:  # fmt: skip
     tenant = tenant_of(signin)
-    found = sorted(services.runs.executor.store.of_tenant(tenant), key=lambda r: r.created_at, reverse=True)
+    found = sorted(runs.executor.store.of_tenant(tenant), key=lambda r: r.created_at, reverse=True)
     shown = [r for r in found if not status or r.status.value == status]
     return page(request, "runs.html", runs=shown[:200], status=status, statuses=[s.value for s in RunStatus])
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
-def run(request: Request, run_id: str, signin: SignInDep, services: ServicesDep) -> HTMLResponse:
+def run(request: Request, run_id: str, signin: SignInDep, runs: RunsDep) -> HTMLResponse:
     tenant = tenant_of(signin)
-    stored = answer_errors(services.runs.get, tenant, run_id)
+    stored = answer_errors(runs.get, tenant, run_id)
     statuses = {step_id: state.status.value for step_id, state in stored.steps.items()}
     drawn = graph.layout({s.id: dependencies(s) for s in stored.plan.steps}, statuses)
     handoff = None
     if stored.status in (RunStatus.NEEDS_REPLAN, RunStatus.GOAL_FAILED):  # the only ones that have one
-        handoff = answer_errors(services.runs.handoff, tenant, run_id)
+        handoff = answer_errors(runs.handoff, tenant, run_id)
     return page(request, "run.html", run=stored, graph=drawn, box=(graph.BOX_W, graph.BOX_H),
                 handoff=handoff.model_dump_json(indent=2) if handoff else None,
                 live=not stored.status.terminal)  # fmt: skip
@@ -184,10 +201,10 @@ def find_execution(request: Request, signin: SignInDep, id: Annotated[str, Query
     return page(request, "find.html")
 
 
-def _owned(services: ServicesDep, tenant: str, execution_id: str) -> ExecutionRecord:
+def _owned(submissions: Submissions, tenant: str, execution_id: str) -> ExecutionRecord:
     if not EXECUTION_ID.match(execution_id):
         raise PageError(404, "execution.not_found", "no such execution")
-    return answer_errors(services.executions.owned, tenant, execution_id)
+    return answer_errors(submissions.owned, tenant, execution_id)
 
 
 def _pages(text: str) -> int:
@@ -195,9 +212,9 @@ def _pages(text: str) -> int:
 
 
 @router.get("/executions/{execution_id}", response_class=HTMLResponse)
-def execution(request: Request, execution_id: str, signin: SignInDep, services: ServicesDep,
+def execution(request: Request, execution_id: str, signin: SignInDep, submissions: SubmissionsDep, store: StoreDep,
               out: Annotated[int, Query(ge=1)] = 1, err: Annotated[int, Query(ge=1)] = 1) -> HTMLResponse:  # fmt: skip
-    stored = _owned(services, tenant_of(signin), execution_id)
+    stored = _owned(submissions, tenant_of(signin), execution_id)
     found = stored.public()
     results = [
         {"media_type": media, "url": f"{PATH}/executions/{found.id}/results/{quote(d.url.rsplit('/', 1)[-1])}",
@@ -207,7 +224,7 @@ def execution(request: Request, execution_id: str, signin: SignInDep, services: 
     record = RunRecord.of(stored).model_dump_json(indent=2)
     stdout, stderr = found.stdout, found.stderr
     if found.finished_at is None:  # the record has no output yet: what the run wrote so far
-        written = live.so_far(services.store.redis, services.store.keys, found.id, PAGE_BYTES * 16)
+        written = live.so_far(store.redis, store.keys, found.id, PAGE_BYTES * 16)
         stdout, stderr = written["stdout"], written["stderr"]
     return page(request, "execution.html", e=found, results=results, record=record,
                 out=stdout[(out - 1) * PAGE_BYTES: out * PAGE_BYTES], out_page=out, out_pages=_pages(stdout),
@@ -215,9 +232,9 @@ def execution(request: Request, execution_id: str, signin: SignInDep, services: 
                 live=found.finished_at is None)  # fmt: skip
 
 
-def _download(services: ServicesDep, execution_id: str, name: str, media_type: str, sha256: str) -> Response:
+def _download(artifacts: ArtifactStore, execution_id: str, name: str, media_type: str, sha256: str) -> Response:
     try:
-        size = services.artifacts.size(execution_id, name)
+        size = artifacts.size(execution_id, name)
     except FileNotFoundError as exc:
         raise PageError(404, "artifact.not_found", "no such file") from exc
     inline = media_type in INLINE_IMAGES
@@ -225,51 +242,65 @@ def _download(services: ServicesDep, execution_id: str, name: str, media_type: s
                "Content-Disposition": ("inline" if inline else "attachment")
                + f"; filename*=UTF-8''{quote(name.rsplit('/', 1)[-1])}"}  # fmt: skip
     shown_as = media_type if inline else "application/octet-stream"
-    return StreamingResponse(services.artifacts.read(execution_id, name), media_type=shown_as, headers=headers)
+    return StreamingResponse(artifacts.read(execution_id, name), media_type=shown_as, headers=headers)
 
 
 @router.get("/executions/{execution_id}/artifacts/{name:path}")
-def artifact(request: Request, execution_id: str, name: str, signin: SignInDep, services: ServicesDep) -> Response:
-    found = _owned(services, tenant_of(signin), execution_id)
+def artifact(
+    request: Request,
+    execution_id: str,
+    name: str,
+    signin: SignInDep,
+    submissions: SubmissionsDep,
+    artifacts: ArtifactsDep,
+) -> Response:
+    found = _owned(submissions, tenant_of(signin), execution_id)
     one = next((a for a in found.artifacts if a.name == name), None)
     if one is None:
         raise PageError(404, "artifact.not_found", "no such artifact")
-    return _download(services, found.id, name, "application/octet-stream", one.sha256)
+    return _download(artifacts, found.id, name, "application/octet-stream", one.sha256)
 
 
 @router.get("/executions/{execution_id}/results/{file}")
-def result(request: Request, execution_id: str, file: str, signin: SignInDep, services: ServicesDep) -> Response:
-    found = _owned(services, tenant_of(signin), execution_id)
+def result(
+    request: Request,
+    execution_id: str,
+    file: str,
+    signin: SignInDep,
+    submissions: SubmissionsDep,
+    artifacts: ArtifactsDep,
+) -> Response:
+    found = _owned(submissions, tenant_of(signin), execution_id)
     suffix = f"/results/{quote(file)}"
     data = next((d for r in found.results for d in r.data.values() if d.url.endswith(suffix)), None)
     if data is None:
         raise PageError(404, "artifact.not_found", "no such result")
-    return _download(services, found.id, f"{RICH_DIR}{file}", data.media_type, data.sha256)
+    return _download(artifacts, found.id, f"{RICH_DIR}{file}", data.media_type, data.sha256)
 
 
 # -- scripts and schedules ----------------------------------------------------------------------
 
 
 @router.get("/scripts", response_class=HTMLResponse)
-def scripts(request: Request, signin: SignInDep, services: ServicesDep) -> HTMLResponse:
+def scripts(
+    request: Request, signin: SignInDep, library: LibraryDep, scheduler: SchedulerDep, events: SurprisesDep
+) -> HTMLResponse:
     tenant = tenant_of(signin)
-    found = services.scripts.search(tenant)
+    found = library.search(tenant)
     schedules = []
-    for schedule in services.schedules.store.of_tenant(tenant):
+    for schedule in scheduler.store.of_tenant(tenant):
         upcoming = [] if schedule.paused else list(itertools.islice(
             calendar.slots(schedule.cron, schedule.timezone, max(schedule.last_slot, time.time())), 3))  # fmt: skip
         schedules.append((schedule, upcoming))
-    surprises = list(reversed(services.surprises.list(tenant)))[:20]
+    surprises = list(reversed(events.list(tenant)))[:20]
     return page(request, "scripts.html", scripts=found, schedules=schedules, surprises=surprises)
 
 
 @router.get("/scripts/{name}", response_class=HTMLResponse)
-def script(request: Request, name: str, signin: SignInDep, services: ServicesDep) -> HTMLResponse:
+def script(request: Request, name: str, signin: SignInDep, library: LibraryDep) -> HTMLResponse:
     tenant = tenant_of(signin)
-    detail = answer_errors(services.scripts.detail, tenant, name)
-    versions = [
-        (v, answer_errors(services.scripts.resolve, tenant, name, v.version)) for v in reversed(detail.versions)
-    ]
+    detail = answer_errors(library.detail, tenant, name)
+    versions = [(v, answer_errors(library.resolve, tenant, name, v.version)) for v in reversed(detail.versions)]
     return page(request, "script.html", script=detail.name, versions=versions)
 
 

@@ -24,9 +24,10 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from execbox.api.deps import Services, ServicesDep
+from execbox.api.deps import SettingsDep, SignInsDep
 from execbox.core.errors import ServiceError
-from execbox.tenancy.signins import SIGNIN_TTL_S, SignIn
+from execbox.settings import Settings
+from execbox.tenancy.signins import SIGNIN_TTL_S, SignIn, SignIns
 
 T = TypeVar("T")
 COOKIE = "execbox_console"
@@ -65,8 +66,8 @@ _env.filters["from_now"] = _in
 templates = Jinja2Templates(env=_env)
 
 
-def admin_token(services: Services) -> str | None:
-    token = services.settings.auth.admin_token
+def admin_token(settings: Settings) -> str | None:
+    token = settings.auth.admin_token
     return token.get_secret_value() if token is not None else None
 
 
@@ -82,13 +83,13 @@ class SignedOut(Exception):
     """No valid sign-in: a page sends the browser to the sign-in form."""
 
 
-def current(request: Request, services: Services) -> SignIn | None:
+def current(request: Request, signins: SignIns, settings: Settings) -> SignIn | None:
     """The request's sign-in, or None."""
-    return services.console.read(request.cookies.get(COOKIE), admin_token(services))
+    return signins.read(request.cookies.get(COOKIE), admin_token(settings))
 
 
-def _signed_in(request: Request, services: ServicesDep) -> SignIn:
-    found = current(request, services)
+def _signed_in(request: Request, signins: SignInsDep, settings: SettingsDep) -> SignIn:
+    found = current(request, signins, settings)
     if found is None:
         raise SignedOut()
     request.state.signin = found

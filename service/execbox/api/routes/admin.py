@@ -10,9 +10,10 @@ from fastapi import APIRouter, Depends, Header, Path
 from pydantic import BaseModel, Field
 
 from execbox.api.bodies import OffLoopRoute
-from execbox.api.deps import ServicesDep
+from execbox.api.deps import FleetDep, KeysDep, LibraryDep, PoliciesDep, SettingsDep, StoreDep
 from execbox.api.problems import PROBLEM_DOC
 from execbox.fleet.nodes import NODE_PATTERN, Nodes
+from execbox.fleet.registry import WorkerRegistry
 from execbox.fleet.schemas import NodePublic
 from execbox.library.schemas import NAME_PATTERN, VERSION_PATTERN, Promote, ScriptCreate, ScriptVersion
 from execbox.library.service import SHARED
@@ -50,16 +51,16 @@ class KeyPublic(BaseModel):
 AdminHeader = Annotated[str | None, Header(alias="Authorization", description="`Bearer <admin token>`")]
 
 
-def _admin(services: ServicesDep, authorization: AdminHeader = None) -> None:
+def _admin(settings: SettingsDep, keys: KeysDep, authorization: AdminHeader = None) -> None:
     """Every admin route's first check, before its body is read (a router dependency)."""
-    token = services.settings.auth.admin_token
+    token = settings.auth.admin_token
     if token is None:
         raise AdminOff()
     given = bearer_token(authorization) or ""
     if secrets.compare_digest(given, token.get_secret_value()):
         return
     try:
-        services.keys.tenant_of(authorization)
+        keys.tenant_of(authorization)
     except InvalidKey:
         raise InvalidKey("no admin token, or a wrong one") from None
     raise NotAdmin()  # a valid key of a tenant: who it is is known, what it asks is not its to do
@@ -69,29 +70,29 @@ router = APIRouter(prefix="/v1/admin", tags=["admin"], route_class=OffLoopRoute,
 
 
 @router.post("/keys", status_code=201, response_model=KeyPublic, responses=_RESPONSES, summary="Issue an API key")
-def create_key(body: KeyCreate, services: ServicesDep) -> KeyPublic:
-    key, info = services.keys.create(body.tenant, body.require_approval)
+def create_key(body: KeyCreate, keys: KeysDep) -> KeyPublic:
+    key, info = keys.create(body.tenant, body.require_approval)
     return KeyPublic(**info.__dict__, key=key)
 
 
 @router.get("/keys", response_model=list[KeyPublic], responses=_RESPONSES, summary="List API keys (never the keys)")
-def list_keys(services: ServicesDep) -> list[KeyPublic]:
-    return [KeyPublic(**info.__dict__) for info in services.keys.list()]
+def list_keys(keys: KeysDep) -> list[KeyPublic]:
+    return [KeyPublic(**info.__dict__) for info in keys.list()]
 
 
 @router.delete("/keys/{key_id}", status_code=204, responses=_RESPONSES, summary="Revoke an API key")
 def revoke_key(
     key_id: Annotated[str, Path(pattern=r"^[0-9a-f]{8}$", description="Key id.")],
-    services: ServicesDep,
+    keys: KeysDep,
 ) -> None:
-    if not services.keys.revoke(key_id):
+    if not keys.revoke(key_id):
         raise KeyNotFound(key_id)
 
 
 @router.post("/scripts", status_code=201, response_model=ScriptVersion, responses=_RESPONSES,
              summary="Publish a shared script version every tenant may find and invoke")  # fmt: skip
-def publish_script(body: ScriptCreate, services: ServicesDep) -> ScriptVersion:
-    stored, _ = services.scripts.register(SHARED, body, services.policies.names)
+def publish_script(body: ScriptCreate, library: LibraryDep, policies: PoliciesDep) -> ScriptVersion:
+    stored, _ = library.register(SHARED, body, policies.names)
     return stored
 
 
@@ -101,9 +102,9 @@ def promote_shared(
     name: Annotated[str, Path(pattern=NAME_PATTERN)],
     version: Annotated[str, Path(pattern=VERSION_PATTERN)],
     body: Promote,
-    services: ServicesDep,
+    library: LibraryDep,
 ) -> ScriptVersion:
-    return services.scripts.promote(SHARED, name, version, body)
+    return library.promote(SHARED, name, version, body)
 
 
 NodeName = Annotated[
@@ -112,27 +113,27 @@ NodeName = Annotated[
 ]
 
 
-def _nodes(services: ServicesDep) -> Nodes:
-    return Nodes(services.fleet.redis, services.fleet.keys)
+def _nodes(fleet: WorkerRegistry) -> Nodes:
+    return Nodes(fleet.redis, fleet.keys)
 
 
 @router.get("/nodes", response_model=list[NodePublic], responses=_RESPONSES,
             summary="Every node: live workers, drained or not, executions running and finished")  # fmt: skip
-def list_nodes(services: ServicesDep) -> list[NodePublic]:
-    return [NodePublic.of(view) for view in _nodes(services).overview(services.store.holders())]
+def list_nodes(fleet: FleetDep, store: StoreDep) -> list[NodePublic]:
+    return [NodePublic.of(view) for view in _nodes(fleet).overview(store.holders())]
 
 
 @router.post("/nodes/{node}/drain", response_model=NodePublic, responses=_RESPONSES,
              summary="Drain a node: its workers finish what they run and take nothing new")  # fmt: skip
-def drain_node(node: NodeName, services: ServicesDep) -> NodePublic:
-    nodes = _nodes(services)
+def drain_node(node: NodeName, fleet: FleetDep, store: StoreDep) -> NodePublic:
+    nodes = _nodes(fleet)
     nodes.drain(node)
-    return NodePublic.of(nodes.view(node, services.store.holders()))
+    return NodePublic.of(nodes.view(node, store.holders()))
 
 
 @router.delete("/nodes/{node}/drain", response_model=NodePublic, responses=_RESPONSES,
                summary="Undrain a node: its workers take work again")  # fmt: skip
-def undrain_node(node: NodeName, services: ServicesDep) -> NodePublic:
-    nodes = _nodes(services)
+def undrain_node(node: NodeName, fleet: FleetDep, store: StoreDep) -> NodePublic:
+    nodes = _nodes(fleet)
     nodes.undrain(node)
-    return NodePublic.of(nodes.view(node, services.store.holders()))
+    return NodePublic.of(nodes.view(node, store.holders()))

@@ -15,14 +15,14 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import UploadFile
 
 from execbox.api.bodies import PARSES, OffLoopRoute
-from execbox.api.deps import Services, ServicesDep
+from execbox.api.deps import EnvdDep, InterpreterDep, SandboxesDep, Services, WatchersDep
 from execbox.api.params import TraceHeader
 from execbox.core.errors import FieldProblem, InvalidRequest, ServiceError
 from execbox.core.redis import redis_errors
 from execbox.e2b import commands, filesystem, watchers
 from execbox.e2b import connect as connectrpc
 from execbox.e2b.errors import NotOffered, SandboxGone
-from execbox.e2b.sandboxes import Opened, metadata_filter
+from execbox.e2b.sandboxes import Opened, Sandboxes, metadata_filter
 from execbox.e2b.schemas import (
     ConnectSandbox,
     Context,
@@ -72,22 +72,24 @@ async def _tenant(request: Request) -> str:
 
 # the control plane: the caller is the tenant of its API key (X-API-KEY)
 @control.post("/v2/sandboxes", status_code=201, response_model=Sandbox)
-async def create(request: Request, body: NewSandbox, services: ServicesDep, traceparent: TraceHeader = None) -> Sandbox:
+async def create(
+    request: Request, body: NewSandbox, sandboxes: SandboxesDep, traceparent: TraceHeader = None
+) -> Sandbox:
     tenant = await _tenant(request)
-    return await to_thread.run_sync(services.sandboxes.create, tenant, body, traceparent)
+    return await to_thread.run_sync(sandboxes.create, tenant, body, traceparent)
 
 
 @control.get("/v2/sandboxes", response_model=list[SandboxDetail])
 async def list_sandboxes(
     request: Request,
     response: Response,
-    services: ServicesDep,
+    sandboxes: SandboxesDep,
     metadata: Annotated[str | None, Query(max_length=8192)] = None,
     limit: Annotated[int | None, Query(ge=1, le=1000)] = None,
     next_token: Annotated[str | None, Query(alias="nextToken", pattern=r"^\d{1,9}$")] = None,
 ) -> list[SandboxDetail]:
     tenant = await _tenant(request)
-    found = await to_thread.run_sync(services.sandboxes.running, tenant, metadata_filter(metadata))
+    found = await to_thread.run_sync(sandboxes.running, tenant, metadata_filter(metadata))
     start = int(next_token or 0)
     end = len(found) if limit is None else start + limit
     if end < len(found):
@@ -97,96 +99,106 @@ async def list_sandboxes(
 
 @control.post("/v2/sandboxes/{sandbox_id}/connect", response_model=Sandbox)
 async def connect(
-    request: Request, sandbox_id: str, services: ServicesDep, body: ConnectSandbox | None = None
+    request: Request, sandbox_id: str, sandboxes: SandboxesDep, body: ConnectSandbox | None = None
 ) -> Sandbox:
     tenant = await _tenant(request)
-    return await to_thread.run_sync(services.sandboxes.connect, tenant, sandbox_id, body or ConnectSandbox())
+    return await to_thread.run_sync(sandboxes.connect, tenant, sandbox_id, body or ConnectSandbox())
 
 
 @control.get("/sandboxes/{sandbox_id}", response_model=SandboxDetail)
-async def get_sandbox(request: Request, sandbox_id: str, services: ServicesDep) -> SandboxDetail:
+async def get_sandbox(request: Request, sandbox_id: str, sandboxes: SandboxesDep) -> SandboxDetail:
     tenant = await _tenant(request)
-    return await to_thread.run_sync(services.sandboxes.detail, tenant, sandbox_id)
+    return await to_thread.run_sync(sandboxes.detail, tenant, sandbox_id)
 
 
 @control.delete("/sandboxes/{sandbox_id}", status_code=204)
-async def kill(request: Request, sandbox_id: str, services: ServicesDep) -> Response:
+async def kill(request: Request, sandbox_id: str, sandboxes: SandboxesDep) -> Response:
     tenant = await _tenant(request)
-    await to_thread.run_sync(services.sandboxes.kill, tenant, sandbox_id)
+    await to_thread.run_sync(sandboxes.kill, tenant, sandbox_id)
     return Response(status_code=204)
 
 
 @control.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
-async def set_timeout(request: Request, sandbox_id: str, body: SetTimeout, services: ServicesDep) -> Response:
+async def set_timeout(request: Request, sandbox_id: str, body: SetTimeout, sandboxes: SandboxesDep) -> Response:
     tenant = await _tenant(request)
-    await to_thread.run_sync(services.sandboxes.set_timeout, tenant, sandbox_id, body.timeout)
+    await to_thread.run_sync(sandboxes.set_timeout, tenant, sandbox_id, body.timeout)
     return Response(status_code=204)
 
 
 # the sandbox plane: the caller holds a sandbox id and that sandbox's access token, nothing more
-async def _opened(request: Request, services: Services, running: bool = True) -> Opened:
+async def _opened(request: Request, sandboxes: Sandboxes, running: bool = True) -> Opened:
     headers = request.headers
     token = headers.get("X-Access-Token") or headers.get("E2B-Traffic-Access-Token")
-    opened = await to_thread.run_sync(services.sandboxes.open, headers.get("E2b-Sandbox-Id"), token)
+    opened = await to_thread.run_sync(sandboxes.open, headers.get("E2b-Sandbox-Id"), token)
     if running and not opened.running:
         raise SandboxGone(headers.get("E2b-Sandbox-Id", ""))
     return opened
 
 
 @sandbox.get("/health", status_code=204)
-async def health(request: Request, services: ServicesDep) -> Response:
-    await _opened(request, services)
+async def health(request: Request, sandboxes: SandboxesDep) -> Response:
+    await _opened(request, sandboxes)
     return Response(status_code=204)
 
 
 @sandbox.post("/execute")
 async def execute(
-    request: Request, body: Execute, services: ServicesDep, traceparent: TraceHeader = None
+    request: Request,
+    body: Execute,
+    sandboxes: SandboxesDep,
+    interpreter: InterpreterDep,
+    traceparent: TraceHeader = None,
 ) -> StreamingResponse:
-    opened = await _opened(request, services)
-    record = await to_thread.run_sync(services.interpreter.start, opened, body, traceparent)
-    lines = services.interpreter.lines(opened.entry.tenant, record)
+    opened = await _opened(request, sandboxes)
+    record = await to_thread.run_sync(interpreter.start, opened, body, traceparent)
+    lines = interpreter.lines(opened.entry.tenant, record)
     return StreamingResponse(lines, media_type="application/x-ndjson", headers={"X-Trace-Id": record.trace_id})
 
 
 @sandbox.get("/contexts", response_model=list[Context])
-async def list_contexts(request: Request, services: ServicesDep) -> list[Context]:
-    return await to_thread.run_sync(services.interpreter.contexts, await _opened(request, services))
+async def list_contexts(request: Request, interpreter: InterpreterDep, sandboxes: SandboxesDep) -> list[Context]:
+    return await to_thread.run_sync(interpreter.contexts, await _opened(request, sandboxes))
 
 
 @sandbox.post("/contexts", response_model=Context)
-async def create_context(request: Request, body: NewContext, services: ServicesDep) -> Context:
-    return await services.interpreter.new_context(await _opened(request, services), body)
+async def create_context(
+    request: Request, body: NewContext, interpreter: InterpreterDep, sandboxes: SandboxesDep
+) -> Context:
+    return await interpreter.new_context(await _opened(request, sandboxes), body)
 
 
 @sandbox.delete("/contexts/{context_id}", status_code=204)
-async def remove_context(request: Request, context_id: str, services: ServicesDep) -> Response:
-    await services.interpreter.remove(await _opened(request, services), context_id)
+async def remove_context(
+    request: Request, context_id: str, interpreter: InterpreterDep, sandboxes: SandboxesDep
+) -> Response:
+    await interpreter.remove(await _opened(request, sandboxes), context_id)
     return Response(status_code=204)
 
 
 @sandbox.post("/contexts/{context_id}/restart", status_code=204)
-async def restart_context(request: Request, context_id: str, services: ServicesDep) -> Response:
-    await services.interpreter.restart(await _opened(request, services), context_id)
+async def restart_context(
+    request: Request, context_id: str, interpreter: InterpreterDep, sandboxes: SandboxesDep
+) -> Response:
+    await interpreter.restart(await _opened(request, sandboxes), context_id)
     return Response(status_code=204)
 
 
 @sandbox.get("/files")
 async def read_file(
-    request: Request, services: ServicesDep, path: Annotated[str | None, Query(max_length=4096)] = None
+    request: Request, envd: EnvdDep, sandboxes: SandboxesDep, path: Annotated[str | None, Query(max_length=4096)] = None
 ) -> Response:
-    data = await filesystem.read(services.envd, await _opened(request, services), path)
+    data = await filesystem.read(envd, await _opened(request, sandboxes), path)
     return Response(data, media_type="application/octet-stream")
 
 
 @sandbox.post("/files")
 async def write_files(
-    request: Request, services: ServicesDep, path: Annotated[str | None, Query(max_length=4096)] = None
+    request: Request, sandboxes: SandboxesDep, envd: EnvdDep, path: Annotated[str | None, Query(max_length=4096)] = None
 ) -> JSONResponse:
     """Multipart (field `file`, each part's filename its path; `path` names a single part) or, for
     envd 0.5.7's streamed writes, the raw bytes (gzip-encoded or not) of the one file `path` names."""
-    opened = await _opened(request, services)
-    limit = services.envd.max_file_bytes
+    opened = await _opened(request, sandboxes)
+    limit = envd.max_file_bytes
     files: list[tuple[str, bytes]] = []
     if request.headers.get("content-type", "").startswith("multipart/form-data"):
         async with request.form(max_files=64, max_fields=16) as form:
@@ -201,7 +213,7 @@ async def write_files(
         if request.headers.get("content-encoding", "").lower() == "gzip":
             data = filesystem.gunzip(data, limit)
         files.append((path, data))
-    return JSONResponse(await filesystem.write(services.envd, opened, files))
+    return JSONResponse(await filesystem.write(envd, opened, files))
 
 
 SERVER_STREAMS = frozenset(
@@ -211,9 +223,11 @@ SERVER_STREAMS = frozenset(
 
 
 @sandbox.post("/{service}/{method}")
-async def rpc(request: Request, service: str, method: str, services: ServicesDep) -> Response:
+async def rpc(
+    request: Request, service: str, method: str, sandboxes: SandboxesDep, envd: EnvdDep, watch_book: WatchersDep
+) -> Response:
     """Connect RPCs, JSON codec: unary calls answer JSON, Start and Connect stream envelopes."""
-    opened = await _opened(request, services)
+    opened = await _opened(request, sandboxes)
     if (service, method) in SERVER_STREAMS:
         try:
             body = await to_thread.run_sync(connectrpc.opened_envelope, await request.body(), limiter=PARSES)
@@ -221,18 +235,18 @@ async def rpc(request: Request, service: str, method: str, services: ServicesDep
             return Response(connectrpc.end_stream(connectrpc.connect_code(exc.http_status), exc.message),
                             media_type=connectrpc.STREAM_TYPE)  # fmt: skip
         if method == "WatchDir":
-            frames = watchers.stream(services.envd, opened, body)
+            frames = watchers.stream(envd, opened, body)
         else:
-            frames = commands.stream(services.envd, opened, method, body, request.headers.get("Connect-Timeout-Ms"))
+            frames = commands.stream(envd, opened, method, body, request.headers.get("Connect-Timeout-Ms"))
         return StreamingResponse(frames, media_type=connectrpc.STREAM_TYPE)
     if service == "process.Process" and method == "StreamInput":
-        answer = await commands.stream_input(services.envd, opened, request.stream())
+        answer = await commands.stream_input(envd, opened, request.stream())
         return Response(answer, media_type=connectrpc.STREAM_TYPE)
     body = await to_thread.run_sync(connectrpc.message, await request.body(), limiter=PARSES)  # off the loop
     if service == "filesystem.Filesystem" and method in watchers.UNARY:
-        return JSONResponse(await watchers.rpc(services.envd, services.watchers, opened, method, body))
+        return JSONResponse(await watchers.rpc(envd, watch_book, opened, method, body))
     if service == "process.Process":
-        return JSONResponse(await commands.rpc(services.envd, opened, method, body))
+        return JSONResponse(await commands.rpc(envd, opened, method, body))
     if service == "filesystem.Filesystem":
-        return JSONResponse(await filesystem.rpc(services.envd, opened, method, body))
+        return JSONResponse(await filesystem.rpc(envd, opened, method, body))
     raise NotOffered(f"no RPC service {service[:64]!r}")

@@ -14,17 +14,27 @@ from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
+from execbox.api import answers
 from execbox.api.bodies import PARSES, OffLoopRoute, parse_json
-from execbox.api.deps import ServicesDep, TenantDep
+from execbox.api.deps import (
+    ArtifactsDep,
+    PoliciesDep,
+    SettingsDep,
+    StoreDep,
+    SubmissionsDep,
+    TenantDep,
+    WaitersDep,
+)
 from execbox.api.params import IdempotencyHeader, PreferHeader, TraceHeader, WaitQuery, disconnected, wait_seconds
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.core.errors import FieldProblem, InvalidRequest
-from execbox.core.tracing import TraceContext, from_traceparent
+from execbox.core.tracing import from_traceparent
 from execbox.executions import live
 from execbox.executions.effects import ExecutionReconcile
-from execbox.executions.record import ExecutionRecord, RunRecord
+from execbox.executions.record import RunRecord
 from execbox.executions.schemas import EXECUTION_ID_PATTERN, ExecutionCreate, ExecutionPublic
 from execbox.executions.submit import mine
+from execbox.files.blobs import ArtifactStore
 from execbox.files.collect import RICH_DIR
 from execbox.files.errors import ArtifactNotFound
 from execbox.files.media import DOWNLOAD_HEADERS, served_as
@@ -51,16 +61,6 @@ _RESPONSES: dict[int | str, dict[str, object]] = {
     503: {"description": "The queue is full or Redis unavailable; retry after Retry-After.", **_PROBLEM},
     **UNAUTHORIZED_DOC,
 }
-
-
-def _answer(
-    response: Response, record: ExecutionRecord, trace: TraceContext, status: int | None = None
-) -> ExecutionPublic:
-    response.status_code = status or (200 if record.status.terminal else 202)
-    response.headers["Location"] = f"/v1/executions/{record.id}"
-    response.headers["X-Trace-Id"] = record.trace_id
-    response.headers["traceparent"] = TraceContext(record.trace_id, trace.span_id, trace.flags).traceparent
-    return record.public()
 
 
 _CREATE_BODY = {
@@ -132,27 +132,24 @@ async def _read_body(request: Request, max_files: int) -> tuple[ExecutionCreate,
 async def create_execution(
     request: Request,
     response: Response,
-    services: ServicesDep,
+    settings: SettingsDep,
+    waiters: WaitersDep,
+    policies: PoliciesDep,
+    submissions: SubmissionsDep,
     tenant: TenantDep,
     wait: WaitQuery = None,
     prefer: PreferHeader = None,
     traceparent: TraceHeader = None,
     idempotency_key: IdempotencyHeader = None,
 ) -> ExecutionPublic:
-    wait_s = wait_seconds(services, wait, prefer)
-    body, extra = await _read_body(request, services.policies.max_ceiling("input_files"))
+    wait_s = wait_seconds(settings, wait, prefer)
+    body, extra = await _read_body(request, policies.max_ceiling("input_files"))
     gated = bool(getattr(request.state, "api_key_gated", False))  # its writes wait for approval, asked or not
     submitted = await to_thread.run_sync(
-        lambda: services.executions.submit(tenant, body, extra, traceparent, idempotency_key, approval_required=gated),
+        lambda: submissions.submit(tenant, body, extra, traceparent, idempotency_key, approval_required=gated),
         limiter=_ACCEPTS,
     )
-    if submitted.replayed:
-        response.headers["Idempotent-Replayed"] = "true"
-    response.headers.update(submitted.headers)
-    record = submitted.record
-    if wait_s > 0:
-        record = await services.waiters.wait(record.id, wait_s, disconnected(request)) or record
-    return _answer(response, record, submitted.trace)
+    return await answers.submitted(request, response, waiters, submitted, wait_s)
 
 
 @router.get("/{execution_id}", response_model=ExecutionPublic, responses=_RESPONSES, summary="Get an execution")
@@ -160,17 +157,18 @@ async def get_execution(
     execution_id: ExecutionId,
     request: Request,
     response: Response,
-    services: ServicesDep,
+    settings: SettingsDep,
+    waiters: WaitersDep,
     tenant: TenantDep,
     wait: WaitQuery = None,
     prefer: PreferHeader = None,
     traceparent: TraceHeader = None,
 ) -> ExecutionPublic:
-    wait_s = wait_seconds(services, wait, prefer)
-    record = mine(await services.waiters.record(execution_id), tenant, execution_id)
+    wait_s = wait_seconds(settings, wait, prefer)
+    record = mine(await waiters.record(execution_id), tenant, execution_id)
     if wait_s > 0:
-        record = await services.waiters.wait(execution_id, wait_s, disconnected(request)) or record
-    return _answer(response, record, from_traceparent(traceparent), status=200)
+        record = await waiters.wait(execution_id, wait_s, disconnected(request)) or record
+    return answers.execution(response, record, from_traceparent(traceparent), status=200)
 
 
 @router.get(
@@ -184,9 +182,9 @@ async def get_execution(
     },
 )
 def get_run_record(
-    execution_id: ExecutionId, response: Response, services: ServicesDep, tenant: TenantDep
+    execution_id: ExecutionId, response: Response, submissions: SubmissionsDep, tenant: TenantDep
 ) -> RunRecord:
-    record = services.executions.owned(tenant, execution_id)
+    record = submissions.owned(tenant, execution_id)
     response.headers["X-Trace-Id"] = record.trace_id
     return RunRecord.of(record)
 
@@ -201,12 +199,12 @@ def get_run_record(
 def cancel_execution(
     execution_id: ExecutionId,
     response: Response,
-    services: ServicesDep,
+    submissions: SubmissionsDep,
     tenant: TenantDep,
     traceparent: TraceHeader = None,
 ) -> ExecutionPublic:
-    record = services.executions.cancel(tenant, execution_id)
-    return _answer(response, record, from_traceparent(traceparent))
+    record = submissions.cancel(tenant, execution_id)
+    return answers.execution(response, record, from_traceparent(traceparent))
 
 
 @router.post(
@@ -219,13 +217,13 @@ def reconcile_execution(
     execution_id: ExecutionId,
     body: ExecutionReconcile,
     response: Response,
-    services: ServicesDep,
+    submissions: SubmissionsDep,
     tenant: TenantDep,
     traceparent: TraceHeader = None,
 ) -> ExecutionPublic:
     applied = body.outcome == "applied"
-    record = services.executions.reconcile(tenant, execution_id, applied, body.outputs, body.reason)
-    return _answer(response, record, from_traceparent(traceparent), status=200)
+    record = submissions.reconcile(tenant, execution_id, applied, body.outputs, body.reason)
+    return answers.execution(response, record, from_traceparent(traceparent), status=200)
 
 
 @router.get(
@@ -244,13 +242,13 @@ def reconcile_execution(
     },
 )
 def download_artifact(
-    execution_id: ExecutionId, name: str, services: ServicesDep, tenant: TenantDep
+    execution_id: ExecutionId, name: str, artifacts: ArtifactsDep, submissions: SubmissionsDep, tenant: TenantDep
 ) -> StreamingResponse:
-    record = services.executions.owned(tenant, execution_id)
+    record = submissions.owned(tenant, execution_id)
     artifact = next((a for a in record.artifacts if a.name == name), None)
     if artifact is None:
         raise ArtifactNotFound(execution_id, name)
-    return _stream(services, execution_id, name, artifact.media_type, artifact.sha256)
+    return _stream(artifacts, execution_id, name, artifact.media_type, artifact.sha256)
 
 
 @router.get(
@@ -271,7 +269,10 @@ def download_artifact(
 )
 async def execution_events(
     execution_id: ExecutionId,
-    services: ServicesDep,
+    submissions: SubmissionsDep,
+    waiters: WaitersDep,
+    store: StoreDep,
+    settings: SettingsDep,
     tenant: TenantDep,
     last_event_id: Annotated[
         str | None, Header(alias="Last-Event-ID", pattern=r"^\d{1,20}-\d{1,20}$", description="Resume after this id.")
@@ -282,11 +283,11 @@ async def execution_events(
             live.check_id(last_event_id)
         except ValueError as exc:  # checked before the 200: Redis would refuse it mid-stream
             raise InvalidRequest(str(exc), (FieldProblem("header.Last-Event-ID", str(exc)),)) from exc
-    await to_thread.run_sync(services.executions.owned, tenant, execution_id)  # 404 before the stream starts
-    keepalive_ms = int(services.settings.api.sse_keepalive_s * 1000)
+    await to_thread.run_sync(submissions.owned, tenant, execution_id)  # 404 before the stream starts
+    keepalive_ms = int(settings.api.sse_keepalive_s * 1000)
 
     async def events() -> AsyncIterator[str]:
-        reader = live.read(services.waiters.streams, services.store.keys, execution_id, last_event_id or "0",
+        reader = live.read(waiters.streams, store.keys, execution_id, last_event_id or "0",
                            keepalive_ms)  # fmt: skip
         async for item in reader:
             if item is None:
@@ -294,7 +295,7 @@ async def execution_events(
                 continue
             event_id, event, data = item
             if event == live.END:  # the finished execution, as GET answers it
-                record = await to_thread.run_sync(services.executions.owned, tenant, execution_id)
+                record = await to_thread.run_sync(submissions.owned, tenant, execution_id)
                 data = record.public().model_dump_json()
             yield (f"id: {event_id}\n" if event_id else "") + f"event: {event}\ndata: {data}\n\n"
 
@@ -315,23 +316,23 @@ async def execution_events(
     },
 )
 def download_result(
-    execution_id: ExecutionId, file: str, services: ServicesDep, tenant: TenantDep
+    execution_id: ExecutionId, file: str, artifacts: ArtifactsDep, submissions: SubmissionsDep, tenant: TenantDep
 ) -> StreamingResponse:
-    record = services.executions.owned(tenant, execution_id)
+    record = submissions.owned(tenant, execution_id)
     suffix = f"/results/{quote(file)}"
     data = next((d for r in record.results for d in r.data.values() if d.url.endswith(suffix)), None)
     if data is None:
         raise ArtifactNotFound(execution_id, f"results/{file}")
-    return _stream(services, execution_id, f"{RICH_DIR}{file}", data.media_type, data.sha256)
+    return _stream(artifacts, execution_id, f"{RICH_DIR}{file}", data.media_type, data.sha256)
 
 
-def _stream(services: ServicesDep, execution_id: str, name: str, media_type: str, sha256: str) -> StreamingResponse:
+def _stream(artifacts: ArtifactStore, execution_id: str, name: str, media_type: str, sha256: str) -> StreamingResponse:
     try:
-        size = services.artifacts.size(execution_id, name)
+        size = artifacts.size(execution_id, name)
     except FileNotFoundError as exc:
         raise ArtifactNotFound(execution_id, name) from exc
     return StreamingResponse(
-        services.artifacts.read(execution_id, name),
+        artifacts.read(execution_id, name),
         media_type=served_as(media_type),
         headers={
             **DOWNLOAD_HEADERS,

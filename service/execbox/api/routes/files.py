@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from execbox.api.bodies import OffLoopRoute
-from execbox.api.deps import ServicesDep, TenantDep
+from execbox.api.deps import FilesDep, IdempotencyDep, PoliciesDep, SettingsDep, TenantDep
 from execbox.api.params import IdempotencyHeader
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.core.errors import FieldProblem, InvalidRequest
@@ -49,7 +49,10 @@ _UPLOAD = {
 async def upload_file(
     request: Request,
     response: Response,
-    services: ServicesDep,
+    settings: SettingsDep,
+    policies: PoliciesDep,
+    files: FilesDep,
+    idempotency: IdempotencyDep,
     tenant: TenantDep,
     idempotency_key: IdempotencyHeader = None,
 ) -> FilePublic:
@@ -57,7 +60,7 @@ async def upload_file(
     part = form.get("file")
     if not isinstance(part, UploadFile):
         raise InvalidRequest("send the file as a multipart part named `file`", (FieldProblem("file", "missing"),))
-    cap = services.policies.max_ceiling("input_file_bytes")
+    cap = policies.max_ceiling("input_file_bytes")
     # The parser has spooled the part to a temporary file (memory up to 1 MiB, then disk): it is read
     # from there in chunks, for its fingerprint and into the store, never whole into memory.
     if part.size is None or part.size > cap:
@@ -66,7 +69,7 @@ async def upload_file(
             (FieldProblem("file", f"at most {cap} bytes"),),
         )
     name = (part.filename or "upload").rsplit("/", 1)[-1][:255]
-    ttl = services.settings.retention_s
+    ttl = settings.retention_s
     spooled = part.file
 
     def fingerprint() -> str:
@@ -78,16 +81,16 @@ async def upload_file(
 
     def put() -> FilePublic:
         spooled.seek(0)
-        return services.files.put(spooled, name, ttl, tenant, limit=cap)
+        return files.put(spooled, name, ttl, tenant, limit=cap)
 
     def stored(file_id: str) -> FilePublic:
-        meta = services.files.meta(file_id)
+        meta = files.meta(file_id)
         if meta is None:
             raise FileNotFound(file_id)
         return meta
 
     def create() -> tuple[FilePublic, bool]:
-        return services.idempotency.once(
+        return idempotency.once(
             tenant, "POST /v1/files", idempotency_key, fingerprint, put, lambda meta: meta.id, stored
         )
 
@@ -112,10 +115,10 @@ async def upload_file(
 )
 def get_file(
     file_id: Annotated[str, Path(pattern=r"^file_[a-z0-9]{26}$", description="File id.")],
-    services: ServicesDep,
+    files: FilesDep,
     tenant: TenantDep,
 ) -> FilePublic:
-    meta = services.files.meta(file_id)
+    meta = files.meta(file_id)
     if meta is None or meta.tenant != tenant:
         raise FileNotFound(file_id)
     return meta

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from execbox.api.deps import ServicesDep
+from execbox.api.deps import FleetDep, RegistryDep, StoreDep
 from execbox.core.errors import ServiceError
 from execbox.core.poison import Loops
 
@@ -26,8 +26,8 @@ async def healthz() -> dict[str, str]:  # on the event loop: never queued behind
     response_class=Response,
     responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format."}},
 )
-def metrics(services: ServicesDep) -> Response:
-    return Response(generate_latest(services.registry), media_type=CONTENT_TYPE_LATEST)
+def metrics(registry: RegistryDep) -> Response:
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
 _READY = {
@@ -43,12 +43,12 @@ _READY = {
     "process's background loops run",
     responses={200: _READY, 503: _READY},
 )
-def readyz(services: ServicesDep, request: Request) -> JSONResponse:
+def readyz(store: StoreDep, fleet: FleetDep, request: Request) -> JSONResponse:
     checks: dict[str, Any] = {"loops": _loops(request)}
     try:
-        services.store.ping()
+        store.ping()
         checks["redis"] = {"ok": True}
-        workers = services.fleet.alive()
+        workers = fleet.alive()
         docker_ok = [w for w in workers if w.docker_ok]
         checks["workers"] = {"ok": bool(workers), "alive": len(workers)}
         checks["docker"] = {

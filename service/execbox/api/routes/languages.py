@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from execbox.api.bodies import OffLoopRoute
-from execbox.api.deps import ServicesDep, TenantDep
+from execbox.api.deps import LanguagesDep, TenantDep
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.catalog.errors import LanguageNotFound, UnknownLanguage
 from execbox.catalog.schemas import LanguagePublic, LanguagesPublic
@@ -22,8 +22,8 @@ _MALFORMED: dict[int | str, dict[str, Any]] = {422: {"description": "Malformed h
     summary="Languages and image variants this service runs",
     responses={**_MALFORMED, **UNAUTHORIZED_DOC},
 )
-def list_languages(services: ServicesDep, tenant: TenantDep) -> LanguagesPublic:
-    return LanguagesPublic(languages=[lang.public() for lang in services.languages])
+def list_languages(languages: LanguagesDep, tenant: TenantDep) -> LanguagesPublic:
+    return LanguagesPublic(languages=[lang.public() for lang in languages])
 
 
 @router.get(
@@ -32,8 +32,8 @@ def list_languages(services: ServicesDep, tenant: TenantDep) -> LanguagesPublic:
     summary="One language or variant (`python`, `py`, `python@slim`), with its runtime and package versions",
     responses={404: {"description": "No such language or variant.", **PROBLEM_DOC}, **_MALFORMED, **UNAUTHORIZED_DOC},
 )
-def get_language(name: str, services: ServicesDep, tenant: TenantDep) -> LanguagePublic:
+def get_language(name: str, languages: LanguagesDep, tenant: TenantDep) -> LanguagePublic:
     try:
-        return services.languages.get(name).public()
+        return languages.get(name).public()
     except UnknownLanguage as exc:
-        raise LanguageNotFound(name, [lang.name for lang in services.languages]) from exc
+        raise LanguageNotFound(name, [lang.name for lang in languages]) from exc

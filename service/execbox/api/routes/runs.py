@@ -10,7 +10,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from execbox.api.bodies import OffLoopRoute
-from execbox.api.deps import ServicesDep, TenantDep
+from execbox.api.deps import IdempotencyDep, RunsDep, SettingsDep, TenantDep, WaitersDep
 from execbox.api.params import IdempotencyHeader, PreferHeader, TraceHeader, WaitQuery, disconnected, wait_seconds
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.core.errors import FieldProblem, InvalidRequest
@@ -64,8 +64,8 @@ class Validation(BaseModel):
 
 @router.post("/v1/plans/validate", response_model=Validation, responses=_RUN_RESPONSES,
              summary="Check a plan without storing or running anything")  # fmt: skip
-def validate_plan(plan: PlanDocument, services: ServicesDep, tenant: TenantDep) -> Validation:
-    found = services.runs.validate(tenant, plan)
+def validate_plan(plan: PlanDocument, runs: RunsDep, tenant: TenantDep) -> Validation:
+    found = runs.validate(tenant, plan)
     if found:
         raise InvalidPlan(tuple(found))
     return Validation(valid=True, steps=len(plan.steps))
@@ -77,16 +77,17 @@ async def create_run(
     body: RunCreate,
     request: Request,
     response: Response,
-    services: ServicesDep,
+    idempotency: IdempotencyDep,
+    runs: RunsDep,
     tenant: TenantDep,
     traceparent: TraceHeader = None,
     idempotency_key: IdempotencyHeader = None,
 ) -> RunPublic:
     def create() -> tuple[StoredRun, bool]:
-        return services.idempotency.once(tenant, "POST /v1/runs", idempotency_key, lambda: request_digest(body),
-                                         lambda: services.runs.create(tenant, body, traceparent, _key_gated(request)),
-                                         lambda run: run.id,
-                                         lambda run_id: services.runs.get(tenant, run_id))  # fmt: skip
+        return idempotency.once(tenant, "POST /v1/runs", idempotency_key, lambda: request_digest(body),
+                                lambda: runs.create(tenant, body, traceparent, _key_gated(request)),
+                                lambda run: run.id,
+                                lambda run_id: runs.get(tenant, run_id))  # fmt: skip
 
     run, replayed = await to_thread.run_sync(create)
     if replayed:
@@ -97,18 +98,20 @@ async def create_run(
 
 @router.get("/v1/runs", response_model=list[RunPublic], responses=_RUN_RESPONSES, summary="The tenant's runs")
 def list_runs(
-    services: ServicesDep,
+    runs: RunsDep,
     tenant: TenantDep,
     status: Annotated[RunStatus | None, Query(description="Only runs in this status.")] = None,
 ) -> list[RunPublic]:
-    return [r.public() for r in services.runs.executor.store.of_tenant(tenant) if status in (None, r.status)]
+    return [r.public() for r in runs.executor.store.of_tenant(tenant) if status in (None, r.status)]
 
 
 @router.get("/v1/runs/{run_id}", response_model=RunPublic, responses=_RUN_RESPONSES, summary="Get a run")
 async def get_run(
     run_id: RunId,
     request: Request,
-    services: ServicesDep,
+    settings: SettingsDep,
+    runs: RunsDep,
+    waiters: WaitersDep,
     tenant: TenantDep,
     wait: WaitQuery = None,
     prefer: PreferHeader = None,
@@ -125,7 +128,7 @@ async def get_run(
     """With ?wait=S, answers once the run is no longer `running` nor being compensated (or S passed); with ?after=N
     instead, as soon as it has more than N events or has ended: a live progress display, or an agent waiting
     for an input step's expiry or an approval's decision, waits on it, never a poll."""
-    wait_s = wait_seconds(services, wait, prefer)
+    wait_s = wait_seconds(settings, wait, prefer)
     if after is not None and wait_s <= 0:
         message = "after counts events to wait past; it needs a wait (?wait=S or Prefer: wait=S)"
         raise InvalidRequest(f"query.after: {message}", (FieldProblem("query.after", message),))
@@ -135,100 +138,98 @@ async def get_run(
             return len(r.events) > after or (r.status.terminal and not compensation.running(r))
         return not (r.status in WAITING or compensation.running(r))
 
-    run = await to_thread.run_sync(services.runs.get, tenant, run_id)
+    run = await to_thread.run_sync(runs.get, tenant, run_id)
     if wait_s > 0 and not settled(run):
 
         async def read() -> StoredRun | None:
-            return await to_thread.run_sync(services.runs.get, tenant, run_id)
+            return await to_thread.run_sync(runs.get, tenant, run_id)
 
-        run = await services.waiters.wait_for(run_id, read, settled, wait_s, disconnected(request)) or run
+        run = await waiters.wait_for(run_id, read, settled, wait_s, disconnected(request)) or run
     return run.public()
 
 
 @router.get("/v1/runs/{run_id}/handoff", response_model=Handoff, responses=_RUN_RESPONSES,
             summary="What a re-planner needs (only while the run needs a re-plan)")  # fmt: skip
-def get_handoff(run_id: RunId, services: ServicesDep, tenant: TenantDep) -> Handoff:
-    return services.runs.handoff(tenant, run_id)
+def get_handoff(run_id: RunId, runs: RunsDep, tenant: TenantDep) -> Handoff:
+    return runs.handoff(tenant, run_id)
 
 
 @router.post("/v1/runs/{run_id}/revisions", response_model=RunPublic, responses=_RUN_RESPONSES,
              summary="Remove and add steps (against the current revision)")  # fmt: skip
-def revise_run(
-    run_id: RunId, body: RevisionCreate, request: Request, services: ServicesDep, tenant: TenantDep
-) -> RunPublic:
-    return services.runs.revise(tenant, run_id, body, _key_id(request), _key_gated(request)).public()
+def revise_run(run_id: RunId, body: RevisionCreate, request: Request, runs: RunsDep, tenant: TenantDep) -> RunPublic:
+    return runs.revise(tenant, run_id, body, _key_id(request), _key_gated(request)).public()
 
 
 @router.post("/v1/runs/{run_id}/cancel", response_model=RunPublic, responses=_RUN_RESPONSES, summary="Cancel a run")
 def cancel_run(
-    run_id: RunId, request: Request, services: ServicesDep, tenant: TenantDep, body: CancelRequest | None = None
+    run_id: RunId, request: Request, runs: RunsDep, tenant: TenantDep, body: CancelRequest | None = None
 ) -> RunPublic:
     """With `{"compensate": true}`, its succeeded writes are then undone in reverse order (a gated step's
     compensation only by a key that may decide its approval: 403 otherwise)."""
-    return services.runs.cancel(tenant, run_id, body, _key_id(request), _key_gated(request)).public()
+    return runs.cancel(tenant, run_id, body, _key_id(request), _key_gated(request)).public()
 
 
 @router.post("/v1/runs/{run_id}/compensate", response_model=RunPublic, responses=_RUN_RESPONSES,
              summary="Undo the run's succeeded writes (an unfinished run is abandoned first)")  # fmt: skip
 def compensate_run(
-    run_id: RunId, body: CompensateRequest, request: Request, services: ServicesDep, tenant: TenantDep
+    run_id: RunId, body: CompensateRequest, request: Request, runs: RunsDep, tenant: TenantDep
 ) -> RunPublic:
     """A gated step's compensation runs code its approver may not have decided on: only a key that may
     decide the step's approval asks it (403 `approval.forbidden` otherwise, naming the step)."""
-    return services.runs.compensate(tenant, run_id, body.reason, _key_id(request), _key_gated(request)).public()
+    return runs.compensate(tenant, run_id, body.reason, _key_id(request), _key_gated(request)).public()
 
 
 @router.post("/v1/runs/{run_id}/steps/{step_id}/reconcile", response_model=RunPublic, responses=_RUN_RESPONSES,
              summary="Settle a step whose outcome is unknown (applied or not)")  # fmt: skip
 def reconcile_step(
-    run_id: RunId, step_id: StepId, body: ReconcileRequest, request: Request, services: ServicesDep, tenant: TenantDep
+    run_id: RunId, step_id: StepId, body: ReconcileRequest, request: Request, runs: RunsDep, tenant: TenantDep
 ) -> RunPublic:
     """`not_applied` with `retry`: a gated step waits for a new approval before it runs again."""
-    return services.runs.reconcile(tenant, run_id, step_id, body, _key_gated(request)).public()
+    return runs.reconcile(tenant, run_id, step_id, body, _key_gated(request)).public()
 
 
 @router.post("/v1/runs/{run_id}/usage", response_model=RunPublic, responses=_RUN_RESPONSES,
              summary="Report the agent's own model calls, so that the run's cost is complete")  # fmt: skip
-def report_usage(run_id: RunId, body: ModelCallReport, services: ServicesDep, tenant: TenantDep) -> RunPublic:
+def report_usage(run_id: RunId, body: ModelCallReport, runs: RunsDep, tenant: TenantDep) -> RunPublic:
     """Kept whole in `model_calls` and summed per role in `usage`; a `call_id` reported before is
     counted once. Passing `max_tokens` or `max_cost_usd` stops the run (`budget_exceeded:...`)."""
-    return services.runs.report_usage(tenant, run_id, body).public()
+    return runs.report_usage(tenant, run_id, body).public()
 
 
 @router.post("/v1/runs/{run_id}/steps/{step_id}/input", response_model=RunPublic, responses=_RUN_RESPONSES,
              summary="Supply the value an input step waits for")  # fmt: skip
 def supply_input(
-    run_id: RunId, step_id: StepId, body: InputSupply, request: Request, services: ServicesDep, tenant: TenantDep
+    run_id: RunId, step_id: StepId, body: InputSupply, request: Request, runs: RunsDep, tenant: TenantDep
 ) -> RunPublic:
     """The value must satisfy the step's schema (a 422 names each problem; the run keeps waiting);
     it becomes the step's outputs and the steps after it start. The same value again changes nothing."""
-    return services.runs.supply(tenant, run_id, step_id, body, _key_id(request)).public()
+    return runs.supply(tenant, run_id, step_id, body, _key_id(request)).public()
 
 
 @router.get("/v1/approvals", response_model=list[ApprovalPublic], responses=_RUN_RESPONSES,
             summary="The tenant's approvals")  # fmt: skip
 def list_approvals(
-    services: ServicesDep,
+    runs: RunsDep,
     tenant: TenantDep,
     status: Annotated[ApprovalStatus | None, Query(description="Only approvals in this status.")] = None,
 ) -> list[ApprovalPublic]:
-    return [a for a in services.runs.approvals(tenant) if status in (None, a.status)]
+    return [a for a in runs.approvals(tenant) if status in (None, a.status)]
 
 
 @router.get("/v1/approvals/{approval_id}", response_model=ApprovalPublic, responses=_RUN_RESPONSES,
             summary="Get an approval")  # fmt: skip
-def get_approval(approval_id: ApprovalId, services: ServicesDep, tenant: TenantDep) -> ApprovalPublic:
-    return services.runs.approval(tenant, approval_id)
+def get_approval(approval_id: ApprovalId, runs: RunsDep, tenant: TenantDep) -> ApprovalPublic:
+    return runs.approval(tenant, approval_id)
 
 
 @router.post("/v1/approvals/{approval_id}/decision", response_model=ApprovalPublic, responses=_RUN_RESPONSES,
              summary="Approve or reject a step")  # fmt: skip
 def decide(
-    approval_id: ApprovalId, body: Decision, request: Request, services: ServicesDep, tenant: TenantDep
+    approval_id: ApprovalId, body: Decision, request: Request, runs: RunsDep, tenant: TenantDep
 ) -> ApprovalPublic:
     """409 when it was decided otherwise, or its run or execution ended (withdrawn) or it expired;
     403 for a key it does not name, or a key whose own writes need approval."""
-    return services.runs.decide(tenant, approval_id, body, _key_id(request), _key_gated(request))
+    return runs.decide(tenant, approval_id, body, _key_id(request), _key_gated(request))
 
 
 def _key_id(request: Request) -> str:

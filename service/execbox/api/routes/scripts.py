@@ -8,9 +8,10 @@ from typing import Annotated
 from anyio import to_thread
 from fastapi import APIRouter, Path, Query, Request, Response
 
+from execbox.api import answers
 from execbox.api.bodies import OffLoopRoute
-from execbox.api.deps import ServicesDep, TenantDep
-from execbox.api.params import IdempotencyHeader, PreferHeader, TraceHeader, WaitQuery, disconnected, wait_seconds
+from execbox.api.deps import LibraryDep, QuotasDep, SettingsDep, TenantDep, WaitersDep
+from execbox.api.params import IdempotencyHeader, PreferHeader, TraceHeader, WaitQuery, wait_seconds
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.executions.schemas import ExecutionPublic
 from execbox.library.schemas import (
@@ -42,8 +43,10 @@ _RESPONSES: dict[int | str, dict[str, object]] = {
 @router.post("", status_code=201, response_model=ScriptVersion,
              responses={200: {"description": "The same registration again.", "model": ScriptVersion}, **_RESPONSES},
              summary="Register an immutable script version (the same registration again: 200)")  # fmt: skip
-def register(body: ScriptCreate, response: Response, services: ServicesDep, tenant: TenantDep) -> ScriptVersion:
-    stored, created = services.scripts.register(tenant, body, services.quotas.quota(tenant).policies)
+def register(
+    body: ScriptCreate, response: Response, library: LibraryDep, quotas: QuotasDep, tenant: TenantDep
+) -> ScriptVersion:
+    stored, created = library.register(tenant, body, quotas.quota(tenant).policies)
     response.status_code = 201 if created else 200
     response.headers["Location"] = f"/v1/scripts/{body.name}"
     return stored
@@ -51,29 +54,29 @@ def register(body: ScriptCreate, response: Response, services: ServicesDep, tena
 
 @router.get("", response_model=list[ScriptSummary], responses=_RESPONSES, summary="Find scripts by text or tag")
 def search(
-    services: ServicesDep,
+    library: LibraryDep,
     tenant: TenantDep,
     q: Annotated[str, Query(max_length=200, description="Words in the name, description or tags.")] = "",
     tag: Annotated[str, Query(max_length=64, description="A tag the newest version has.")] = "",
 ) -> list[ScriptSummary]:
-    return services.scripts.search(tenant, q, tag)
+    return library.search(tenant, q, tag)
 
 
 @router.get("/{name}", response_model=ScriptDetail, responses=_RESPONSES, summary="A script's versions")
-def detail(name: Name, services: ServicesDep, tenant: TenantDep) -> ScriptDetail:
-    return services.scripts.detail(tenant, name)
+def detail(name: Name, library: LibraryDep, tenant: TenantDep) -> ScriptDetail:
+    return library.detail(tenant, name)
 
 
 @router.get("/{name}/versions/{version}", response_model=ScriptVersion, responses=_RESPONSES,
             summary="One version, with its code and schemas")  # fmt: skip
-def version(name: Name, version: Version, services: ServicesDep, tenant: TenantDep) -> ScriptVersion:
-    return services.scripts.resolve(tenant, name, version)
+def version(name: Name, version: Version, library: LibraryDep, tenant: TenantDep) -> ScriptVersion:
+    return library.resolve(tenant, name, version)
 
 
 @router.post("/{name}/versions/{version}/promote", response_model=ScriptVersion, responses=_RESPONSES,
              summary="Move a version to proven (on evidence) or deprecated")  # fmt: skip
-def promote(name: Name, version: Version, body: Promote, services: ServicesDep, tenant: TenantDep) -> ScriptVersion:
-    return services.scripts.promote(tenant, name, version, body)
+def promote(name: Name, version: Version, body: Promote, library: LibraryDep, tenant: TenantDep) -> ScriptVersion:
+    return library.promote(tenant, name, version, body)
 
 
 @router.post("/{name}/invoke", status_code=202, response_model=ExecutionPublic, responses=_RESPONSES,
@@ -83,20 +86,16 @@ async def invoke(
     body: Invoke,
     request: Request,
     response: Response,
-    services: ServicesDep,
+    settings: SettingsDep,
+    waiters: WaitersDep,
+    library: LibraryDep,
     tenant: TenantDep,
     wait: WaitQuery = None,
     prefer: PreferHeader = None,
     traceparent: TraceHeader = None,
     idempotency_key: IdempotencyHeader = None,
 ) -> ExecutionPublic:
-    wait_s = wait_seconds(services, wait, prefer)
-    submitted = await to_thread.run_sync(lambda: services.scripts.invoke(
+    wait_s = wait_seconds(settings, wait, prefer)
+    submitted = await to_thread.run_sync(lambda: library.invoke(
         tenant, name, body.version, body.inputs, body.files, body.labels, traceparent, idempotency_key))  # fmt: skip
-    response.headers.update(submitted.headers)
-    record = submitted.record
-    if wait_s > 0:
-        record = await services.waiters.wait(record.id, wait_s, disconnected(request)) or record
-    response.status_code = 200 if record.status.terminal else 202
-    response.headers["Location"] = f"/v1/executions/{record.id}"
-    return record.public()
+    return await answers.submitted(request, response, waiters, submitted, wait_s)

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Response
 
 from execbox.api.bodies import OffLoopRoute
-from execbox.api.deps import ServicesDep, TenantDep
+from execbox.api.deps import SessionsDep, TenantDep
 from execbox.api.params import TraceHeader
 from execbox.api.problems import PROBLEM_DOC, UNAUTHORIZED_DOC
 from execbox.sessions.schemas import SessionCreate, SessionList, SessionPublic
@@ -30,27 +30,27 @@ _RESPONSES: dict[int | str, dict[str, object]] = {
 
 @router.post("", status_code=201, response_model=SessionPublic, responses=_RESPONSES, summary="Open a session")
 def open_session(
-    body: SessionCreate, response: Response, services: ServicesDep, tenant: TenantDep, traceparent: TraceHeader = None
+    body: SessionCreate, response: Response, sessions: SessionsDep, tenant: TenantDep, traceparent: TraceHeader = None
 ) -> SessionPublic:
-    record = services.sessions.open(tenant, body, traceparent)
+    record = sessions.open(tenant, body, traceparent)
     response.headers["Location"] = f"/v1/sessions/{record.id}"
     return record.public()
 
 
 @router.get("", response_model=SessionList, responses=_RESPONSES, summary="The tenant's sessions, newest first")
 def list_sessions(
-    services: ServicesDep,
+    sessions: SessionsDep,
     tenant: TenantDep,
     status: Annotated[SessionStatus | None, Query(description="Only sessions in this status.")] = None,
 ) -> SessionList:
-    return SessionList(sessions=[r.public() for r in services.sessions.list(tenant, status)])
+    return SessionList(sessions=[r.public() for r in sessions.list(tenant, status)])
 
 
 @router.get("/{session_id}", response_model=SessionPublic, responses=_RESPONSES, summary="Get a session")
-def get_session(session_id: SessionId, services: ServicesDep, tenant: TenantDep) -> SessionPublic:
-    return services.sessions.owned(tenant, session_id).public()
+def get_session(session_id: SessionId, sessions: SessionsDep, tenant: TenantDep) -> SessionPublic:
+    return sessions.owned(tenant, session_id).public()
 
 
 @router.delete("/{session_id}", response_model=SessionPublic, responses=_RESPONSES, summary="End a session now")
-def delete_session(session_id: SessionId, services: ServicesDep, tenant: TenantDep) -> SessionPublic:
-    return services.sessions.delete(tenant, session_id).public()
+def delete_session(session_id: SessionId, sessions: SessionsDep, tenant: TenantDep) -> SessionPublic:
+    return sessions.delete(tenant, session_id).public()
