@@ -1,9 +1,12 @@
-"""The control plane's objects, built once from Settings: what `execbox api` serves, what `execbox
+"""The deployment's objects, built once from Settings. `foundation` is what every process stands on
+(the Redis client and keys, the execution store, artifact and file stores, the fleet, the language
+and policy catalogues): a worker's context (`execbox.worker.context`) adds its sandbox runtime and
+its own metrics to it. `assemble` adds the control plane: what `execbox api` serves, what `execbox
 scheduler` runs without serving anything, and what the in-process tests stand on.
 
 Nothing here is HTTP's (the app, its middleware and routes, the async wait channel, the E2B facade's
-readers: `execbox.api` builds those around a ControlPlane) or the sandbox's (a worker builds its own
-context, `execbox.worker.context`). The import rule keeps it so: the API, which must never reach the
+readers: `execbox.api` builds those around a ControlPlane) or the sandbox's (the runtime and the
+warm pool are the worker's). The import rule keeps it so: the API, which must never reach the
 sandbox, imports this module.
 """
 
@@ -51,7 +54,39 @@ from execbox.settings import Settings
 from execbox.tenancy.apikeys import ApiKeys
 from execbox.tenancy.quotas import Quotas, Slots
 
-__all__ = ["ControlPlane", "RoomMetrics", "assemble"]
+__all__ = ["ControlPlane", "Foundation", "RoomMetrics", "assemble", "foundation"]
+
+
+@dataclass(frozen=True)
+class Foundation:
+    """What every process of a deployment builds the same way from its settings."""
+
+    settings: Settings
+    redis: redis.Redis
+    keys: Keys
+    store: ExecutionStore
+    artifacts: ArtifactStore
+    files: FileStore
+    fleet: WorkerRegistry
+    languages: Languages
+    policies: PolicySet
+
+
+def foundation(settings: Settings) -> Foundation:
+    client = connect(settings)
+    keys = Keys(settings.redis.key_prefix)
+    artifacts = open_store(settings.artifacts, settings.artifacts_dir)  # input files' data goes beside
+    return Foundation(
+        settings=settings,
+        redis=client,
+        keys=keys,
+        store=ExecutionStore(client, settings),
+        artifacts=artifacts,
+        files=FileStore(client, keys, input_blobs(artifacts, settings.redis.key_prefix)),
+        fleet=WorkerRegistry(client, keys),
+        languages=Languages.load(settings.images_dir),
+        policies=PolicySet.load(settings.policies_dir),
+    )
 
 
 @dataclass(frozen=True)
@@ -110,16 +145,11 @@ class ControlPlane:
 def assemble(settings: Settings, registry: CollectorRegistry, component: str = "api") -> ControlPlane:
     """The control plane of `settings`, its metrics registered in `registry`; `component` names the
     process in its traces (execbox-api, execbox-scheduler)."""
-    client = connect(settings)
-    keys = Keys(settings.redis.key_prefix)
+    base = foundation(settings)
+    client, keys, store, artifacts, files = base.redis, base.keys, base.store, base.artifacts, base.files
+    policies, languages, fleet = base.policies, base.languages, base.fleet
     metrics = room_metrics(registry)
-    store = ExecutionStore(client, settings)
     events.subscribe(store, metrics.outcomes)
-    artifacts = open_store(settings.artifacts, settings.artifacts_dir)
-    files = FileStore(client, keys, input_blobs(artifacts, settings.redis.key_prefix))
-    policies = PolicySet.load(settings.policies_dir)
-    languages = Languages.load(settings.images_dir)
-    fleet = WorkerRegistry(client, keys)
     queue = make_queue(client, settings)
     quotas = Quotas.load(settings.policies_dir / "tenants.yaml", Slots(client, keys), settings.queue.max_depth)
     files.budget = quotas.keep  # uploads kept in Redis count against the tenant's storage budget

@@ -10,11 +10,11 @@ from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry
 
+from execbox.assembly import foundation
 from execbox.catalog.languages import Languages
 from execbox.catalog.policies import DEFAULT_POLICY, PolicySet
 from execbox.catalog.schemas import PolicyRequest
 from execbox.core.errors import ServiceError
-from execbox.core.redis import connect
 from execbox.core.tracing import Spans
 from execbox.core.tracing import setup as setup_tracing
 from execbox.egress.store import EgressStore
@@ -24,13 +24,11 @@ from execbox.executions.metrics import WorkerMetrics, worker_metrics
 from execbox.executions.record import ExecutionRecord
 from execbox.executions.status import ExecutionStatus
 from execbox.executions.store import ExecutionStore
-from execbox.files.backend import input_blobs, open_store
 from execbox.files.blobs import ArtifactStore
 from execbox.files.store import FileStore
 from execbox.fleet.metrics import NodeMetrics, node_metrics
 from execbox.fleet.nodes import DrainWatch, Nodes, node_problem
 from execbox.fleet.registry import Heartbeat, WorkerRegistry
-from execbox.keyschema import Keys
 from execbox.sandbox.docker import DockerRuntime
 from execbox.sandbox.pool import PoolClass, Sizing, WarmPool
 from execbox.sandbox.runtime import Runtime, SandboxSpec
@@ -79,34 +77,32 @@ class WorkerContext:
         problem = node_problem(node)
         if problem is not None:  # only the host name can get here: the setting is checked when it is read
             raise ValueError(f"EXECBOX_WORKER__NODE: unset, and the host name {problem}; set it")
-        client = connect(settings)
-        keys = Keys(settings.redis.key_prefix)
+        base = foundation(settings)
+        client, keys, store = base.redis, base.keys, base.store
         nodes = Nodes(client, keys)
         metrics_of_nodes = node_metrics(registry)
-        store = ExecutionStore(client, settings)
         docker = None
         if runtime is None:
             runtime = docker = DockerRuntime(
                 settings.docker, redis_uids(client, keys, settings.docker.uid_range), settings.policies_dir
             )
-        artifacts = open_store(settings.artifacts, settings.artifacts_dir)  # input files' data goes beside
         context = cls(
             settings=settings,
             store=store,
-            files=FileStore(client, keys, input_blobs(artifacts, settings.redis.key_prefix)),
+            files=base.files,
             egress=EgressStore(client, keys, settings.retention_s),
-            fleet=WorkerRegistry(client, keys),
+            fleet=base.fleet,
             slots=Slots(client, keys),
             runtime=runtime,
-            languages=Languages.load(settings.images_dir),
-            artifacts=artifacts,
+            languages=base.languages,
+            artifacts=base.artifacts,
             # A random part: a restarted container has the same host name and, as PID 1, the same pid.
             name=name or f"{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(3)}",
             metrics=worker_metrics(registry),
             registry=registry,
             spans=setup_tracing(settings.telemetry.otlp_endpoint, "execbox-worker"),
             sessions=SessionStore(client, keys, settings.retention_s),
-            backstop_s=PolicySet.load(settings.policies_dir).max_ceiling("timeout_s"),
+            backstop_s=base.policies.max_ceiling("timeout_s"),
             node=node,
             nodes=nodes,
             drain=DrainWatch(nodes, node),
