@@ -16,7 +16,7 @@ from typing import Protocol
 
 import redis
 
-from execbox.core.redis import redis_errors
+from execbox.core.redis import redis_errors, through_outage
 from execbox.sandbox.errors import RuntimeUnavailable
 from execbox.sandbox.keys import SandboxKeys
 
@@ -87,12 +87,17 @@ class SharedUids:
         self._give_back(uid)
 
 
-def redis_uids(client: redis.Redis, keys: SandboxKeys, uid_range: str) -> SharedUids:
-    """SharedUids reserved in the deployment's Redis (key `uid:{uid}`)."""
+def redis_uids(client: redis.Redis, keys: SandboxKeys, uid_range: str, patience_s: float = 0.0) -> SharedUids:
+    """SharedUids reserved in the deployment's Redis (key `uid:{uid}`). A reservation is tried
+    again through a Redis outage of up to `patience_s` (a Sentinel fail-over): the run has not
+    started, and failing it then would fail an execution a few seconds' wait would have run."""
 
     def claim(uid: int) -> bool:
-        with redis_errors():
-            return bool(client.set(keys.uid(uid), "1", nx=True, ex=UID_HOLD_S))
+        def once() -> bool:
+            with redis_errors():
+                return bool(client.set(keys.uid(uid), "1", nx=True, ex=UID_HOLD_S))
+
+        return through_outage("reserving a sandbox uid", once, patience_s)
 
     def give_back(uid: int) -> None:
         with redis_errors():

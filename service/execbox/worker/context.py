@@ -84,7 +84,9 @@ class WorkerContext:
         docker = None
         if runtime is None:
             runtime = docker = DockerRuntime(
-                settings.docker, redis_uids(client, keys, settings.docker.uid_range), settings.policies_dir
+                settings.docker,
+                redis_uids(client, keys, settings.docker.uid_range, patience_s=settings.worker.lease_s),
+                settings.policies_dir,
             )
         context = cls(
             settings=settings,
