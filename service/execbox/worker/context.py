@@ -117,7 +117,7 @@ class WorkerContext:
         if docker is not None:  # the warm pool and the launcher's status check are Docker's own
             docker.on_status_mismatch = context.metrics.status_mismatches.inc
             if settings.pool.all_classes():
-                context.pool = docker.pool = build_pool(context, docker)
+                context.pool = docker.pool = build_pool(context, docker, base.policies)
         events.subscribe(store, context.metrics.outcomes)
         return context
 
@@ -147,10 +147,9 @@ class WorkerContext:
             log.warning("could not count execution %s for node %s: %s", record.id, record.node, exc)
 
 
-def build_pool(ctx: WorkerContext, runtime: DockerRuntime) -> WarmPool:
+def build_pool(ctx: WorkerContext, runtime: DockerRuntime, policies: PolicySet) -> WarmPool:
     """One pool class per configured language (or variant) and policy, with that policy's limits."""
     settings = ctx.settings.pool
-    policies = PolicySet.load(ctx.settings.policies_dir)
     classes = []
     for i, wanted in enumerate(settings.all_classes()):
         try:
