@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -301,3 +302,28 @@ def test_a_sandbox_lost_between_calls_ends_its_session_at_once(
                                 ["status"] == "ended" and b, 5, "the lost session to end")  # fmt: skip
         assert ended["end_reason"] == "sandbox_error" and "oversized line" in ended["error"]["message"], ended
         wait_until(lambda: fake.sessions[sid].closed, 5, "its container to be removed")
+
+
+@pytest.mark.redis
+def test_idle_sessions_at_their_lifetime_end_for_it_not_as_a_lost_sandbox(
+    settings: Settings, client: redis.Redis, api: tuple[InProcess, dict[str, dict[str, str]]]
+) -> None:
+    """The lease keeper and the holder's loop both wake when an idle session's lifetime passes. The
+    keeper used to mark the sandbox gone before ending the session, and a loop that looked between
+    the two ended it as sandbox_error (CI, stop 52). Several sessions make the race likely."""
+    http, headers = api
+    with _hosting(settings, "w-idle-life", FakeRuntime()):
+        sids = []
+        for tenant in ("alpha", "alpha", "beta"):  # as many as the fleet's fair shares admit
+            opened = http.post("/v1/sessions", json={"language": "python", "max_lifetime_s": 1},
+                               headers=headers[tenant])  # fmt: skip
+            assert opened.status_code == 201, opened.text
+            sids.append((tenant, opened.json()["id"]))
+
+        def ended(tenant: str, sid: str) -> dict[str, Any] | None:
+            body: dict[str, Any] = http.get(f"/v1/sessions/{sid}", headers=headers[tenant]).json()
+            return body if body["status"] == "ended" else None
+
+        for tenant, sid in sids:
+            record: Any = wait_until(partial(ended, tenant, sid), 10, "the session's lifetime to end it")
+            assert record["end_reason"] == "max_lifetime" and record["error"] is None, record

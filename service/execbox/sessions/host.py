@@ -178,12 +178,12 @@ class SessionHost:
             record = self.store.get(session_id)
             if record is None or record.status is SessionStatus.ENDED or record.worker != ctx.name:
                 return
+            now = time.time()
+            if now >= record.created_at + record.max_lifetime_s:  # before `gone`: the lease keeper sets it then
+                self._end(session_id, SessionEnd.MAX_LIFETIME, None)
+                return
             if sandbox.gone is not None:  # lost between calls (a request it did not take, a line too long)
                 self._end(session_id, SessionEnd.SANDBOX_ERROR, sandbox.gone)
-                return
-            now = time.time()
-            if now >= record.created_at + record.max_lifetime_s:
-                self._end(session_id, SessionEnd.MAX_LIFETIME, None)
                 return
             if now >= record.last_activity_at + record.idle_timeout_s:
                 self._end(session_id, SessionEnd.IDLE_TIMEOUT, None)
@@ -255,8 +255,10 @@ class SessionHost:
                     left = record.created_at + record.max_lifetime_s - time.time()
                     if left <= 0 and held.sandbox is not None:
                         why = f"session {session_id} reached its lifetime ({record.max_lifetime_s} s) during this call"
-                        held.sandbox.gone = held.sandbox.gone or f"{why}; open a new session"
+                        # Ended first: the holder's loop reads a lost sandbox (gone) as sandbox_error,
+                        # and must find the session already ended for its lifetime when it looks.
                         self._end(session_id, SessionEnd.MAX_LIFETIME, None)
+                        held.sandbox.gone = held.sandbox.gone or f"{why}; open a new session"
                         record = self.store.get(session_id)
                     wait = min(wait, max(left, 0.05))
             except ServiceError as exc:
