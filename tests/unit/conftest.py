@@ -42,7 +42,7 @@ def quick_to_stop() -> Iterator[None]:
     """Consumer loops that take the default block read with a short one: an app's close waits for
     its loops, and a loop sees its stop only when its read returns (0.5 s by default, for each of
     hundreds of apps here). Package scope: a run of both tiers gets the default back for the other."""
-    kept, poison.BLOCK_S = poison.BLOCK_S, 0.05
+    kept, poison.BLOCK_S = poison.BLOCK_S, 0.02
     yield
     poison.BLOCK_S = kept
 

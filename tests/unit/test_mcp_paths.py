@@ -5,6 +5,7 @@ sends every path parameter as exactly one segment and refuses what cannot be one
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -12,9 +13,13 @@ import pytest
 import redis
 from execbox_client import Client, InvalidRequest
 
+from execbox.api import create_app
+from execbox.core.redis import connect
 from execbox.executions.status import ExecutionStatus
 from execbox.executions.store import ExecutionStore
 from execbox.settings import Settings
+from execbox.tenancy.apikeys import ApiKeys
+from tests.conftest import Redis
 from tests.unit.conftest import InProcess, make_record
 
 pytestmark = pytest.mark.redis
@@ -75,3 +80,32 @@ def test_a_path_parameter_is_sent_as_one_quoted_segment() -> None:
 
     assert seen == ["/v1/scripts/tool%252F../versions/1.0.0", "/v1/executions/exe_x/artifacts/out%20dir/a%23b.txt"]
     assert refused.value.errors[0].field == "path.name"
+
+
+def test_each_apps_tool_calls_reach_that_app_though_the_tools_are_made_once(
+    api: tuple[InProcess, dict[str, dict[str, str]]],
+    settings: Settings,
+    client: redis.Redis,
+    redis_server: Redis,
+    tmp_path: Path,
+) -> None:
+    """The tools are built once per process and shared by every app's /mcp (their schemas are costly
+    to build); the app a call runs against is the one its request reached, never another's."""
+    http, headers = api
+    record = make_record(settings)
+    ExecutionStore(client, settings).create(record)
+    other = Settings(redis={"url": redis_server.url, "key_prefix": "umcp2"}, queue={"name": "umcp2"},
+                     artifacts_dir=tmp_path / "other")  # fmt: skip
+    with connect(other) as other_redis:
+        other_key = ApiKeys(other_redis, "umcp2").create("alpha")[0]
+        second = InProcess(create_app(other))
+        try:
+            own = tool(http, headers["alpha"], "get_execution", {"execution_id": record.id, "wait_s": 0})
+            assert json.loads(own["content"][0]["text"])["id"] == record.id, own
+            elsewhere = tool(second, {"Authorization": f"Bearer {other_key}"}, "get_execution",
+                             {"execution_id": record.id, "wait_s": 0})  # fmt: skip
+            assert elsewhere["isError"] and "404" in elsewhere["content"][0]["text"], elsewhere
+        finally:
+            second.close()
+            for key in other_redis.scan_iter(match="umcp2:*"):
+                other_redis.delete(key)

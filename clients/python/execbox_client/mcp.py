@@ -13,9 +13,9 @@ import base64
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-from mcp.server.fastmcp import Context, FastMCP
+from mcp.server.fastmcp import Context
 from mcp.types import ContentBlock, ImageContent, TextContent
 
 from execbox_client.client import AsyncClient
@@ -28,6 +28,16 @@ MAX_TEXT = 64 << 10
 """Output a tool result quotes inline; the rest is in the execution (get it by id)."""
 Connect = Callable[[Context[Any, Any, Any]], AsyncClient]
 """The client a tool call uses (it may depend on the call's request, e.g. its API key)."""
+Tool = Callable[..., Any]
+
+
+class Registry(Protocol):
+    """Where `build` adds the tools: a FastMCP server, or anything with its `tool()` decorator."""
+
+    def tool(self) -> Callable[[Tool], Tool]: ...
+
+
+R = TypeVar("R", bound=Registry)
 
 
 def _summary(execution: ExecutionPublic) -> dict[str, Any]:
@@ -100,7 +110,7 @@ def _problem(exc: ExecboxError) -> dict[str, Any]:
                         "errors": [{"field": e.field, "message": e.message} for e in exc.errors]}}  # fmt: skip
 
 
-def build(server: FastMCP, connect: Connect) -> FastMCP:
+def build(server: R, connect: Connect) -> R:
     """Add execbox's tools to `server`; each call talks to execbox through `connect(ctx)`."""
 
     async def call(ctx: Context[Any, Any, Any], method: str, *args: Any, **kwargs: Any) -> Any:

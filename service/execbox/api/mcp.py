@@ -23,10 +23,13 @@ from execbox_client.mcp import build
 from fastapi import FastAPI
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.server.fastmcp.exceptions import ToolError
+from mcp.server.fastmcp.tools import Tool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 INTERNAL_URL = "http://execbox.internal"
+API_SCOPE_KEY = "execbox.api"
+"""Where a request to /mcp carries the API it reached, for the tools its call runs."""
 
 
 def _bearer(value: str) -> str | None:
@@ -52,6 +55,7 @@ class _KeyRequired:
                                 "headers": [(b"content-type", b"application/problem+json")]})  # fmt: skip
                     await send({"type": "http.response.body", "body": body})
                     return
+            scope = {**scope, API_SCOPE_KEY: self.api}
         await self.app(scope, receive, send)
 
 
@@ -59,14 +63,20 @@ def _client(api: FastAPI, key: str | None) -> AsyncClient:
     return AsyncClient(INTERNAL_URL, key, transport=httpx.ASGITransport(app=api), max_retries=0)
 
 
-class _Guarded(FastMCP[Any]):
-    """Tools whose failures tell the caller what the API said, never the service's own exception
-    text: an API refusal (ExecboxError) is the API's problem detail, anything else a generic
-    message with an id the operator finds in the log."""
+class _Tools:
+    """execbox's tools as FastMCP `Tool`s, each guarded: a failure tells the caller what the API said,
+    never the service's own exception text (an API refusal, ExecboxError, is the API's problem
+    detail; anything else a generic message with an id the operator finds in the log)."""
 
-    def tool(self, *args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        register = super().tool(*args, **kwargs)
-        return lambda fn: register(_guarded(fn))
+    def __init__(self) -> None:
+        self.made: list[Tool] = []
+
+    def tool(self) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def add(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self.made.append(Tool.from_function(_guarded(fn)))
+            return fn
+
+        return add
 
 
 def _guarded(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
@@ -84,15 +94,26 @@ def _guarded(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]
     return call
 
 
+def _connect(ctx: Context[Any, Any, Any]) -> AsyncClient:
+    """The API in this process (which `_KeyRequired` puts in the request's scope), with the caller's key."""
+    request = ctx.request_context.request
+    if request is None:
+        raise RuntimeError("an MCP tool call came without its HTTP request")
+    return _client(request.scope[API_SCOPE_KEY], _bearer(request.headers.get("authorization", "")))
+
+
+@functools.cache
+def _tools() -> tuple[Tool, ...]:
+    """Made once per process and shared by every app's server: a tool's schema is a pydantic model
+    built from its signature (~10 ms each, 21 tools), and the tools hold no app of their own."""
+    return tuple(build(_Tools(), _connect).made)
+
+
 def mount(api: FastAPI) -> AbstractAsyncContextManager[None]:
     """Add /mcp to the API; the returned context runs the protocol's session manager (the API's
     lifespan enters it)."""
-
-    def connect(ctx: Context[Any, Any, Any]) -> AsyncClient:
-        request = ctx.request_context.request
-        return _client(api, _bearer(request.headers.get("authorization", "")) if request is not None else None)
-
     # Answers as event streams (not one JSON body), so a long tool call can send progress notifications.
-    server = build(_Guarded("execbox", stateless_http=True, json_response=False, streamable_http_path="/"), connect)
+    server = FastMCP[Any]("execbox", tools=list(_tools()), stateless_http=True, json_response=False,
+                          streamable_http_path="/")  # fmt: skip
     api.mount("/mcp", _KeyRequired(server.streamable_http_app(), api))
     return server.session_manager.run()
