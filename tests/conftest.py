@@ -74,14 +74,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, step_s: float = 0.1) -> object:
+POLL_S = 0.1
+"""wait_until's step unless a call gives its own; the unit tier's predicates are in-process and cheap,
+and it polls faster (tests/unit/conftest.py)."""
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, step_s: float | None = None) -> object:
     """Poll a condition the system offers no notification for (a process becoming ready)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(step_s)
+        time.sleep(POLL_S if step_s is None else step_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 

@@ -18,6 +18,7 @@ import httpx
 import pytest
 import redis
 from fastapi import FastAPI
+from fastapi import routing as fastapi_routing
 from fastapi._compat import v2
 
 from execbox.api import create_app
@@ -31,6 +32,7 @@ from execbox.executions.status import ExecutionStatus
 from execbox.executions.submit import new_execution_id
 from execbox.settings import Settings
 from execbox.tenancy.apikeys import ApiKeys
+from tests import conftest
 from tests.conftest import Redis
 from tests.unit.stack import AppLoop, FakeWorker, InStack, in_stack
 
@@ -45,6 +47,42 @@ def quick_to_stop() -> Iterator[None]:
     kept, poison.BLOCK_S = poison.BLOCK_S, 0.02
     yield
     poison.BLOCK_S = kept
+
+
+@pytest.fixture(scope="package", autouse=True)
+def quick_to_poll() -> Iterator[None]:
+    """wait_until polls every 20 ms here: its predicates ask an app in this process, not a server."""
+    kept, conftest.POLL_S = conftest.POLL_S, 0.02
+    yield
+    conftest.POLL_S = kept
+
+
+@pytest.fixture(scope="package", autouse=True)
+def routes_built_once() -> Iterator[None]:
+    """FastAPI builds an included router's routes (each one's dependant, validators and handler) at
+    the first request an app routes through it: 40-250 ms for each new app's first requests, which
+    is once per process in a deployment but once per test here. Apps made alike share them: the
+    key is the router and what its inclusion set, except the app itself, which the routes hold only
+    to find dependency overrides (an app with overrides, or a router included with dependencies of
+    its own, builds its own)."""
+    included = fastapi_routing._IncludedRouter
+    original = included.effective_candidates
+    built: dict[tuple[Any, ...], Any] = {}
+
+    def effective_candidates(self: Any) -> Any:
+        context = self.include_context
+        provider = context.dependency_overrides_provider
+        if getattr(provider, "dependency_overrides", None) or context.dependencies:
+            return original(self)
+        key = (id(self.original_router), self.original_router._get_routes_version(), context.prefix,
+               context.include_in_schema, context.max_body_size)  # fmt: skip
+        if key not in built:
+            built[key] = original(self)
+        return built[key]
+
+    included.effective_candidates = effective_candidates  # type: ignore[method-assign]
+    yield
+    included.effective_candidates = original  # type: ignore[method-assign]
 
 
 @pytest.fixture(scope="package", autouse=True)
