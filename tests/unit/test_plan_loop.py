@@ -390,8 +390,11 @@ def test_another_deployments_run_is_neither_locked_nor_ended_from_here(plans: Ha
 def test_a_run_another_holder_is_changing_is_looked_at_again_and_never_set_aside(
     plans: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_module, "LOCK_WAIT_S", 0.05)
     run = plans.start(plan({"id": "a", "run": cell()}, {"id": "b", "run": cell(), "depends_on": ["a"]}))
+    # The app's own plan loop may hold the run while it is created; the first step is submitted
+    # by one of them before the lock is taken from both.
+    wait_until(lambda: plans.executions_of(run["id"], "a"), 5, "the first step to be submitted")
+    monkeypatch.setattr(store_module, "LOCK_WAIT_S", 0.05)
     consumer = PlanConsumer(plans.executor, "test", idle_s=1.0)
     lock = plans.keys.run_lock(run["id"])
     plans.client.set(lock, b"another holder", px=60_000)
