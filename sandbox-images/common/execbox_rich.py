@@ -71,7 +71,7 @@ def publish(kind, data):
     n = len(_index)
     files = {}
     for mime, value in kept.items():
-        name = "%d.%s" % (n, MIME_FILES[mime])
+        name = f"{n}.{MIME_FILES[mime]}"
         if mime == "application/json":
             raw = json.dumps(value, default=repr).encode()
         elif isinstance(value, bytes):

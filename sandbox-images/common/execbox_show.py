@@ -5,10 +5,9 @@ Selected with MPLBACKEND=module://execbox_show (the Python image's default); dra
 
 import io
 
+import execbox_rich
 from matplotlib.backend_bases import FigureManagerBase
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-import execbox_rich
 
 FigureCanvas = FigureCanvasAgg
 FigureManager = FigureManagerBase

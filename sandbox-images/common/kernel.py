@@ -67,28 +67,25 @@ BASH_KEPT_OUT = (
 the call's env sets (they are that call's), and a saved variable comes back without its readonly
 mark (so that a later call's env can set it). The state is written to a fresh file (mktemp), then
 renamed over the old: a FIFO or link a cell left at its path is replaced, never written through."""
-BASH_SAVE = (
-    r"""__execbox_save() {
+BASH_SAVE = rf"""__execbox_save() {{
   local IFS=$' \t\n' __execbox_name __execbox_decl __execbox_flags __execbox_tmp
   __execbox_tmp=$(command mktemp "$__execbox_state.XXXXXX") || return
-  { for __execbox_name in $(builtin compgen -v); do
-      [[ "$__execbox_name" =~ ^(%s)$ ]] && continue
+  {{ for __execbox_name in $(builtin compgen -v); do
+      [[ "$__execbox_name" =~ ^({BASH_KEPT_OUT})$ ]] && continue
       [[ " $__execbox_env " == *" $__execbox_name "* ]] && continue
       __execbox_decl=$(builtin declare -p "$__execbox_name" 2>/dev/null) || continue
       if [[ "$__execbox_decl" =~ ^declare\ -([-a-zA-Z]*)\ (.*)$ ]]; then
-        __execbox_flags=${BASH_REMATCH[1]//r/}
-        builtin printf 'declare -%%s %%s\n' "${__execbox_flags:--}" "${BASH_REMATCH[2]}"
+        __execbox_flags=${{BASH_REMATCH[1]//r/}}
+        builtin printf 'declare -%s %s\n' "${{__execbox_flags:--}}" "${{BASH_REMATCH[2]}}"
       fi
     done
     builtin declare -f
-    builtin printf 'cd %%q 2>/dev/null\n' "$PWD"
-  } > "$__execbox_tmp" && command mv -f "$__execbox_tmp" "$__execbox_state"
-}
+    builtin printf 'cd %q 2>/dev/null\n' "$PWD"
+  }} > "$__execbox_tmp" && command mv -f "$__execbox_tmp" "$__execbox_state"
+}}
 trap __execbox_save EXIT
 [ -f "$__execbox_state" ] && . "$__execbox_state" 2>/dev/null
 """
-    % BASH_KEPT_OUT
-)
 
 
 INPUTS = ("_i00", "_i", "_ii", "_iii")
@@ -183,14 +180,14 @@ class Contexts:
             try:
                 script = self.scripts[name] = Script(self.environ)
             except OSError as exc:
-                sys.stderr.write("the JavaScript context could not start: %s\n" % exc)
+                sys.stderr.write(f"the JavaScript context could not start: {exc}\n")
                 return 1
         try:
             status, result = script.run(code, env)
         except ScriptEnded:
             del self.scripts[name]
             script.close()
-            sys.stderr.write("the JavaScript context %s ended; its next cell starts a fresh one\n" % name)
+            sys.stderr.write(f"the JavaScript context {name} ended; its next cell starts a fresh one\n")
             return 1
         if result is not None:
             execbox_rich.publish("execute_result", {"text/plain": result})
@@ -237,7 +234,7 @@ class Script:
             try:
                 _write_all(self.requests, (json.dumps({"code": code, "env": env, "n": nonce}) + "\n").encode())
             except OSError:
-                raise ScriptEnded()
+                raise ScriptEnded() from None
             try:
                 answer = self._answer(nonce, None)
             except KeyboardInterrupt:  # the supervisor's interrupt: passed on, and its answer awaited
@@ -252,7 +249,7 @@ class Script:
     def alive(self):
         """Whether the process is still there (stopped counts; a zombie does not)."""
         try:
-            with open("/proc/%d/stat" % self.pid) as f:
+            with open(f"/proc/{self.pid}/stat") as f:
                 return f.read().rsplit(")", 1)[1].split()[0] != "Z"
         except (OSError, IndexError):
             return False
@@ -343,12 +340,12 @@ def _run_bash(context, code, env):
     state = _bash_state(context)
     fresh = not os.path.exists(state)
     named = " ".join(name for name in env if _NAME.match(name))
-    script = "__execbox_state=%s\n__execbox_env=%s\n%s" % (_quote(state), _quote(named), BASH_SAVE)
+    script = f"__execbox_state={_quote(state)}\n__execbox_env={_quote(named)}\n{BASH_SAVE}"
     if fresh:
-        script += "cd %s 2>/dev/null\n" % _quote(HOME)
+        script += f"cd {_quote(HOME)} 2>/dev/null\n"
     for name, value in env.items():
         if _NAME.match(name):
-            script += "export %s=%s\n" % (name, _quote(value))
+            script += f"export {name}={_quote(value)}\n"
     sys.stdout.flush()
     sys.stderr.flush()
     command = ["bash", "-c", script + code + "\n"]
@@ -416,7 +413,7 @@ def _shell():
         if issubclass(etype, SystemExit):  # an exit status, as a program's would be
             code = evalue.code
             if code is not None and not isinstance(code, int):
-                sys.stderr.write("%s\n" % code)
+                sys.stderr.write(f"{code}\n")
             return
         sys.stderr.write(shell.InteractiveTB.stb2text(stb) + "\n")
 
@@ -465,7 +462,13 @@ def main():
             continue
         report.write(
             json.dumps(
-                {"id": request["id"], "status": status, "changed": changed, "kernel": copy, "helpers": contexts.helpers()}
+                {
+                    "id": request["id"],
+                    "status": status,
+                    "changed": changed,
+                    "kernel": copy,
+                    "helpers": contexts.helpers(),
+                }
             )
             + "\n"
         )

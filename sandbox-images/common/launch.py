@@ -23,8 +23,9 @@ The marker is trusted because the program cannot know the nonce: it arrives on s
 program exists, and this process is non-dumpable, so the program (same uid, no capabilities) can
 neither ptrace it nor read its memory: it marks itself so (prctl PR_SET_DUMPABLE 0) before it
 reads anything, and under runc it also runs from an execute-only copy of python3, which the kernel
-marks non-dumpable by itself (gVisor cannot load an unreadable binary, so there prctl alone does). Without a marker (the launcher was killed, or the run was stopped from outside) the
-worker takes status and OOM from the engine instead.
+marks non-dumpable by itself (gVisor cannot load an unreadable binary, so there prctl alone
+does). Without a marker (the launcher was killed, or the run was stopped from outside) the worker
+takes status and OOM from the engine instead.
 
 The program runs in a session and process group of its own (killing its group never reaches
 PID 1). Every wait status is handled: a program that makes PID 1 its tracer (PTRACE_TRACEME, or
@@ -98,7 +99,7 @@ def _read_exact(n):
 def _safe_path(rel):
     parts = rel.split("/")
     if rel.startswith("/") or "\x00" in rel or any(p in ("", ".", "..") for p in parts):
-        raise ValueError("refusing file path %r" % rel)
+        raise ValueError(f"refusing file path {rel!r}")
     return os.path.join(WORKDIR, *parts)
 
 
@@ -146,25 +147,29 @@ def _unpack(header):
     return nonce, env
 
 
-def _peak_memory():
-    """The sandbox cgroup's memory high-water mark in bytes (v1 or v2), 0 when unknown."""
-    for path in ("/sys/fs/cgroup/memory/memory.max_usage_in_bytes", "/sys/fs/cgroup/memory.peak"):
-        try:
-            with open(path) as f:
-                return int(f.read().strip())
-        except (OSError, ValueError):
-            continue
-    return 0
+CGROUP_FIGURES = {
+    "peak": (("/sys/fs/cgroup/memory.peak", None), ("/sys/fs/cgroup/memory/memory.max_usage_in_bytes", None)),
+    "oom_kills": (
+        ("/sys/fs/cgroup/memory.events", "oom_kill"),
+        ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"),
+    ),
+}
+"""Where the sandbox's memory cgroup says each figure: cgroup v2's file first, then v1's (a line
+"<key> <n>" in it, or the whole file when the key is None)."""
 
 
-def _oom_kills():
-    """1 when the OOM killer fired in this sandbox's memory cgroup (v1 or v2), else 0."""
-    for path in ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"):
+def cgroup_figure(name):
+    """A figure of the sandbox's memory cgroup, 0 when it does not say: "peak" (the high-water mark
+    in bytes) or "oom_kills" (how often its OOM killer fired). The one reader of both the launcher
+    and the session's supervisor (session.py)."""
+    for path, key in CGROUP_FIGURES[name]:
         try:
             with open(path) as f:
+                if key is None:
+                    return int(f.read().strip())
                 for line in f:
-                    if line.startswith("oom_kill "):
-                        return 1 if int(line.split()[1]) > 0 else 0
+                    if line.startswith(key + " "):
+                        return int(line.split()[1])
         except (OSError, ValueError):
             continue
     return 0
@@ -209,7 +214,7 @@ def _finish(nonce, marker, status):
         produced = b"1" if os.listdir(os.path.join(WORKDIR, "out")) else b"0"
     except OSError:
         produced = b"1"  # let the worker look for itself
-    marker += b"%s:%s:%d:%d:\x00" % (produced, status, _oom_kills(), _peak_memory())
+    marker += b"%s:%s:%d:%d:\x00" % (produced, status, min(cgroup_figure("oom_kills"), 1), cgroup_figure("peak"))
     for fd in (1, 2):
         try:
             os.write(fd, marker)
@@ -300,7 +305,7 @@ def _hand_over(preloaded, argv, env):
     start would be (see the module's docstring): its pid when it took the job, else None (it is
     gone, and the program starts fresh)."""
     pid, job_w, answer_r = preloaded
-    job = "\0".join([str(len(argv)), *argv, *("%s=%s" % item for item in env.items())]).encode("utf-8")
+    job = "\0".join([str(len(argv)), *argv, *("{}={}".format(*item) for item in env.items())]).encode("utf-8")
     try:
         done, ready = _said(answer_r, 0)
         wait_s = 0 if ready else _worth_waiting_s(argv, done)
@@ -343,11 +348,11 @@ def main():
     except (OSError, ValueError, EOFError, UnicodeDecodeError) as exc:
         nonce = header[0] if header else ""
         if not nonce:  # a smoke test by hand: say it
-            sys.stderr.write("execbox launcher: %s\n" % exc)
+            sys.stderr.write(f"execbox launcher: {exc}\n")
             return LAUNCH_FAILED
-        _finish(nonce, ("\n\x00execbox-done:%s:" % nonce).encode(), b"L%d" % FAULTS["unpack"])
+        _finish(nonce, (f"\n\x00execbox-done:{nonce}:").encode(), b"L%d" % FAULTS["unpack"])
         return LAUNCH_FAILED
-    marker = ("\n\x00execbox-done:%s:" % nonce).encode()
+    marker = (f"\n\x00execbox-done:{nonce}:").encode()
     for name in PRELOAD_ENV:
         env.pop(name, None)
     if "exec" in header[1] and preloaded is None:
@@ -417,7 +422,7 @@ def _guarded():
         nonce = _NONCE[0]
         if nonce:
             try:
-                _finish(nonce, ("\n\x00execbox-done:%s:" % nonce).encode(), b"L%d" % FAULTS["internal"])
+                _finish(nonce, (f"\n\x00execbox-done:{nonce}:").encode(), b"L%d" % FAULTS["internal"])
             except BaseException:
                 pass
         return LAUNCH_FAILED

@@ -90,7 +90,7 @@ def _exit_code(code):
         return 0
     if isinstance(code, int):
         return code & 0xFF
-    sys.stderr.write("%s\n" % code)
+    sys.stderr.write(f"{code}\n")
     return 1
 
 

@@ -56,7 +56,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's directory out
-import session_ops  # noqa: E402
+import session_ops
+from launch import cgroup_figure  # the launcher's reader of the memory cgroup
 
 KERNEL = ("python3", "/opt/execbox/kernel.py")
 CONTEXT_SCRIPT = b"/opt/execbox/js_context.js"
@@ -75,28 +76,6 @@ def _emit(event):
     data = (json.dumps(event) + "\n").encode()
     while data:
         data = data[os.write(1, data) :]
-
-
-def _cgroup_value(paths, key=None):
-    for path in paths:
-        try:
-            with open(path) as f:
-                if key is None:
-                    return int(f.read().strip())
-                for line in f:
-                    if line.startswith(key + " "):
-                        return int(line.split()[1])
-        except (OSError, ValueError):
-            continue
-    return 0
-
-
-def _oom_kills():
-    return _cgroup_value(("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"), "oom_kill")
-
-
-def _peak():
-    return _cgroup_value(("/sys/fs/cgroup/memory.peak", "/sys/fs/cgroup/memory/memory.max_usage_in_bytes"))
 
 
 class Kernel:
@@ -224,7 +203,7 @@ def _pids():
 def _sid(pid):
     """A process's session id (0 when it is gone)."""
     try:
-        with open("/proc/%d/stat" % pid) as f:
+        with open(f"/proc/{pid}/stat") as f:
             return int(f.read().rsplit(")", 1)[1].split()[3])
     except (OSError, IndexError, ValueError):
         return 0
@@ -233,7 +212,7 @@ def _sid(pid):
 def _is_context(pid):
     """Whether pid runs a JavaScript context (what the kernel may ask the sweep to spare)."""
     try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
             return CONTEXT_SCRIPT in f.read().split(b"\0")
     except OSError:
         return False
@@ -242,7 +221,7 @@ def _is_context(pid):
 def _status(pid):
     """A process's /proc status fields (Name: value), {} when it is gone."""
     try:
-        with open("/proc/%d/status" % pid) as f:
+        with open(f"/proc/{pid}/status") as f:
             return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
     except OSError:
         return {}
@@ -348,59 +327,84 @@ def main():
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # a cell's orphans become ours (also when not init)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # no handler: as init, a SIGINT from the code is dropped
-    kernel = _start()
-    _emit({"ev": "ready", "restarted": False})
-    procs = OPS.processes
-    pending = b""
-    cell = None  # the running cell's id
-    oom_before = 0
-    kill_at = None  # set when the running cell was interrupted: its kernel is restarted by then at the latest
-    next_sweep = 0.0
-    while True:
-        ready, _, _ = select.select([0, *kernel.watched(), *procs.watched(), *OPS.watchers.watched()], [], [], 0.1)
-        report = None
-        for fd in ready:
-            if fd == 0:
-                chunk = os.read(0, 1 << 20)
-                if not chunk:
-                    kernel.close()
-                    return 0
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    request = json.loads(line)
-                    if request.get("op") == "run" and cell is None:
-                        cell, oom_before = request["id"], _oom_kills()
-                        kernel.send(
-                            {
-                                "id": cell,
-                                "code": request.get("code", ""),
-                                "env": request.get("env", {}),
-                                "context": request.get("context") or "",
-                            }
-                        )
-                    elif request.get("op") == "interrupt":
-                        if cell is not None and request.get("id") == cell:
-                            kernel.signal(signal.SIGINT)
-                            kill_at = kill_at or time.monotonic() + GRACE_S
-                    elif request.get("op") != "run":
-                        OPS.handle(request)
-            elif fd == kernel.rep:
-                report = _mine(_read_reports(kernel), cell) or report
-            elif not procs.readable(fd) and not OPS.watchers.readable(fd):
-                _drain(kernel, fd, forward=cell is not None)
+    return Supervisor().run()
+
+
+class Supervisor:
+    """The session's loop: the worker's requests on stdin (a cell to run, an interrupt, a file,
+    process or watcher op), the kernel's reports and output, and the processes' and watchers'
+    output. One cell runs at a time; when one ends, its kernel hands over to its copy, or is
+    replaced by a fresh one, and the worker is told which."""
+
+    def __init__(self):
+        self.kernel = _start()
+        self.pending = b""
+        self.cell = None  # the running cell's id
+        self.oom_before = 0
+        self.kill_at = None  # set when the running cell was interrupted: its kernel is restarted by then at the latest
+        self.next_sweep = 0.0
+
+    def run(self):
+        """Serve until the worker closes stdin; the exit status."""
+        _emit({"ev": "ready", "restarted": False})
+        procs, watchers = OPS.processes, OPS.watchers
+        while True:
+            ready, _, _ = select.select([0, *self.kernel.watched(), *procs.watched(), *watchers.watched()], [], [], 0.1)
+            report = None
+            for fd in ready:
+                if fd == 0:
+                    chunk = os.read(0, 1 << 20)
+                    if not chunk:
+                        self.kernel.close()
+                        return 0
+                    self._take(chunk)
+                elif fd == self.kernel.rep:
+                    report = _mine(_read_reports(self.kernel), self.cell) or report
+                elif not procs.readable(fd) and not watchers.readable(fd):
+                    _drain(self.kernel, fd, forward=self.cell is not None)
+            self._tidy()
+            status = self.kernel.exited()
+            if report is None and status is not None and self.cell is not None:
+                report = _mine(
+                    _read_reports(self.kernel, wait=False), self.cell
+                )  # written just before the process left
+            overdue = self.kill_at is not None and time.monotonic() >= self.kill_at
+            if report is not None or status is not None or overdue:
+                self._cell_over(report, overdue)
+
+    def _take(self, chunk):
+        """The worker's requests, one JSON object per line (a line may come in several chunks)."""
+        self.pending += chunk
+        *lines, self.pending = self.pending.split(b"\n")
+        for line in lines:
+            request = json.loads(line)
+            op = request.get("op")
+            if op == "run" and self.cell is None:
+                self.cell, self.oom_before = request["id"], cgroup_figure("oom_kills")
+                code, env, context = request.get("code", ""), request.get("env", {}), request.get("context") or ""
+                self.kernel.send({"id": self.cell, "code": code, "env": env, "context": context})
+            elif op == "interrupt":
+                if self.cell is not None and request.get("id") == self.cell:
+                    self.kernel.signal(signal.SIGINT)
+                    self.kill_at = self.kill_at or time.monotonic() + GRACE_S
+            elif op != "run":
+                OPS.handle(request)
+
+    def _tidy(self):
+        """Processes past their lifetime ended (and their ends reported now, not at the next cell);
+        between cells, whatever left its command's session (setsid) is nobody's and goes."""
+        procs = OPS.processes
         if procs.timed():
             procs.expire()
-            _reap(kernel)  # a process of OPS that ended reports it now, not at the next cell
-        if cell is None and time.monotonic() >= next_sweep:
-            kernel.sweep()  # between cells, whatever left its command's session (setsid) is nobody's
-            next_sweep = time.monotonic() + SWEEP_S
-        status = kernel.exited()
-        if report is None and status is not None and cell is not None:
-            report = _mine(_read_reports(kernel, wait=False), cell)  # written just before the process left
-        overdue = kill_at is not None and time.monotonic() >= kill_at
-        if report is None and status is None and not overdue:
-            continue
+            _reap(self.kernel)
+        if self.cell is None and time.monotonic() >= self.next_sweep:
+            self.kernel.sweep()
+            self.next_sweep = time.monotonic() + SWEEP_S
+
+    def _cell_over(self, report, overdue):
+        """The cell reported its end, the kernel process ended, or an interrupted cell did not stop
+        in time: the kernel hands over to its copy, or a fresh one replaces it."""
+        kernel = self.kernel
         _drain(kernel, kernel.out)
         _drain(kernel, kernel.err)
         changed = [p for p in report.get("changed", []) if isinstance(p, str)] if report else []
@@ -409,20 +413,10 @@ def main():
             helpers = helpers if isinstance(helpers, list) else []
             kernel.helpers = {p for p in helpers if _int(p, 0) > 1 and _is_context(p)}
             kernel.sweep()
-            _emit(
-                {
-                    "ev": "end",
-                    "id": cell,
-                    "status": _int(report.get("status"), 1),
-                    "changed": changed,
-                    "restarted": False,
-                    "oom": False,
-                    "peak": _peak(),
-                    "reason": None,
-                }
-            )
-            cell, kill_at = None, None
-            continue
+            _emit({"ev": "end", "id": self.cell, "status": _int(report.get("status"), 1), "changed": changed,
+                   "restarted": False, "oom": False, "peak": cgroup_figure("peak"), "reason": None})  # fmt: skip
+            self.cell, self.kill_at = None, None
+            return
         # Not handed over, not stopped in time after an interrupt, or the kernel died: everything stops,
         # a fresh kernel, and say so.
         if report is not None:
@@ -441,25 +435,15 @@ def main():
             )
         _drain(kernel, kernel.out)
         _drain(kernel, kernel.err)
-        oom = _oom_kills() > oom_before
+        oom = cgroup_figure("oom_kills") > self.oom_before
         kernel.close()
-        kernel = _start()
-        if cell is not None:
-            _emit(
-                {
-                    "ev": "end",
-                    "id": cell,
-                    "status": code,
-                    "changed": changed,
-                    "restarted": True,
-                    "oom": oom,
-                    "peak": _peak(),
-                    "reason": reason,
-                }
-            )
+        self.kernel = _start()
+        if self.cell is not None:
+            _emit({"ev": "end", "id": self.cell, "status": code, "changed": changed, "restarted": True, "oom": oom,
+                   "peak": cgroup_figure("peak"), "reason": reason})  # fmt: skip
         else:
             _emit({"ev": "ready", "restarted": True})
-        cell, kill_at = None, None
+        self.cell, self.kill_at = None, None
 
 
 if __name__ == "__main__":

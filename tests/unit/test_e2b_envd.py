@@ -201,7 +201,7 @@ def test_a_path_with_a_leading_double_slash_is_translated_like_the_single_slash_
 
 
 def sandbox_entry(**changes: Any) -> dict[str, Any]:
-    """What session_ops.py's `_entry` says of a file."""
+    """What session_files.py's `_entry` says of a file."""
     entry = {"name": "a.txt", "path": "/workspace/d/a.txt", "type": "file", "size": 12345678901, "mode": 0o644,
              "perm": "-rw-r--r--", "owner": "user", "group": "user", "mtime": 1700000000, "target": None}  # fmt: skip
     return {**entry, **changes}

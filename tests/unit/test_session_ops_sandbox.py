@@ -1,11 +1,11 @@
-"""The session supervisor's file and process ops (sandbox-images/common/session_ops.py), run in this
-process on a temporary workspace: what issue 44 found answered with a 500 or a reply too long for
-the worker, and a command's background children outliving its lifetime. (The same attacks against
-the real engine: tests/integration/test_sessions.py.)"""
+"""The session supervisor's file and process ops (sandbox-images/common/session_ops.py and the
+session_*.py modules it is made of), run in this process on a temporary workspace: what issue 44
+found answered with a 500 or a reply too long for the worker, and a command's background children
+outliving its lifetime. (The same attacks against the real engine: tests/integration/test_sessions.py.)"""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
 import signal
 import subprocess
@@ -24,11 +24,11 @@ COMMON = Path(__file__).resolve().parents[2] / "sandbox-images" / "common"
 
 @pytest.fixture
 def ops_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("session_ops_under_test", COMMON / "session_ops.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    monkeypatch.setattr(module, "WORKDIR", str(tmp_path))
+    """session_ops.py as the supervisor imports it (beside the modules it is made of), its
+    workspace (session_paths.WORKDIR) a temporary directory."""
+    monkeypatch.syspath_prepend(str(COMMON))
+    module = importlib.import_module("session_ops")
+    monkeypatch.setattr(importlib.import_module("session_paths"), "WORKDIR", str(tmp_path))
     return module
 
 
@@ -53,7 +53,7 @@ def ops(ops_module: ModuleType) -> Iterator[tuple[Any, Said]]:
     served = ops_module.Ops(said)
     yield served, said
     for proc in [*served.processes.live.values(), *served.processes.ended.values()]:
-        ops_module._signal_session(proc.pid, signal.SIGKILL)
+        importlib.import_module("session_processes")._signal_session(proc.pid, signal.SIGKILL)
     for pid in list(served.processes.live):
         os.waitpid(pid, 0)
 
@@ -140,7 +140,7 @@ def test_a_failed_fork_is_an_answer_that_says_the_process_limit_is_reached(
     def no_fork() -> int:
         raise BlockingIOError(11, os.strerror(11))
 
-    monkeypatch.setattr(ops_module.os, "fork", no_fork)
+    monkeypatch.setattr(os, "fork", no_fork)
     before = len(os.listdir("/proc/self/fd"))
     served.handle({"op": "proc.start", "id": "p", "argv": ["true"], "cwd": str(tmp_path)})
     error = said.reply("p")["error"]

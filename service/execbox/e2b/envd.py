@@ -4,7 +4,7 @@ Each call becomes one request on the session's ops list (execbox.sessions.ops); 
 back on a list of its own, read here without blocking the event loop. Paths are E2B's: relative
 ones resolve under the sandbox user's home, /home/user, which here is the workspace itself (the
 image links one to the other), so what a file call writes a cell reads and the other way round.
-The sandbox enforces the path rules (sandbox-images/common/session_ops.py); this side only
+The sandbox enforces the path rules (sandbox-images/common/session_paths.py); this side only
 translates names and waits.
 """
 
