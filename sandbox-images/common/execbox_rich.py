@@ -30,10 +30,10 @@ _REPR_METHODS = {
     "image/svg+xml": "_repr_svg_",
     "application/json": "_repr_json_",
 }
-_index = []
+_index: list[dict[str, object]] = []
 
 
-def reset():
+def reset() -> None:
     """Forget the results shown so far and remove their files (a session's next call)."""
     del _index[:]
     if os.path.isdir(RESULTS):
@@ -44,9 +44,9 @@ def reset():
                 pass
 
 
-def represent(value):
+def represent(value: object) -> dict[str, object]:
     """text/plain and whatever the object offers through the _repr_*_ protocol (IPython's)."""
-    data = {"text/plain": repr(value)}
+    data: dict[str, object] = {"text/plain": repr(value)}
     for mime, method in _REPR_METHODS.items():
         render = getattr(type(value), method, None)
         if render is None:
@@ -62,14 +62,14 @@ def represent(value):
     return data
 
 
-def publish(kind, data):
+def publish(kind: str, data: dict[str, object]) -> None:
     """Write one result (kind: execute_result or display_data; data: {mime: str | bytes | JSON})."""
     kept = {mime: value for mime, value in data.items() if mime in MIME_FILES}
     if not kept:
         return
     os.makedirs(RESULTS, exist_ok=True)
     n = len(_index)
-    files = {}
+    files: dict[str, str] = {}
     for mime, value in kept.items():
         name = f"{n}.{MIME_FILES[mime]}"
         if mime == "application/json":
@@ -79,7 +79,7 @@ def publish(kind, data):
         elif mime.startswith("image/") and mime != "image/svg+xml":
             import base64
 
-            raw = base64.b64decode(value)
+            raw = base64.b64decode(str(value))
         else:
             raw = str(value).encode("utf-8", "replace")
         with open(os.path.join(RESULTS, name), "wb") as f:
@@ -92,6 +92,6 @@ def publish(kind, data):
     os.replace(partial, os.path.join(RESULTS, "index.json"))
 
 
-def display(value):
+def display(value: object) -> None:
     """Show a value as a result (display_data), with every representation it has."""
     publish("display_data", represent(value))

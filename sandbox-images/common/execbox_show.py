@@ -13,7 +13,7 @@ FigureCanvas = FigureCanvasAgg
 FigureManager = FigureManagerBase
 
 
-def show(*args, **kwargs):
+def show(*args: object, **kwargs: object) -> None:
     import matplotlib.pyplot as plt
 
     for number in plt.get_fignums():

@@ -31,6 +31,8 @@ sweep spares (each report names them: "helpers"). A cell that is exactly `%reset
 context it names.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import re
@@ -40,6 +42,7 @@ import subprocess
 import sys
 import time
 import warnings
+from typing import Any
 
 import execbox_rich
 
@@ -98,17 +101,17 @@ class Contexts:
     """The session's contexts (see the module's doc): which Python namespace the interpreter holds
     now, the saved contents, history and working directory of the others, and the JavaScript ones."""
 
-    def __init__(self, shell):
+    def __init__(self, shell: Any) -> None:
         self.shell = shell
         self.pristine = dict(shell.user_ns)
-        self.saved = {}
+        self.saved: dict[str, Any] = {}
         self.current = "python"
-        self.scripts = {}
+        self.scripts: dict[str, Script] = {}
         """A JavaScript context's name -> its node process."""
         self.environ = dict(os.environ)
         """The environment a context's process starts with (a cell's own env is that cell's)."""
 
-    def run(self, name, code, env):
+    def run(self, name: str, code: str, env: dict[str, str]) -> int:
         """Run a cell in context `name`: its exit status. `%reset -f` empties any context (IPython's
         magic in a Python one; a fresh node process, a shell with no saved state), back in HOME."""
         reset = code.strip() == RESET
@@ -130,11 +133,11 @@ class Contexts:
             os.chdir(HOME)
         failure = result.error_before_exec or result.error_in_exec
         if isinstance(failure, SystemExit):
-            code = failure.code
-            return code if isinstance(code, int) else (0 if code is None else 1)
+            exit_code = failure.code
+            return exit_code if isinstance(exit_code, int) else (0 if exit_code is None else 1)
         return 0 if result.success else 1
 
-    def helpers(self):
+    def helpers(self) -> list[int]:
         """The pids of the processes the contexts keep (spared by the supervisor's sweep); one that
         ended is forgotten here, so that its pid, once reused, is not spared."""
         for name, script in list(self.scripts.items()):
@@ -143,7 +146,7 @@ class Contexts:
                 del self.scripts[name]
         return sorted(script.pid for script in self.scripts.values())
 
-    def _enter(self, name):
+    def _enter(self, name: str) -> None:
         if name == self.current:
             return
         history = self.shell.history_manager
@@ -174,7 +177,7 @@ class Contexts:
             os.chdir(WORKDIR)
         self.current = name
 
-    def _run_script(self, name, code, env):
+    def _run_script(self, name: str, code: str, env: dict[str, str]) -> int:
         script = self.scripts.get(name)
         if script is None:
             try:
@@ -207,7 +210,7 @@ class Script:
     timer, callback or runaway cell of it runs between them or beside another context's cell. In a
     process group of its own, it is interrupted by the kernel, which the supervisor interrupted."""
 
-    def __init__(self, environ):
+    def __init__(self, environ: dict[str, str]) -> None:
         requests, self.requests = os.pipe()
         self.answers, answers = os.pipe()
         told, tell = os.pipe()
@@ -226,7 +229,7 @@ class Script:
         self.pid = int(said)
         self.buffer = b""
 
-    def run(self, code, env):
+    def run(self, code: str, env: dict[str, str]) -> tuple[int, str | None]:
         """(exit status, the last value's text or None) of a cell; raises ScriptEnded."""
         nonce = os.urandom(12).hex()
         self._signal(signal.SIGCONT)
@@ -246,7 +249,7 @@ class Script:
         result = answer.get("result")
         return (status if isinstance(status, int) else 1), (result if isinstance(result, str) else None)
 
-    def alive(self):
+    def alive(self) -> bool:
         """Whether the process is still there (stopped counts; a zombie does not)."""
         try:
             with open(f"/proc/{self.pid}/stat") as f:
@@ -254,13 +257,13 @@ class Script:
         except (OSError, IndexError):
             return False
 
-    def _signal(self, sig):
+    def _signal(self, sig: int) -> None:
         try:
             os.kill(self.pid, sig)
         except OSError:
             pass
 
-    def _answer(self, nonce, timeout):
+    def _answer(self, nonce: str, timeout: float | None) -> dict[str, Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             while b"\n" not in self.buffer:
@@ -284,7 +287,7 @@ class Script:
             if isinstance(answer, dict) and answer.get("n") == nonce:
                 return answer
 
-    def close(self):
+    def close(self) -> None:
         self._signal(signal.SIGKILL)
         for fd in (self.requests, self.answers):
             try:
@@ -293,7 +296,7 @@ class Script:
                 pass
 
 
-def _spawn(requests, answers, tell, environ):
+def _spawn(requests: int, answers: int, tell: int, environ: dict[str, str]) -> None:
     """In the middle process: a process group of its own, then node as its child, whose pid it
     tells, and it exits. node's parent is then the supervisor (init) from its start, so the
     kernel's copies coming and going never leave node's process group orphaned while it is stopped
@@ -314,7 +317,7 @@ def _spawn(requests, answers, tell, environ):
         os._exit(0)
 
 
-def _write_all(fd, data):
+def _write_all(fd: int, data: bytes) -> None:
     while data:
         data = data[os.write(fd, data) :]
 
@@ -322,18 +325,18 @@ def _write_all(fd, data):
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
-def _bash_state(context):
+def _bash_state(context: str) -> str:
     return os.path.join(BASH_STATE, context.replace(":", "-") + ".sh")
 
 
-def _forget_bash(context):
+def _forget_bash(context: str) -> None:
     try:
         os.unlink(_bash_state(context))
     except OSError:
         pass
 
 
-def _run_bash(context, code, env):
+def _run_bash(context: str, code: str, env: dict[str, str]) -> int:
     """A cell of a shell context: its exit status. The cell's environment wins over the state saved
     from the cell before."""
     os.makedirs(BASH_STATE, mode=0o700, exist_ok=True)
@@ -352,13 +355,13 @@ def _run_bash(context, code, env):
     return subprocess.run(command, cwd=WORKDIR, stdin=subprocess.DEVNULL).returncode
 
 
-def _quote(text):
+def _quote(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
 
 
-def _snapshot():
+def _snapshot() -> dict[str, tuple[int, int]]:
     """(path relative to out/) -> (mtime_ns, size) for every regular file outside .execbox/."""
-    seen = {}
+    seen: dict[str, tuple[int, int]] = {}
     for root, dirs, files in os.walk(OUT):
         if root == OUT and ".execbox" in dirs:
             dirs.remove(".execbox")
@@ -372,7 +375,7 @@ def _snapshot():
     return seen
 
 
-def _clear_reserved():
+def _clear_reserved() -> None:
     try:
         os.unlink(RESULT_FILE)
     except OSError:
@@ -383,7 +386,7 @@ def _clear_reserved():
         helper._reset()
 
 
-def _shell():
+def _shell() -> Any:
     from IPython.core.displayhook import DisplayHook
     from IPython.core.displaypub import DisplayPublisher
     from IPython.core.interactiveshell import InteractiveShell
@@ -391,25 +394,26 @@ def _shell():
     class Publisher(DisplayPublisher):
         """display(), and plt.show() through matplotlib's inline backend, land here."""
 
-        def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kwargs):
+        def publish(self, data: Any, metadata: Any = None, source: Any = None, *, transient: Any = None,
+                    update: bool = False, **kwargs: Any) -> None:  # fmt: skip
             execbox_rich.publish("display_data", data)
 
-        def clear_output(self, wait=False):
+        def clear_output(self, wait: bool = False) -> None:
             pass
 
     class Hook(DisplayHook):
         """The last expression's value becomes a result (with `_`, `Out` as usual), not stdout text."""
 
-        def write_output_prompt(self):
+        def write_output_prompt(self) -> None:
             pass
 
-        def write_format_data(self, format_dict, md_dict=None):
+        def write_format_data(self, format_dict: Any, md_dict: Any = None) -> None:
             execbox_rich.publish("execute_result", format_dict)
 
     shell = InteractiveShell.instance(colors="NoColor", display_pub_class=Publisher, displayhook_class=Hook)
     shell.history_manager.enabled = False
 
-    def show_traceback(etype, evalue, stb):
+    def show_traceback(etype: type[BaseException], evalue: Any, stb: Any) -> None:
         if issubclass(etype, SystemExit):  # an exit status, as a program's would be
             code = evalue.code
             if code is not None and not isinstance(code, int):
@@ -422,7 +426,7 @@ def _shell():
     return shell
 
 
-def main():
+def main() -> None:
     control = os.fdopen(0, "r", encoding="utf-8")
     report = os.fdopen(3, "w", encoding="utf-8")
     signal.signal(signal.SIGINT, signal.default_int_handler)

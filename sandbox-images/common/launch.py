@@ -85,8 +85,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.ptrace.argtypes = (ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p)
 
 
-def _read_exact(n):
-    chunks = []
+def _read_exact(n: int) -> bytes:
+    chunks: list[bytes] = []
     while n > 0:
         chunk = os.read(0, min(n, 1 << 20))
         if not chunk:
@@ -96,14 +96,14 @@ def _read_exact(n):
     return b"".join(chunks)
 
 
-def _safe_path(rel):
+def _safe_path(rel: str) -> str:
     parts = rel.split("/")
     if rel.startswith("/") or "\x00" in rel or any(p in ("", ".", "..") for p in parts):
         raise ValueError(f"refusing file path {rel!r}")
     return os.path.join(WORKDIR, *parts)
 
 
-def _write_file(path, size, mode):
+def _write_file(path: str, size: int, mode: int) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode & 0o755)
     try:
@@ -120,7 +120,7 @@ _NONCE = [""]
 """The run's nonce once read, for reporting a fault from anywhere."""
 
 
-def _read_header():
+def _read_header() -> tuple[str, list[str]]:
     """(nonce, header lines): the nonce comes first, so even a later fault can be reported."""
     lines = _read_exact(int(_read_exact(10))).decode("utf-8").splitlines()
     nonce = lines[0][6:] if lines and lines[0].startswith("nonce ") else ""
@@ -128,7 +128,7 @@ def _read_header():
     return nonce, lines
 
 
-def _unpack(header):
+def _unpack(header: tuple[str, list[str]]) -> tuple[str, dict[str, str]]:
     nonce, lines = header
     os.makedirs(os.path.join(WORKDIR, "out"), exist_ok=True)  # the output directory always exists
     env = dict(os.environ)
@@ -147,7 +147,7 @@ def _unpack(header):
     return nonce, env
 
 
-CGROUP_FIGURES = {
+CGROUP_FIGURES: dict[str, tuple[tuple[str, str | None], ...]] = {
     "peak": (("/sys/fs/cgroup/memory.peak", None), ("/sys/fs/cgroup/memory/memory.max_usage_in_bytes", None)),
     "oom_kills": (
         ("/sys/fs/cgroup/memory.events", "oom_kill"),
@@ -158,7 +158,7 @@ CGROUP_FIGURES = {
 "<key> <n>" in it, or the whole file when the key is None)."""
 
 
-def cgroup_figure(name):
+def cgroup_figure(name: str) -> int:
     """A figure of the sandbox's memory cgroup, 0 when it does not say: "peak" (the high-water mark
     in bytes) or "oom_kills" (how often its OOM killer fired). The one reader of both the launcher
     and the session's supervisor (session.py)."""
@@ -175,12 +175,12 @@ def cgroup_figure(name):
     return 0
 
 
-def _status_code(status):
+def _status_code(status: int) -> int:
     code = os.waitstatus_to_exitcode(status)
     return code if code >= 0 else 128 - code
 
 
-def _resume_tracee(pid, status):
+def _resume_tracee(pid: int, status: int) -> None:
     """A process that made PID 1 its tracer stopped: let it go on, delivering the signal it stopped
     for (stops themselves are not honoured: there is nobody to continue it)."""
     sig = os.WSTOPSIG(status)
@@ -188,7 +188,7 @@ def _resume_tracee(pid, status):
     _libc.ptrace(PTRACE_CONT, pid, None, ctypes.c_void_p(inject))  # ESRCH: it is gone already
 
 
-def _wait_for(child):
+def _wait_for(child: int) -> int:
     """Reap every process until `child` ends; its exit status."""
     while True:
         pid, status = os.waitpid(-1, 0)  # without WUNTRACED: a stop seen here is a ptrace stop
@@ -198,7 +198,7 @@ def _wait_for(child):
             return status
 
 
-def _reap_all():
+def _reap_all() -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, 0)
@@ -208,7 +208,7 @@ def _reap_all():
             _resume_tracee(pid, status)  # so that the SIGKILL it is about to get can end it
 
 
-def _finish(nonce, marker, status):
+def _finish(nonce: str, marker: bytes, status: bytes) -> None:
     """Tell the worker the run is over (the marker, on both streams), then wait to be released."""
     try:
         produced = b"1" if os.listdir(os.path.join(WORKDIR, "out")) else b"0"
@@ -223,7 +223,7 @@ def _finish(nonce, marker, status):
     signal.sigwait({signal.SIGUSR1})
 
 
-def _start_preload(release):
+def _start_preload(release: set[signal.Signals]) -> tuple[int, int, int] | None:
     """(pid, job pipe, answer pipe) of the preloaded interpreter the container asks for, or None."""
     command = os.environ.get("EXECBOX_PRELOAD", "").split()
     if not command:
@@ -250,7 +250,7 @@ def _start_preload(release):
     return pid, job_w, answer_r
 
 
-def _said(answer_r, timeout_s):
+def _said(answer_r: int, timeout_s: float) -> tuple[int, bool]:
     """Read what the preloaded interpreter says until its "r", its end, or timeout_s (0: only what
     is there now): (how many "." it said, whether it said "r")."""
     said = b""
@@ -266,7 +266,7 @@ def _said(answer_r, timeout_s):
     return said.count(b"."), b"r" in said
 
 
-def _worth_waiting_s(argv, done):
+def _worth_waiting_s(argv: list[str], done: int) -> float:
     """How long to wait for a preload that has said `done` of its steps (its start, then each
     module): a fresh start's expected time when the rest of the preload is expected to take no
     longer, else 0 (also when the container declares no costs)."""
@@ -287,7 +287,7 @@ def _worth_waiting_s(argv, done):
     return fresh_s if sum(costs[done:]) <= fresh_s else 0
 
 
-def _names(program, name):
+def _names(program: bytes, name: bytes) -> bool:
     """Whether `name` stands in the program as a word (an import, or anything else: a mention costs
     at most a wait no longer than the fresh start)."""
     at = program.find(name)
@@ -300,7 +300,7 @@ def _names(program, name):
     return False
 
 
-def _hand_over(preloaded, argv, env):
+def _hand_over(preloaded: tuple[int, int, int], argv: list[str], env: dict[str, str]) -> int | None:
     """Give the job to the preloaded interpreter if it is ready, or will be sooner than a fresh
     start would be (see the module's docstring): its pid when it took the job, else None (it is
     gone, and the program starts fresh)."""
@@ -332,7 +332,7 @@ def _hand_over(preloaded, argv, env):
     return None
 
 
-def main():
+def main() -> int:
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # before the nonce is read; a fork inherits it until exec
     argv = sys.argv[1:]
     if not argv:
@@ -379,7 +379,7 @@ def main():
     return _after(child, started, nonce, marker)
 
 
-def _become(argv, env, nonce, marker, release):
+def _become(argv: list[str], env: dict[str, str], nonce: str, marker: bytes, release: set[signal.Signals]) -> int:
     """Replace this process with the program, which is then PID 1 itself (the frame said "exec":
     a session's supervisor, which the code it runs must not be able to signal)."""
     try:
@@ -392,14 +392,14 @@ def _become(argv, env, nonce, marker, release):
     return LAUNCH_FAILED
 
 
-def _exec(argv, env, release):
+def _exec(argv: list[str], env: dict[str, str], release: set[signal.Signals]) -> None:
     """Become the program: the release signal unblocked, in the work directory."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, release)
     os.chdir(WORKDIR)
     os.execvpe(argv[0], argv, env)
 
 
-def _after(child, started, nonce, marker):
+def _after(child: int, started: bool, nonce: str, marker: bytes) -> int:
     """Wait for the program, end what it left, report; the launcher's exit status."""
     status = _wait_for(child)
     if os.getpid() == 1:  # only as the sandbox's init: kill(-1) elsewhere would hit the whole host
@@ -415,7 +415,7 @@ def _after(child, started, nonce, marker):
     return _status_code(status)
 
 
-def _guarded():
+def _guarded() -> int:
     try:
         return main()
     except BaseException:  # never the program's outcome, never a traceback on its streams

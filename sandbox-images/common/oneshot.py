@@ -9,7 +9,7 @@ import os
 import sys
 
 
-def _report(exc):
+def _report(exc: BaseException) -> None:
     """Hand an uncaught exception to sys.excepthook as the interpreter would, without this
     runner's frames (a program's own hook still sees it)."""
     tb = exc.__traceback__
@@ -18,18 +18,25 @@ def _report(exc):
     sys.excepthook(type(exc), exc.with_traceback(tb), tb)
 
 
-def main():
+def main() -> int:
     path = os.path.abspath(sys.argv[1])  # as the interpreter names a script it runs
     sys.argv = sys.argv[1:]
     sys.path[0] = os.path.dirname(path)
     with open(path, "rb") as f:
         source = f.read()
-    namespace = {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__, "__doc__": None}
+    namespace: dict[str, object] = {
+        "__name__": "__main__",
+        "__file__": path,
+        "__builtins__": __builtins__,
+        "__doc__": None,
+    }
     try:
         tree = compile(source, path, "exec", _ast.PyCF_ONLY_AST)
+        assert isinstance(tree, _ast.Module)
         last = None
-        if tree.body and isinstance(tree.body[-1], _ast.Expr):
-            last = _ast.Expression(tree.body.pop().value)
+        if tree.body and isinstance(final := tree.body[-1], _ast.Expr):
+            tree.body.pop()
+            last = _ast.Expression(final.value)
         exec(compile(tree, path, "exec"), namespace)
         if last is not None:
             value = eval(compile(last, path, "eval"), namespace)

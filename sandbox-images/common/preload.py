@@ -29,8 +29,8 @@ IMPORT_TIME = ("PYTHON", "OMP_", "OPENBLAS_", "MKL_", "NUMEXPR_", "VECLIB_", "BL
 IMPORT_TIME_NAMES = {"PATH", "HOME", "TZ", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR"}
 
 
-def _read_job():
-    chunks = []
+def _read_job() -> tuple[list[str], dict[str, str]]:
+    chunks: list[bytes] = []
     while True:
         chunk = os.read(3, 1 << 16)
         if not chunk:
@@ -43,7 +43,7 @@ def _read_job():
     return argv, env
 
 
-def _can_run(argv, env):
+def _can_run(argv: list[str], env: dict[str, str]) -> bool:
     if len(argv) != 3 or argv[1] != RUNNER or not os.path.basename(argv[0]).startswith("python"):
         return False
     names = set(env) | set(os.environ)
@@ -51,7 +51,7 @@ def _can_run(argv, env):
     return all(env.get(n) == os.environ.get(n) for n in touched)
 
 
-def main():
+def main() -> int:
     os.write(4, b".")
     for name in filter(None, os.environ.get("EXECBOX_PRELOAD_MODULES", "").split(",")):
         try:
@@ -82,9 +82,10 @@ def main():
     except SystemExit as exc:
         code = _exit_code(exc.code)
     _exit(code)
+    return code  # never reached: _exit ends the process
 
 
-def _exit_code(code):
+def _exit_code(code: object) -> int:
     """What the interpreter makes of sys.exit(code)."""
     if code is None:
         return 0
@@ -94,7 +95,7 @@ def _exit_code(code):
     return 1
 
 
-def _exit(code):
+def _exit(code: int) -> None:
     """End as the interpreter's own shutdown would for the program (its threads joined, its atexit
     handlers run, its open files flushed), without tearing down the preloaded modules, which takes
     ~80 ms for numpy and pandas and serves nobody: the container is removed after this run."""

@@ -46,6 +46,8 @@ kernel's loop runs on as that loop). A caller that hands a later call a secret r
 code in that session before it. The worker keeps its own clock and caps.
 """
 
+from __future__ import annotations
+
 import base64
 import ctypes
 import json
@@ -54,10 +56,12 @@ import select
 import signal
 import sys
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's directory out
 import session_ops
 from launch import cgroup_figure  # the launcher's reader of the memory cgroup
+from session_paths import Json
 
 KERNEL = ("python3", "/opt/execbox/kernel.py")
 CONTEXT_SCRIPT = b"/opt/execbox/js_context.js"
@@ -72,7 +76,7 @@ PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def _emit(event):
+def _emit(event: Json) -> None:
     data = (json.dumps(event) + "\n").encode()
     while data:
         data = data[os.write(1, data) :]
@@ -81,7 +85,7 @@ def _emit(event):
 class Kernel:
     """The kernel process and the supervisor's ends of its four pipes."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         to_kernel, self.ctl = os.pipe()
         self.out, out_w = os.pipe()
         self.err, err_w = os.pipe()
@@ -104,26 +108,26 @@ class Kernel:
         self.alive = True
         self.status = 0
         """The wait status of an ended kernel process."""
-        self.helpers = set()
+        self.helpers: set[int] = set()
         """Processes the kernel keeps beside itself (a JavaScript context's node): spared by the sweep."""
-        self.closed = set()
+        self.closed: set[int] = set()
         """Pipes the kernel closed (a program may close its own stdout): no longer watched."""
 
-    def watched(self):
+    def watched(self) -> list[int]:
         return [fd for fd in (self.rep, self.out, self.err) if fd not in self.closed]
 
-    def send(self, request):
+    def send(self, request: Json) -> None:
         data = (json.dumps(request) + "\n").encode()
         while data:
             data = data[os.write(self.ctl, data) :]
 
-    def signal(self, sig):
+    def signal(self, sig: int) -> None:
         try:
             os.killpg(self.group, sig)
         except ProcessLookupError:
             pass
 
-    def hand_over(self, report):
+    def hand_over(self, report: Json) -> bool:
         """Follow the kernel to the copy it reported (see kernel.py); False when that did not happen
         as it must: the old process gone, the copy our child, alone in its process."""
         copy = report.get("kernel")
@@ -140,7 +144,7 @@ class Kernel:
         self.pid, self.alive = copy, True
         return True
 
-    def sweep(self):
+    def sweep(self) -> None:
         """Kill every process in the sandbox but this one (PID 1) and the kernel: what a cell
         started and left running. Repeated until none is left (one may fork while it is killed)."""
         # A command just forked may not have made its own session yet (setsid): spared by its pid.
@@ -159,7 +163,7 @@ class Kernel:
             _reap(self)
         _reap(self)
 
-    def exited(self, block=False):
+    def exited(self, block: bool = False) -> int | None:
         """The kernel's wait status once it has ended (reaped), else None."""
         if not self.alive:
             return self.status
@@ -172,7 +176,7 @@ class Kernel:
         self.alive, self.status = False, status
         return status
 
-    def close(self):
+    def close(self) -> None:
         """Kill the kernel and everything else in the sandbox (kill -1 spares only this process,
         and no process can fork past it)."""
         try:
@@ -192,15 +196,15 @@ class Kernel:
                 pass
 
 
-def _pids():
-    found = []
+def _pids() -> list[int]:
+    found: list[int] = []
     for name in os.listdir("/proc"):
         if name.isdigit():
             found.append(int(name))
     return found
 
 
-def _sid(pid):
+def _sid(pid: int) -> int:
     """A process's session id (0 when it is gone)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -209,7 +213,7 @@ def _sid(pid):
         return 0
 
 
-def _is_context(pid):
+def _is_context(pid: int) -> bool:
     """Whether pid runs a JavaScript context (what the kernel may ask the sweep to spare)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -218,7 +222,7 @@ def _is_context(pid):
         return False
 
 
-def _status(pid):
+def _status(pid: int) -> dict[str, str]:
     """A process's /proc status fields (Name: value), {} when it is gone."""
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -227,7 +231,7 @@ def _status(pid):
         return {}
 
 
-def _reap(kernel):
+def _reap(kernel: Kernel) -> None:
     """Collect every ended child (this process is init: orphans of a cell end up here); the
     kernel's own end is noted, not lost."""
     while True:
@@ -243,7 +247,7 @@ def _reap(kernel):
             OPS.processes.reaped(pid, status)
 
 
-def _drain(kernel, fd, forward=True):
+def _drain(kernel: Kernel, fd: int, forward: bool = True) -> None:
     """Forward everything the kernel has written so far on its stdout or stderr pipe (read and
     dropped without `forward`: between cells nothing is any call's output)."""
     if fd in kernel.closed:
@@ -263,7 +267,7 @@ def _drain(kernel, fd, forward=True):
         os.set_blocking(fd, True)
 
 
-def _start():
+def _start() -> Kernel:
     kernel = Kernel()
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -280,7 +284,7 @@ def _start():
     raise RuntimeError("the session's kernel did not start")
 
 
-def _read_reports(kernel, wait=True):
+def _read_reports(kernel: Kernel, wait: bool = True) -> list[Any]:
     """Read the kernel's report pipe; the reports read whole (a kernel that closed it sends none).
     Without `wait`, only what is there already."""
     if kernel.rep in kernel.closed:
@@ -297,7 +301,7 @@ def _read_reports(kernel, wait=True):
         return []
     kernel.buffer += chunk
     *lines, kernel.buffer = kernel.buffer.split(b"\n")
-    reports = []
+    reports: list[Any] = []
     for line in lines:
         try:
             reports.append(json.loads(line))
@@ -306,7 +310,7 @@ def _read_reports(kernel, wait=True):
     return reports
 
 
-def _mine(reports, cell):
+def _mine(reports: list[Any], cell: str | None) -> Json | None:
     """The report of the running cell among those read (any other is not the kernel's to send)."""
     for report in reports:
         if cell is not None and isinstance(report, dict) and report.get("id") == cell:
@@ -314,14 +318,14 @@ def _mine(reports, cell):
     return None
 
 
-def _int(value, default):
+def _int(value: Any, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 OPS = session_ops.Ops(_emit)
 
 
-def main():
+def main() -> int:
     libc = ctypes.CDLL(None)
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # a cell's orphans become ours (also when not init)
@@ -336,15 +340,17 @@ class Supervisor:
     output. One cell runs at a time; when one ends, its kernel hands over to its copy, or is
     replaced by a fresh one, and the worker is told which."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.kernel = _start()
         self.pending = b""
-        self.cell = None  # the running cell's id
+        self.cell: str | None = None  # the running cell's id
         self.oom_before = 0
-        self.kill_at = None  # set when the running cell was interrupted: its kernel is restarted by then at the latest
+        self.kill_at: float | None = (
+            None  # set when the running cell was interrupted: its kernel is restarted by then at the latest
+        )
         self.next_sweep = 0.0
 
-    def run(self):
+    def run(self) -> int:
         """Serve until the worker closes stdin; the exit status."""
         _emit({"ev": "ready", "restarted": False})
         procs, watchers = OPS.processes, OPS.watchers
@@ -372,7 +378,7 @@ class Supervisor:
             if report is not None or status is not None or overdue:
                 self._cell_over(report, overdue)
 
-    def _take(self, chunk):
+    def _take(self, chunk: bytes) -> None:
         """The worker's requests, one JSON object per line (a line may come in several chunks)."""
         self.pending += chunk
         *lines, self.pending = self.pending.split(b"\n")
@@ -390,7 +396,7 @@ class Supervisor:
             elif op != "run":
                 OPS.handle(request)
 
-    def _tidy(self):
+    def _tidy(self) -> None:
         """Processes past their lifetime ended (and their ends reported now, not at the next cell);
         between cells, whatever left its command's session (setsid) is nobody's and goes."""
         procs = OPS.processes
@@ -401,7 +407,7 @@ class Supervisor:
             self.kernel.sweep()
             self.next_sweep = time.monotonic() + SWEEP_S
 
-    def _cell_over(self, report, overdue):
+    def _cell_over(self, report: Json | None, overdue: bool) -> None:
         """The cell reported its end, the kernel process ended, or an interrupted cell did not stop
         in time: the kernel hands over to its copy, or a fresh one replaces it."""
         kernel = self.kernel

@@ -2,6 +2,8 @@
 session_paths.py.
 """
 
+from __future__ import annotations
+
 import base64
 import grp
 import os
@@ -9,16 +11,16 @@ import pwd
 import shutil
 import stat
 
-from session_paths import Opened, OpError, clean, failure, makedirs, parent_of
+from session_paths import Emit, Json, Opened, OpError, clean, failure, makedirs, parent_of
 
 CHUNK = 512 * 1024
 
 
-def _entry(parent_fd, name, path):
+def _entry(parent_fd: int, name: str, path: str) -> Json:
     """What a listing or stat says of one entry (not following a symlink)."""
     st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
     kind = "dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else "other"
-    target = None
+    target: str | None = None
     if stat.S_ISLNK(st.st_mode):
         kind = "symlink"
         try:
@@ -30,14 +32,14 @@ def _entry(parent_fd, name, path):
             "group": _group(st.st_gid), "mtime": st.st_mtime, "target": target}  # fmt: skip
 
 
-def _user(uid):
+def _user(uid: int) -> str:
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
 
 
-def _group(gid):
+def _group(gid: int) -> str:
     try:
         return grp.getgrgid(gid).gr_name
     except KeyError:
@@ -45,16 +47,16 @@ def _group(gid):
 
 
 class Files:
-    def __init__(self, emit):
+    def __init__(self, emit: Emit) -> None:
         self.emit = emit
 
-    def handle(self, request):
+    def handle(self, request: Json) -> Json:
         call = request.get("call")
         path = clean(request.get("path"))
         if call == "stat":
-            parent, name = parent_of(path, False) if path != "/" else (None, None)
-            if parent is None:
+            if path == "/":
                 raise OpError("invalid", "/: not available")
+            parent, name = parent_of(path, False)
             with parent:
                 try:
                     return {"entry": _entry(parent.fd, name, path)}
@@ -63,7 +65,7 @@ class Files:
         if call == "list":
             depth = request.get("depth", 1)
             depth = depth if isinstance(depth, int) and 1 <= depth <= 16 else 1
-            found = []
+            found: list[Json] = []
             self._list(path, depth, found)
             return {"entries": found}
         if call == "read":
@@ -97,7 +99,7 @@ class Files:
                         raise failure(exc, path) from None
         raise OpError("invalid", f"unknown file call {call!r}")
 
-    def _list(self, path, depth, found):
+    def _list(self, path: str, depth: int, found: list[Json]) -> None:
         with Opened(path, os.O_RDONLY | os.O_DIRECTORY, False) as opened:
             names = sorted(os.listdir(opened.fd))
             for name in names[: 10000 - len(found)]:
@@ -113,7 +115,7 @@ class Files:
                     except OpError:
                         continue
 
-    def _read(self, request, path):
+    def _read(self, request: Json, path: str) -> Json:
         limit = request.get("limit")
         limit = limit if isinstance(limit, int) and limit > 0 else 1 << 20
         with Opened(path, os.O_RDONLY | os.O_NONBLOCK, False) as opened:
@@ -135,7 +137,7 @@ class Files:
                 self.emit({"ev": "chunk", "id": request.get("id"), "b": base64.b64encode(data).decode()})
             return {"size": total}
 
-    def _write(self, request, path):
+    def _write(self, request: Json, path: str) -> Json:
         try:
             data = base64.b64decode(request.get("b") or "", validate=True)
         except ValueError:

@@ -26,10 +26,12 @@ The ops themselves: files (session_files.py, within the paths of session_paths.p
 (session_processes.py) and directory watchers (session_watchers.py).
 """
 
+from __future__ import annotations
+
 import json
 
 from session_files import Files
-from session_paths import OpError
+from session_paths import Emit, Json, OpError
 from session_processes import Processes
 from session_watchers import Watchers
 
@@ -41,13 +43,13 @@ longer one): a larger answer is refused as too_large, saying how to ask for less
 class Ops:
     """All three, behind the one entry the supervisor's loop calls."""
 
-    def __init__(self, emit):
+    def __init__(self, emit: Emit) -> None:
         self.emit = emit
         self.files = Files(emit)
         self.processes = Processes(emit)
         self.watchers = Watchers(emit)
 
-    def handle(self, request):
+    def handle(self, request: Json) -> None:
         ident = request.get("id")
         try:
             op = request.get("op")

@@ -10,9 +10,13 @@ the path speak for the supervisor. Only regular files are read or written (opene
 a FIFO a cell left where a file was expected cannot stall the supervisor).
 """
 
+from __future__ import annotations
+
 import ctypes
 import errno
 import os
+from collections.abc import Callable
+from typing import Any
 
 WORKDIR = "/workspace"
 HIDDEN = ("/proc", "/sys", "/dev")
@@ -21,10 +25,14 @@ SYS_OPENAT2 = 437  # the same number on every architecture Linux has added it to
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_BENEATH = 0x08
 AT_FDCWD = -100
+Json = dict[str, Any]
+"""A request, an answer or an event of the ops' wire (one JSON object)."""
+Emit = Callable[[Json], None]
+"""Where the ops send their answers and events (the supervisor's stdout)."""
 
 
 class OpError(Exception):
-    def __init__(self, kind, message):
+    def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind, self.message = kind, message
 
@@ -36,16 +44,16 @@ class _How(ctypes.Structure):
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def openat2(dirfd, path, flags, mode, resolve):
+def openat2(dirfd: int, path: str, flags: int, mode: int, resolve: int) -> int:
     how = _How(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0, resolve)  # openat2 wants no stray mode
-    fd = _libc.syscall(SYS_OPENAT2, dirfd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
+    fd: int = _libc.syscall(SYS_OPENAT2, dirfd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
     if fd < 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), path)
     return fd
 
 
-def failure(exc, path):
+def failure(exc: OSError, path: str) -> OpError:
     """An OSError as the answer's error."""
     kinds = {errno.ENOENT: "not_found", errno.ENOTDIR: "not_found", errno.EEXIST: "exists",
              errno.ENOTEMPTY: "exists", errno.EXDEV: "invalid", errno.ELOOP: "invalid",
@@ -54,16 +62,17 @@ def failure(exc, path):
     what = {errno.EXDEV: "leads outside the workspace or through a link that may not be followed",
             errno.ELOOP: "leads outside the workspace or through a link that may not be followed",
             errno.ENXIO: "not a regular file (a FIFO or socket with no reader, or a device)"}  # fmt: skip
-    return OpError(kinds.get(exc.errno, "failed"), f"{path}: {what.get(exc.errno, exc.strerror)}")
+    code = exc.errno or 0
+    return OpError(kinds.get(code, "failed"), f"{path}: {what.get(code, exc.strerror)}")
 
 
-def clean(path):
+def clean(path: Any) -> str:
     if not isinstance(path, str) or not path.startswith("/") or "\x00" in path or len(path) > 4096:
         raise OpError("invalid", "a path must be absolute, without NUL, at most 4096 characters")
     return os.path.normpath(path).replace("//", "/")
 
 
-def inside(path):
+def inside(path: str) -> bool:
     return path == WORKDIR or path.startswith(WORKDIR + "/")
 
 
@@ -71,8 +80,9 @@ class Opened:
     """An fd for a path, resolved safely: beneath the workspace, or (reads only) elsewhere but never
     in HIDDEN. Closed on exit."""
 
-    def __init__(self, path, flags, write, mode=0o644):
+    def __init__(self, path: str, flags: int, write: bool, mode: int = 0o644) -> None:
         path = clean(path)
+        self.root: int | None
         if inside(path):
             self.root = os.open(WORKDIR, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             relative = os.path.relpath(path, WORKDIR)
@@ -95,26 +105,26 @@ class Opened:
                 raise OpError("invalid", f"{path}: not readable through this interface")
         self.path = path
 
-    def close(self):
+    def close(self) -> None:
         for fd in (self.fd, self.root):
             if fd is not None:
                 os.close(fd)
 
-    def __enter__(self):
+    def __enter__(self) -> Opened:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def parent_of(path, write):
+def parent_of(path: str, write: bool) -> tuple[Opened, str]:
     parent, name = os.path.split(path)
     if not name or (write and path == WORKDIR):
         raise OpError("invalid", f"{path}: not a file or directory that can be changed")
     return Opened(parent, os.O_PATH | os.O_DIRECTORY, write), name
 
 
-def makedirs(path):
+def makedirs(path: str) -> bool:
     """mkdir -p beneath the workspace; True when the last one was made here."""
     path = clean(path)
     if not inside(path) or path == WORKDIR:

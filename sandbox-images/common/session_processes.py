@@ -6,6 +6,8 @@ each cell spares every process of such a session (see `spared`). A kernel restar
 them with everything else, and each reports its end.
 """
 
+from __future__ import annotations
+
 import base64
 import errno
 import fcntl
@@ -14,9 +16,11 @@ import signal
 import struct
 import termios
 import time
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 import session_paths as paths
-from session_paths import Opened, OpError, clean
+from session_paths import Emit, Json, Opened, OpError, clean
 
 MAX_PROCS = 32
 MAX_INPUT = 1 << 20
@@ -24,16 +28,20 @@ SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGINT": signa
 
 
 class Process:
-    def __init__(self, pid, request, stdin, pipes):
+    def __init__(self, pid: int, request: Json, stdin: int | None, pipes: dict[int, int]) -> None:
         self.pid, self.stdin, self.pipes = pid, stdin, pipes
         self.pty = 3 in pipes.values()
         self.info = {"pid": pid, "tag": request.get("tag"), "argv": request["argv"], "env": request.get("env") or {},
                      "cwd": request.get("cwd") or paths.WORKDIR}  # fmt: skip
         timeout = request.get("timeout_s")
-        self.deadline = time.monotonic() + timeout if isinstance(timeout, (int, float)) and timeout > 0 else None
+        self.deadline: float | None = (
+            time.monotonic() + timeout if isinstance(timeout, (int, float)) and timeout > 0 else None
+        )
 
 
-def _child(argv, environ, cwd, stdio, terminal=None):
+def _child(
+    argv: list[str], environ: dict[str, str], cwd: str, stdio: Sequence[int], terminal: int | None = None
+) -> NoReturn:
     """In a forked child: a session of its own (with `terminal` as its controlling one), stdio on the
     three fds given, nothing else open, then the program; never returns."""
     try:
@@ -52,7 +60,7 @@ def _child(argv, environ, cwd, stdio, terminal=None):
         os._exit(127)
 
 
-def _fork():
+def _fork() -> int:
     """os.fork, its failure an answer (the sandbox's process limit reached, say by a fork bomb)."""
     try:
         return os.fork()
@@ -61,7 +69,7 @@ def _fork():
                       "reached; end some processes (proc.signal) and retry") from None  # fmt: skip
 
 
-def _stat(pid):
+def _stat(pid: int) -> tuple[str, int] | None:
     """(state, session id) of a process, None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -71,9 +79,9 @@ def _stat(pid):
         return None
 
 
-def _members(sid):
+def _members(sid: int) -> list[int]:
     """The live (not zombie) processes of session sid."""
-    found = []
+    found: list[int] = []
     for name in os.listdir("/proc"):
         if name.isdigit():
             seen = _stat(int(name))
@@ -82,7 +90,7 @@ def _members(sid):
     return found
 
 
-def _signal_session(sid, sig):
+def _signal_session(sid: int, sig: int) -> None:
     """Signal every process of a command's session (its process group is not enough: what it
     started may have made groups of its own). SIGKILL is repeated until none is left (one may
     fork while the others are killed); each is stopped first so that none forks past the kill."""
@@ -107,9 +115,10 @@ def _signal_session(sid, sig):
                     pass
 
 
-def _size(request):
+def _size(request: Any) -> tuple[int, int]:
     """A terminal's (rows, cols) from {"rows", "cols"}."""
-    rows, cols = (request or {}).get("rows"), (request or {}).get("cols")
+    size: Any = request or {}
+    rows, cols = size.get("rows"), size.get("cols")
     if not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 4096 for n in (rows, cols)):
         raise OpError("invalid", "a terminal's size is rows and cols from 1 to 4096")
     return rows, cols
@@ -118,30 +127,30 @@ def _size(request):
 class Processes:
     """The processes started on request, and their pipes."""
 
-    def __init__(self, emit):
+    def __init__(self, emit: Emit) -> None:
         self.emit = emit
-        self.live = {}
-        self.ended = {}
+        self.live: dict[int, Process] = {}
+        self.ended: dict[int, Process] = {}
         """Processes whose leader has ended, by session id, while any member of the session is left:
         spared by the cell sweep, listed, signalable, and killed at the command's lifetime."""
 
-    def watched(self):
+    def watched(self) -> list[int]:
         return [fd for proc in self.live.values() for fd in proc.pipes]
 
-    def spared(self, sids):
+    def spared(self, sids: set[int]) -> set[int]:
         """The session ids the cell sweep must leave alone, given the sids of the processes alive."""
         for sid in list(self.ended):
             if sid not in sids:
                 del self.ended[sid]
         return set(self.live) | set(self.ended)
 
-    def _left(self):
+    def _left(self) -> None:
         """Forget the ended commands whose sessions have no process left."""
         for sid in list(self.ended):
             if not _members(sid):
                 del self.ended[sid]
 
-    def handle(self, request):
+    def handle(self, request: Json) -> Json:
         op = request.get("op")
         if op == "proc.list":
             self._left()
@@ -149,7 +158,8 @@ class Processes:
             return {"processes": [proc.info for proc in self.live.values()] + left}
         if op == "proc.start":
             return self._start(request)
-        proc = self.live.get(request.get("pid"))
+        pid: Any = request.get("pid")
+        proc = self.live.get(pid)
         if proc is None and op == "proc.signal" and request.get("pid") in self.ended:
             if _members(request["pid"]):  # what its leader left running: still the command's
                 proc = self.ended[request["pid"]]
@@ -158,7 +168,8 @@ class Processes:
         if proc is None:
             raise OpError("not_found", "no running process {!r}".format(request.get("pid")))
         if op == "proc.signal":
-            sig = SIGNALS.get(request.get("sig"))
+            name: Any = request.get("sig")
+            sig = SIGNALS.get(name)
             if sig is None:
                 raise OpError("invalid", "signal must be one of {}".format(", ".join(SIGNALS)))
             _signal_session(proc.pid, sig)
@@ -172,6 +183,7 @@ class Processes:
                 raise OpError("invalid", "the input is not base64") from None
             if len(data) > MAX_INPUT:
                 raise OpError("too_large", f"at most {MAX_INPUT} bytes of input at a time")
+            written: int | None
             try:
                 written = os.write(proc.stdin, data) if data else 0
             except (BlockingIOError, BrokenPipeError):
@@ -185,6 +197,7 @@ class Processes:
             if not proc.pty:
                 raise OpError("invalid", f"process {proc.pid} has no pseudo-terminal")
             rows, cols = _size(request)
+            assert proc.stdin is not None, "a terminal's one fd"
             fcntl.ioctl(proc.stdin, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
             return {}
         if op == "proc.close":
@@ -196,7 +209,7 @@ class Processes:
             return {}
         raise OpError("invalid", f"unknown op {op!r}")
 
-    def _start(self, request):
+    def _start(self, request: Json) -> Json:
         argv, env, cwd = request.get("argv"), request.get("env") or {}, request.get("cwd") or paths.WORKDIR
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and "\x00" not in a for a in argv):
             raise OpError("invalid", "argv must be a non-empty list of strings")
@@ -230,7 +243,7 @@ class Processes:
         self.live[pid] = Process(pid, request, stdin_w, {out_r: 1, err_r: 2})
         return {"pid": pid}
 
-    def _start_pty(self, request, argv, environ, cwd):
+    def _start_pty(self, request: Json, argv: list[str], environ: dict[str, str], cwd: str) -> Json:
         """A process on a pseudo-terminal of its own (its controlling terminal): what it writes comes
         back as fd 3, what is sent to it is typed."""
         rows, cols = _size(request.get("pty"))
@@ -250,7 +263,7 @@ class Processes:
         self.live[pid] = Process(pid, request, master, {master: 3})
         return {"pid": pid}
 
-    def expire(self):
+    def expire(self) -> None:
         """Kill the commands whose lifetime is over, and everything in their sessions (what they
         started in the background included, whether their leader has ended or not); an end is
         reported when its leader is reaped."""
@@ -260,11 +273,11 @@ class Processes:
                 proc.deadline = None
                 _signal_session(proc.pid, signal.SIGKILL)
 
-    def timed(self):
+    def timed(self) -> bool:
         """Whether any command still has a lifetime to enforce (the supervisor calls expire then)."""
         return bool(self.live) or any(proc.deadline is not None for proc in self.ended.values())
 
-    def readable(self, fd):
+    def readable(self, fd: int) -> bool:
         """Forward what a process wrote on fd; False when fd is none of theirs."""
         for proc in self.live.values():
             if fd in proc.pipes:
@@ -272,7 +285,7 @@ class Processes:
                 return True
         return False
 
-    def _forward(self, proc, fd):
+    def _forward(self, proc: Process, fd: int) -> None:
         try:
             while True:
                 try:
@@ -291,7 +304,7 @@ class Processes:
         except BlockingIOError:
             return
 
-    def reaped(self, pid, status):
+    def reaped(self, pid: int, status: int) -> bool:
         """A child ended; True when it was one of ours (its end is reported)."""
         proc = self.live.pop(pid, None)
         if proc is None:

@@ -1,10 +1,12 @@
 """A session's directory watchers (`watch.start`, `watch.stop`; inotify)."""
 
+from __future__ import annotations
+
 import ctypes
 import os
 import struct
 
-from session_paths import Opened, OpError, clean, failure
+from session_paths import Emit, Json, Opened, OpError, clean, failure
 
 MAX_WATCHERS = 16
 MAX_WATCHED_DIRS = 4096
@@ -29,19 +31,19 @@ class Watchers:
     descriptor may serve several watchers; each knows it by the directory's path relative to its
     own top."""
 
-    def __init__(self, emit):
+    def __init__(self, emit: Emit) -> None:
         self.emit = emit
-        self.fd = None
-        self.libc = None
-        self.tops = {}
+        self.fd: int | None = None
+        self.libc: ctypes.CDLL | None = None
+        self.tops: dict[object, bool] = {}
         """A watcher's id -> whether it is recursive."""
-        self.dirs = {}
+        self.dirs: dict[int, tuple[str, dict[object, str]]] = {}
         """A watch descriptor -> (the directory's real path, {watcher id: its path relative to that watcher's top})."""
 
-    def watched(self):
+    def watched(self) -> list[int]:
         return [] if self.fd is None else [self.fd]
 
-    def handle(self, request):
+    def handle(self, request: Json) -> Json:
         if request.get("op") == "watch.stop":
             watcher = request.get("watch")
             if watcher not in self.tops:
@@ -53,7 +55,7 @@ class Watchers:
             raise OpError("too_large", f"{MAX_WATCHERS} directory watchers already: stop one first")
         if self.fd is None:
             self.libc = ctypes.CDLL(None, use_errno=True)
-            fd = self.libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+            fd: int = self.libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
             if fd < 0:
                 raise OpError("failed", f"inotify: {os.strerror(ctypes.get_errno())}")
             self.fd = fd
@@ -67,7 +69,9 @@ class Watchers:
             raise
         return {}
 
-    def _add(self, watcher, path, relative, recursive, found=None):
+    def _add(
+        self, watcher: object, path: str, relative: str, recursive: bool, found: dict[object, list[Json]] | None = None
+    ) -> None:
         """Watch the directory at path (resolved as any read is) for watcher; its subdirectories too.
         With `found` (a directory made under a recursive watch), what is in it already is reported
         as made: it may have been filled before its own watch was added."""
@@ -75,7 +79,8 @@ class Watchers:
             if len(self.dirs) >= MAX_WATCHED_DIRS:
                 raise OpError("too_large", f"{path}: more than {MAX_WATCHED_DIRS} directories watched")
             real = os.readlink(f"/proc/self/fd/{opened.fd}")
-            wd = self.libc.inotify_add_watch(self.fd, (f"/proc/self/fd/{opened.fd}").encode(), WATCH_MASK)
+            assert self.libc is not None, "made with the inotify instance"
+            wd: int = self.libc.inotify_add_watch(self.fd, (f"/proc/self/fd/{opened.fd}").encode(), WATCH_MASK)
             if wd < 0:
                 raise failure(OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno())), path)
             self.dirs.setdefault(wd, (real, {}))[1][watcher] = relative
@@ -87,19 +92,20 @@ class Watchers:
                         prefix = relative + entry.name + "/"
                         self._add(watcher, real.rstrip("/") + "/" + entry.name, prefix, True, found)
 
-    def _stop(self, watcher):
+    def _stop(self, watcher: object) -> None:
         self.tops.pop(watcher, None)
         for wd, (_, watchers) in list(self.dirs.items()):
             watchers.pop(watcher, None)
             if not watchers:
                 del self.dirs[wd]
+                assert self.libc is not None, "made with the inotify instance"
                 self.libc.inotify_rm_watch(self.fd, wd)
 
-    def readable(self, fd):
+    def readable(self, fd: int) -> bool:
         """Report what inotify has read; False when fd is not its."""
         if fd != self.fd or fd is None:
             return False
-        found = {}
+        found: dict[object, list[Json]] = {}
         try:
             while True:
                 data = os.read(fd, 1 << 16)
@@ -116,7 +122,7 @@ class Watchers:
                 self.emit({"ev": "wev", "id": watcher, "events": events[start : start + 512]})
         return True
 
-    def _event(self, wd, mask, name, found):
+    def _event(self, wd: int, mask: int, name: str, found: dict[object, list[Json]]) -> None:
         if mask & IN_IGNORED:  # the directory went away (or was unwatched)
             self.dirs.pop(wd, None)
             return
