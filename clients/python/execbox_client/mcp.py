@@ -28,13 +28,14 @@ MAX_TEXT = 64 << 10
 """Output a tool result quotes inline; the rest is in the execution (get it by id)."""
 Connect = Callable[[Context[Any, Any, Any]], AsyncClient]
 """The client a tool call uses (it may depend on the call's request, e.g. its API key)."""
-Tool = Callable[..., Any]
+ToolFunction = Callable[..., Any]
+"""A tool as written: an async function whose signature is its input schema."""
 
 
 class Registry(Protocol):
     """Where `build` adds the tools: a FastMCP server, or anything with its `tool()` decorator."""
 
-    def tool(self) -> Callable[[Tool], Tool]: ...
+    def tool(self) -> Callable[[ToolFunction], ToolFunction]: ...
 
 
 R = TypeVar("R", bound=Registry)
