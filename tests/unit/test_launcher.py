@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from execbox.sandbox.docker.capture import STDERR, STDOUT, Capture
+from execbox.sandbox.docker.capture import STDERR, STDOUT, AttachCapture
 from execbox.sandbox.protocol import done_marker, frame_files
 
 LAUNCHER = Path(__file__).resolve().parents[2] / "sandbox-images" / "common" / "launch.py"
@@ -69,7 +69,7 @@ def test_environment_from_frame_reaches_program_only(tmp_path: Path) -> None:
 def test_marker_reports_status_and_output_and_capture_strips_it() -> None:
     nonce = "00aa11bb22cc33dd"
     wake = threading.Event()
-    capture = Capture(100, done_marker(nonce), wake)
+    capture = AttachCapture(100, done_marker(nonce), wake)
     marker = done_marker(nonce) + b"1:137:1:5242880:\x00"
     capture.take(STDERR, b"warning\n")
     capture.take(STDERR, b"\n\x00execbox-done:" + b"ffffffffffffffff:0:0:0:0:\x00")  # a wrong nonce: kept as output
@@ -157,7 +157,7 @@ def test_launcher_faults_are_reported_in_the_marker_never_on_the_programs_stream
 
 
 def test_capture_reads_a_launcher_fault() -> None:
-    capture = Capture(100, done_marker("ab"), threading.Event())
+    capture = AttachCapture(100, done_marker("ab"), threading.Event())
     for stream in (STDOUT, STDERR):
         capture.take(stream, done_marker("ab") + b"0:L2:0:0:\x00")
     assert capture.done and capture.exit_code is None and capture.fault is not None and "start" in capture.fault

@@ -27,7 +27,7 @@ from execbox.files.blobs import LocalArtifactStore
 from execbox.files.collect import ArtifactCaps, Collector
 from execbox.keyschema import Keys
 from execbox.sandbox.docker import kernel
-from execbox.sandbox.docker.capture import STDOUT, Capture
+from execbox.sandbox.docker.capture import STDOUT, AttachCapture
 from execbox.sandbox.fake import FakeKernel, FakeRuntime
 from execbox.sandbox.protocol import done_marker
 from execbox.sandbox.runtime import SandboxControl, SandboxOutcome, SandboxSpec
@@ -130,7 +130,7 @@ def test_a_result_over_the_file_cap_is_listed_not_kept(tmp_path: Path) -> None:
 def test_live_output_holds_back_only_what_may_start_the_end_marker() -> None:
     told: list[bytes] = []
     marker = done_marker("abc123")
-    capture = Capture(1 << 20, marker, threading.Event(), lambda fd, data: told.append(data))
+    capture = AttachCapture(1 << 20, marker, threading.Event(), lambda fd, data: told.append(data))
     capture.take(STDOUT, b"tick 1\n")
     assert told == [b"tick 1"], "a trailing newline may be the marker's first byte"
     capture.take(STDOUT, b"tick 2\n")

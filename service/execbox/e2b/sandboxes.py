@@ -42,7 +42,7 @@ MAX_TOKENS = 16
 """Tokens kept per sandbox (one per create or connect); the oldest is forgotten beyond this."""
 
 
-class Entry(BaseModel):
+class SandboxEntry(BaseModel):
     """What a sandbox adds to its session (stored at `e2b:{id}`)."""
 
     tenant: str
@@ -55,7 +55,7 @@ class Opened:
     """An in-sandbox caller's sandbox: its session as stored now, and the entry the token matched."""
 
     session: SessionRecord
-    entry: Entry
+    entry: SandboxEntry
 
     @property
     def running(self) -> bool:
@@ -125,7 +125,7 @@ class Sandboxes:
             )
         record = self.sessions.open(tenant, request, traceparent)
         token = secrets.token_urlsafe(32)
-        entry = Entry(tenant=tenant, template=body.templateID, tokens=[_digest(token)])
+        entry = SandboxEntry(tenant=tenant, template=body.templateID, tokens=[_digest(token)])
         try:
             self._save(record.id, entry)
         except BaseException:
@@ -190,7 +190,7 @@ class Sandboxes:
         return Opened(record, entry)
 
     # storage
-    def _owned(self, tenant: str, sandbox: str) -> tuple[SessionRecord, Entry]:
+    def _owned(self, tenant: str, sandbox: str) -> tuple[SessionRecord, SandboxEntry]:
         """The tenant's sandbox, or SandboxNotFound (another tenant's sandbox does not exist for it)."""
         entry = self._entries([session_id(sandbox)])[0] if SANDBOX_ID.fullmatch(sandbox) else None
         if entry is None or entry.tenant != tenant:
@@ -200,23 +200,23 @@ class Sandboxes:
         except SessionNotFound as exc:
             raise SandboxNotFound(sandbox[:64]) from exc
 
-    def _entries(self, ids: list[str]) -> list[Entry | None]:
+    def _entries(self, ids: list[str]) -> list[SandboxEntry | None]:
         if not ids:
             return []
         with redis_errors():
             raws = self.redis.mget([self.keys.sandbox(i) for i in ids])
-        return [None if raw is None else Entry.model_validate(json.loads(raw)) for raw in raws]
+        return [None if raw is None else SandboxEntry.model_validate(json.loads(raw)) for raw in raws]
 
-    def _save(self, sid: str, entry: Entry) -> None:
+    def _save(self, sid: str, entry: SandboxEntry) -> None:
         with redis_errors():
             self.redis.set(self.keys.sandbox(sid), entry.model_dump_json(), ex=self._ttl_s)
 
-    def _answer(self, record: SessionRecord, entry: Entry, token: str) -> Sandbox:
+    def _answer(self, record: SessionRecord, entry: SandboxEntry, token: str) -> Sandbox:
         return Sandbox(templateID=entry.template, sandboxID=sandbox_id(record.id), clientID=record.tenant,
                        envdAccessToken=token, trafficAccessToken=token)  # fmt: skip
 
     @staticmethod
-    def _detail(record: SessionRecord, entry: Entry) -> SandboxDetail:
+    def _detail(record: SessionRecord, entry: SandboxEntry) -> SandboxDetail:
         return SandboxDetail(
             templateID=entry.template,
             sandboxID=sandbox_id(record.id),
@@ -230,4 +230,4 @@ class Sandboxes:
         )
 
 
-__all__ = ["Entry", "Opened", "Sandboxes", "metadata_filter", "sandbox_id", "session_id"]
+__all__ = ["SandboxEntry", "Opened", "Sandboxes", "metadata_filter", "sandbox_id", "session_id"]

@@ -16,7 +16,7 @@ announced (accepted is `executions.submit`).
   the reaper (`execbox.worker.reaper`) finds them, this decides.
 
 A session's call goes the same way: only where it runs differs (`session.run_cell` in a kept
-kernel instead of `Sandbox.run` in a fresh container); `execbox.sessions.host` holds the session.
+kernel instead of `SandboxRunner.run` in a fresh container); `execbox.sessions.host` holds the session.
 The worker (`execbox.worker`) only feeds this module tickets. The API never imports it: it is the
 one module of the room that reaches the sandbox.
 """
@@ -62,9 +62,9 @@ from execbox.sandbox.runtime import (
     WORKDIR,
     EgressSpec,
     Limits,
-    Sandbox,
     SandboxControl,
     SandboxOutcome,
+    SandboxRunner,
     SandboxSpec,
     SessionSandbox,
 )
@@ -93,7 +93,7 @@ class Worker(Protocol):
     @property
     def languages(self) -> Languages: ...
     @property
-    def runtime(self) -> Sandbox: ...
+    def runtime(self) -> SandboxRunner: ...
     @property
     def pool(self) -> WarmPool | None: ...
     @property

@@ -95,7 +95,7 @@ return false
 
 
 @dataclass(frozen=True)
-class Entry:
+class QueueEntry:
     """What a ticket hands its worker: the execution to start and the trace context to join."""
 
     execution_id: str
@@ -158,7 +158,7 @@ def requeue(client: redis.Redis, record: ExecutionRecord, traceparent: str, sett
     enqueue(queue, record, traceparent, settings, backstop_s)
 
 
-def take_next(client: redis.Redis, settings: ExecutionsConfig) -> Entry | None:
+def take_next(client: redis.Redis, settings: ExecutionsConfig) -> QueueEntry | None:
     """The next execution in tenant round-robin order, or None when no tenant has one waiting; the
     caller calls `taken` with it once its record has left queued (or when it skips it)."""
     ring, members, pending = _keys(settings)
@@ -168,10 +168,10 @@ def take_next(client: redis.Redis, settings: ExecutionsConfig) -> Entry | None:
         return None
     text = _text(raw)
     data = json.loads(text)
-    return Entry(str(data["execution_id"]), data.get("traceparent"), text)
+    return QueueEntry(str(data["execution_id"]), data.get("traceparent"), text)
 
 
-def taken(client: redis.Redis, settings: ExecutionsConfig, entry: Entry) -> None:
+def taken(client: redis.Redis, settings: ExecutionsConfig, entry: QueueEntry) -> None:
     """The entry's record has left queued (or was skipped): it needs no putting back."""
     with redis_errors():
         client.zrem(_taken_key(settings), entry.raw)
@@ -239,7 +239,7 @@ def depth(queue: Queue) -> int:
 __all__ = [
     "JOB_FUNCTIONS",
     "TASK",
-    "Entry",
+    "QueueEntry",
     "depth",
     "enqueue",
     "make_queue",

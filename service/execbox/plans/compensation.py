@@ -29,7 +29,7 @@ from execbox.plans.step_keys import default_key
 from execbox.plans.validation import order
 
 
-class Executor(Protocol):
+class ExecutorParts(Protocol):
     """What compensation uses of the executor (execbox.plans.executor.Executor)."""
 
     @property
@@ -74,7 +74,7 @@ def begin(run: StoredRun, reason: str, now: float) -> list[str]:
     return undoable
 
 
-def progress(executor: Executor, run: StoredRun) -> None:
+def progress(executor: ExecutorParts, run: StoredRun) -> None:
     """One reconciliation of a running compensation (the caller holds the run's lock and saves it):
     settle the undo that ended, start the next, or finish."""
     compensation = run.compensation
@@ -105,7 +105,7 @@ def progress(executor: Executor, run: StoredRun) -> None:
     run.notify("run.compensated", status="completed")
 
 
-def _still_running(executor: Executor, run: StoredRun) -> bool:
+def _still_running(executor: ExecutorParts, run: StoredRun) -> bool:
     """An attempt the run's stop cancelled is still running (its end advances the run again)."""
     for state in run.steps.values():
         if state.status is StepStatus.CANCELLED and state.attempts:
@@ -115,7 +115,7 @@ def _still_running(executor: Executor, run: StoredRun) -> bool:
     return False
 
 
-def _launch(executor: Executor, run: StoredRun, step_id: str, undo: Undo) -> None:
+def _launch(executor: ExecutorParts, run: StoredRun, step_id: str, undo: Undo) -> None:
     """Dispatch the step's compensation (or stop the compensation, or defer it to the run's due time)."""
     spec, state = run.spec(step_id), run.steps[step_id]
     assert spec.compensation is not None
@@ -151,7 +151,7 @@ def _launch(executor: Executor, run: StoredRun, step_id: str, undo: Undo) -> Non
     executor.record(run, "step.compensating", step_id, "running", f"execution {launched}")
 
 
-def _stop(executor: Executor, run: StoredRun, step_id: str, undo: Undo, why: str) -> None:
+def _stop(executor: ExecutorParts, run: StoredRun, step_id: str, undo: Undo, why: str) -> None:
     assert run.compensation is not None
     undo.status, undo.reason = "failed", why
     run.steps[step_id].undo = undo

@@ -34,7 +34,7 @@ class Limits:
     output_bytes: int
 
 
-class Collector(Protocol):
+class TarSink(Protocol):
     """Takes the tar stream of the collected path (execbox.files.collect.Collector is the one)."""
 
     only: frozenset[str] | None
@@ -91,7 +91,7 @@ class SandboxSpec:
     stdin: bytes = b""
     collect_path: str = "out"
     """Path under /workspace handed (as a tar stream from the engine) to `collector` after the run."""
-    collector: Collector | None = None
+    collector: TarSink | None = None
     egress: EgressSpec | None = None
     """None: no network interface but loopback."""
     runtime: str | None = None
@@ -210,7 +210,7 @@ class SessionSandbox(Protocol):
         output and end), from the thread that reads the sandbox; replaces the one before."""
 
 
-class Sandbox(Protocol):
+class SandboxRunner(Protocol):
     """The execution seam: everything an execution's life needs of a sandbox (a one-shot run, or a
     session whose calls run one after another in one kernel). DockerRuntime and FakeRuntime
     (execbox.sandbox.fake) are the two."""
@@ -255,6 +255,6 @@ class Housekeeping(Protocol):
         """Detach the egress proxy from a run's network and remove it; a missing one is not an error."""
 
 
-class Runtime(Sandbox, EngineHealth, Housekeeping, Protocol):
+class Runtime(SandboxRunner, EngineHealth, Housekeeping, Protocol):
     """A worker's engine: the execution seam plus health and housekeeping. The warm pool is not part
     of it: it drives DockerRuntime through its own narrower seam (execbox.sandbox.pool.PoolEngine)."""

@@ -1,7 +1,7 @@
 """Holding sessions in a worker: take new sessions while there is room, hold each in a thread of its own.
 
 A held session's thread opens its sandbox behind the same seam as a one-shot run
-(`Sandbox.open_session`), marks the session ready, then waits on the session's own list and runs
+(`SandboxRunner.open_session`), marks the session ready, then waits on the session's own list and runs
 each execution as a call in the kernel through the execution lifecycle itself
 (execbox.executions.lifecycle: taken, running, outcome, stored, announced; only "where it runs"
 differs), renewing the session's lease all along. It

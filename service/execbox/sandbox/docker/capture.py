@@ -7,11 +7,10 @@ from typing import Any
 
 from docker.utils.socket import frames_iter
 
-from execbox.sandbox.capture import STDERR, STDOUT
-from execbox.sandbox.capture import Capture as _Capture
+from execbox.sandbox.capture import STDERR, STDOUT, Capture
 
 
-class Capture(_Capture):
+class AttachCapture(Capture):
     """The shared capture, read from the engine's multiplexed attach stream in its own thread."""
 
     def pump(self, sock: Any) -> None:
@@ -49,4 +48,4 @@ def close(sock: Any) -> None:
             pass
 
 
-__all__ = ["STDERR", "STDOUT", "Capture", "close", "feed"]
+__all__ = ["STDERR", "STDOUT", "AttachCapture", "close", "feed"]

@@ -33,7 +33,7 @@ from docker.errors import APIError, DockerException, NotFound
 
 from execbox.sandbox.bwrap.runtime import NAME as BWRAP
 from execbox.sandbox.bwrap.runtime import BwrapRuntime
-from execbox.sandbox.docker.capture import STDERR, STDOUT, Capture, close, feed
+from execbox.sandbox.docker.capture import STDERR, STDOUT, AttachCapture, close, feed
 from execbox.sandbox.docker.cleanup import CLEANUP_DELAY_S, Deferred
 from execbox.sandbox.docker.engine import docker_errors, listed_containers, listed_networks
 from execbox.sandbox.docker.hostconfig import (
@@ -294,7 +294,7 @@ class DockerRuntime:
         api = self.api
         nonce = secrets.token_hex(8)
         wake = threading.Event()
-        capture = Capture(spec.limits.output_bytes, done_marker(nonce), wake, spec.on_output)
+        capture = AttachCapture(spec.limits.output_bytes, done_marker(nonce), wake, spec.on_output)
         sock = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
         raw = getattr(sock, "_sock", sock)
         reader = threading.Thread(target=capture.pump, args=(sock,), name=f"capture-{spec.execution_id}", daemon=True)
