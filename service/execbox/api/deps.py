@@ -34,7 +34,7 @@ from execbox.schedules.scheduler import Scheduler
 from execbox.schedules.surprises import Surprises
 from execbox.sessions.service import Sessions
 from execbox.settings import Settings
-from execbox.tenancy.apikeys import DEFAULT_TENANT, ApiKeys
+from execbox.tenancy.apikeys import DEFAULT_TENANT, ApiKeys, KeyInfo
 from execbox.tenancy.errors import UngatedRoute
 from execbox.tenancy.quotas import Quotas
 from execbox.tenancy.signins import SignIns
@@ -118,17 +118,40 @@ SignInsDep = Annotated[SignIns, Depends(_part("console"))]
 DeadLettersDep = Annotated[DeadLetters, Depends(_part("dead_letters"))]
 
 
+@dataclass(frozen=True)
+class KeyCheck:
+    """Who an API key is, asked on the event loop (one async Redis GET): authentication never waits
+    for a thread. Built per request from the three parts it needs."""
+
+    enabled: bool
+    keys: ApiKeys
+    waiters: Waiters
+
+    async def info(self, authorization: str | None) -> KeyInfo | None:
+        """The key's record (401 for a key the service does not know); None when auth is off."""
+        if not self.enabled:
+            return None
+        redis_key = self.keys.lookup_key(authorization)
+        with redis_errors():
+            raw = await self.waiters.redis.get(redis_key)
+        return self.keys.key_from(raw)
+
+
+async def _key_check(settings: SettingsDep, keys: KeysDep, waiters: WaitersDep) -> KeyCheck:
+    return KeyCheck(settings.auth.enabled, keys, waiters)
+
+
+KeyCheckDep = Annotated[KeyCheck, Depends(_key_check)]
+
+
 async def _tenant(
-    request: Request, authorization: Annotated[str | None, Header(description="`Bearer <API key>`")] = None
+    request: Request,
+    check: KeyCheckDep,
+    authorization: Annotated[str | None, Header(description="`Bearer <API key>`")] = None,
 ) -> str:
-    """On the event loop (one async Redis GET): authentication never waits for a thread."""
-    services = _services(request)
-    if not services.settings.auth.enabled:
+    info = await check.info(authorization)
+    if info is None:
         return DEFAULT_TENANT
-    redis_key = services.keys.lookup_key(authorization)
-    with redis_errors():
-        raw = await services.waiters.redis.get(redis_key)
-    info = services.keys.key_from(raw)
     request.state.api_key_id = info.key_id  # who is calling, within the tenant (approvals name keys)
     request.state.api_key_gated = info.require_approval  # its writes wait for another key's approval
     if info.require_approval and request.method in ("POST", "PATCH", "PUT"):

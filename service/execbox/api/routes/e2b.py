@@ -15,10 +15,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import UploadFile
 
 from execbox.api.bodies import PARSES, OffLoopRoute
-from execbox.api.deps import EnvdDep, InterpreterDep, SandboxesDep, Services, WatchersDep
+from execbox.api.deps import EnvdDep, InterpreterDep, KeyCheck, KeyCheckDep, SandboxesDep, WatchersDep
 from execbox.api.params import TraceHeader
 from execbox.core.errors import FieldProblem, InvalidRequest, ServiceError
-from execbox.core.redis import redis_errors
 from execbox.e2b import commands, filesystem, watchers
 from execbox.e2b import connect as connectrpc
 from execbox.e2b.errors import NotOffered, SandboxGone
@@ -54,16 +53,12 @@ control = APIRouter(prefix="/e2b", tags=["e2b"], route_class=OffLoopRoute, inclu
 sandbox = APIRouter(prefix="/e2b/sandbox", tags=["e2b"], route_class=OffLoopRoute, include_in_schema=False)
 
 
-async def _tenant(request: Request) -> str:
+async def _tenant(request: Request, check: KeyCheck) -> str:
     """The tenant of the X-API-KEY header (E2B's name for the API key; 401 without a valid one)."""
-    services: Services = request.app.state.services
-    if not services.settings.auth.enabled:
-        return DEFAULT_TENANT
     key = request.headers.get("X-API-KEY")
-    redis_key = services.keys.lookup_key(f"Bearer {key}" if key else None)
-    with redis_errors():
-        raw = await services.waiters.redis.get(redis_key)
-    info = services.keys.key_from(raw)
+    info = await check.info(f"Bearer {key}" if key else None)
+    if info is None:
+        return DEFAULT_TENANT
     request.state.api_key_id = info.key_id
     if info.require_approval and request.method == "POST":  # a sandbox runs code with no approval on the way
         raise UngatedRoute("an E2B sandbox")
@@ -73,9 +68,9 @@ async def _tenant(request: Request) -> str:
 # the control plane: the caller is the tenant of its API key (X-API-KEY)
 @control.post("/v2/sandboxes", status_code=201, response_model=Sandbox)
 async def create(
-    request: Request, body: NewSandbox, sandboxes: SandboxesDep, traceparent: TraceHeader = None
+    request: Request, body: NewSandbox, sandboxes: SandboxesDep, check: KeyCheckDep, traceparent: TraceHeader = None
 ) -> Sandbox:
-    tenant = await _tenant(request)
+    tenant = await _tenant(request, check)
     return await to_thread.run_sync(sandboxes.create, tenant, body, traceparent)
 
 
@@ -84,11 +79,12 @@ async def list_sandboxes(
     request: Request,
     response: Response,
     sandboxes: SandboxesDep,
+    check: KeyCheckDep,
     metadata: Annotated[str | None, Query(max_length=8192)] = None,
     limit: Annotated[int | None, Query(ge=1, le=1000)] = None,
     next_token: Annotated[str | None, Query(alias="nextToken", pattern=r"^\d{1,9}$")] = None,
 ) -> list[SandboxDetail]:
-    tenant = await _tenant(request)
+    tenant = await _tenant(request, check)
     found = await to_thread.run_sync(sandboxes.running, tenant, metadata_filter(metadata))
     start = int(next_token or 0)
     end = len(found) if limit is None else start + limit
@@ -99,28 +95,30 @@ async def list_sandboxes(
 
 @control.post("/v2/sandboxes/{sandbox_id}/connect", response_model=Sandbox)
 async def connect(
-    request: Request, sandbox_id: str, sandboxes: SandboxesDep, body: ConnectSandbox | None = None
+    request: Request, sandbox_id: str, sandboxes: SandboxesDep, check: KeyCheckDep, body: ConnectSandbox | None = None
 ) -> Sandbox:
-    tenant = await _tenant(request)
+    tenant = await _tenant(request, check)
     return await to_thread.run_sync(sandboxes.connect, tenant, sandbox_id, body or ConnectSandbox())
 
 
 @control.get("/sandboxes/{sandbox_id}", response_model=SandboxDetail)
-async def get_sandbox(request: Request, sandbox_id: str, sandboxes: SandboxesDep) -> SandboxDetail:
-    tenant = await _tenant(request)
+async def get_sandbox(request: Request, sandbox_id: str, sandboxes: SandboxesDep, check: KeyCheckDep) -> SandboxDetail:
+    tenant = await _tenant(request, check)
     return await to_thread.run_sync(sandboxes.detail, tenant, sandbox_id)
 
 
 @control.delete("/sandboxes/{sandbox_id}", status_code=204)
-async def kill(request: Request, sandbox_id: str, sandboxes: SandboxesDep) -> Response:
-    tenant = await _tenant(request)
+async def kill(request: Request, sandbox_id: str, sandboxes: SandboxesDep, check: KeyCheckDep) -> Response:
+    tenant = await _tenant(request, check)
     await to_thread.run_sync(sandboxes.kill, tenant, sandbox_id)
     return Response(status_code=204)
 
 
 @control.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
-async def set_timeout(request: Request, sandbox_id: str, body: SetTimeout, sandboxes: SandboxesDep) -> Response:
-    tenant = await _tenant(request)
+async def set_timeout(
+    request: Request, sandbox_id: str, body: SetTimeout, sandboxes: SandboxesDep, check: KeyCheckDep
+) -> Response:
+    tenant = await _tenant(request, check)
     await to_thread.run_sync(sandboxes.set_timeout, tenant, sandbox_id, body.timeout)
     return Response(status_code=204)
 
