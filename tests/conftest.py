@@ -182,10 +182,6 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Redis]:
             "",
             "--appendonly",
             "no",
-            # Blocked reads time out on the server's clock tick: 100 ms late at the default 10 Hz, and
-            # every in-process app's loops end on such a timeout when the app closes (hundreds a run).
-            "--hz",
-            "100",
             "--aclfile",
             str(acl),
         ],
