@@ -62,6 +62,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the 
 import session_ops
 from launch import cgroup_figure  # the launcher's reader of the memory cgroup
 from session_paths import Json
+from session_processes import pids, proc_stat
 
 KERNEL = ("python3", "/opt/execbox/kernel.py")
 CONTEXT_SCRIPT = b"/opt/execbox/js_context.js"
@@ -150,7 +151,7 @@ class Kernel:
         # A command just forked may not have made its own session yet (setsid): spared by its pid.
         keep = {1, os.getpid(), self.pid, *self.helpers, *OPS.processes.live}
         for _ in range(100):
-            sids = {pid: _sid(pid) for pid in _pids() if pid not in keep}
+            sids = {pid: _sid(pid) for pid in pids() if pid not in keep}
             spared = OPS.processes.spared(set(sids.values()))
             others = [pid for pid, sid in sids.items() if sid not in spared]
             if not others:
@@ -185,7 +186,7 @@ class Kernel:
             pass
         self.exited(block=True)
         deadline = time.monotonic() + 5.0
-        while any(pid not in (1, os.getpid()) for pid in _pids()) and time.monotonic() < deadline:
+        while any(pid not in (1, os.getpid()) for pid in pids()) and time.monotonic() < deadline:
             _reap(self)
             time.sleep(0.005)
         _reap(self)
@@ -196,21 +197,10 @@ class Kernel:
                 pass
 
 
-def _pids() -> list[int]:
-    found: list[int] = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            found.append(int(name))
-    return found
-
-
 def _sid(pid: int) -> int:
     """A process's session id (0 when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[3])
-    except (OSError, IndexError, ValueError):
-        return 0
+    seen = proc_stat(pid)
+    return 0 if seen is None else seen[1]
 
 
 def _is_context(pid: int) -> bool:

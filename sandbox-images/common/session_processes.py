@@ -69,7 +69,12 @@ def _fork() -> int:
                       "reached; end some processes (proc.signal) and retry") from None  # fmt: skip
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
+def pids() -> list[int]:
+    """Every process in the sandbox (its pid namespace)."""
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def proc_stat(pid: int) -> tuple[str, int] | None:
     """(state, session id) of a process, None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -82,11 +87,10 @@ def _stat(pid: int) -> tuple[str, int] | None:
 def _members(sid: int) -> list[int]:
     """The live (not zombie) processes of session sid."""
     found: list[int] = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            seen = _stat(int(name))
-            if seen is not None and seen[1] == sid and seen[0] != "Z":
-                found.append(int(name))
+    for pid in pids():
+        seen = proc_stat(pid)
+        if seen is not None and seen[1] == sid and seen[0] != "Z":
+            found.append(pid)
     return found
 
 

@@ -222,6 +222,12 @@ class _Stuck(FakeKernel):
         self.removed.set()
 
 
+def _ended(http: InProcess, headers: dict[str, str], sid: str) -> dict[str, Any] | None:
+    """The session once it has ended, else None."""
+    body: dict[str, Any] = http.get(f"/v1/sessions/{sid}", headers=headers).json()
+    return body if body["status"] == "ended" else None
+
+
 @contextlib.contextmanager
 def _hosting(settings: Settings, worker: str, fake: FakeRuntime) -> Iterator[WorkerContext]:
     """A worker `worker` on `fake` with its session host running, stopped and uninstalled after."""
@@ -265,12 +271,7 @@ def test_a_session_ends_at_its_lifetime_even_in_a_call_that_does_not_return(
                          headers=headers["alpha"])  # fmt: skip
         assert call.status_code in (201, 202), call.text
         wait_until(lambda: sid in stuck and stuck[sid].entered.is_set(), 10, "the call to start")
-
-        def ended() -> dict[str, Any] | None:
-            body: dict[str, Any] = http.get(f"/v1/sessions/{sid}", headers=headers["alpha"]).json()
-            return body if body["status"] == "ended" else None
-
-        record: Any = wait_until(ended, 10, "the session's lifetime to end it")
+        record: Any = wait_until(partial(_ended, http, headers["alpha"], sid), 10, "the session's lifetime to end it")
         assert record["end_reason"] == "max_lifetime", record
         late = record["ended_at"] - record["created_at"] - 2
         assert late < settings.worker.lease_s / 3 + 1, f"ended {late:.2f} s after its lifetime"
@@ -319,11 +320,8 @@ def test_idle_sessions_at_their_lifetime_end_for_it_not_as_a_lost_sandbox(
                                headers=headers[tenant])  # fmt: skip
             assert opened.status_code == 201, opened.text
             sids.append((tenant, opened.json()["id"]))
-
-        def ended(tenant: str, sid: str) -> dict[str, Any] | None:
-            body: dict[str, Any] = http.get(f"/v1/sessions/{sid}", headers=headers[tenant]).json()
-            return body if body["status"] == "ended" else None
-
         for tenant, sid in sids:
-            record: Any = wait_until(partial(ended, tenant, sid), 10, "the session's lifetime to end it")
+            record: Any = wait_until(
+                partial(_ended, http, headers[tenant], sid), 10, "the session's lifetime to end it"
+            )
             assert record["end_reason"] == "max_lifetime" and record["error"] is None, record
